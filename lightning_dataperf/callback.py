@@ -1,0 +1,466 @@
+"""DataPerfCallback: per-step data-wait, transfer and compute timing for every Lightning loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.data import extract_batch_size
+from typing_extensions import override
+
+from lightning_dataperf._lightning_hooks import FetchHooks
+from lightning_dataperf.diagnosis import Diagnosis, Evidence, LoaderFacts, diagnose
+from lightning_dataperf.stats import EpochAccumulator, EpochSummary, TimingSummary, window_metrics
+from lightning_dataperf.timing import StepClock, StepTiming
+
+__all__ = ["DataPerfCallback"]
+
+#: Metric prefix per stage; training metrics carry none.
+STAGE_PREFIX = {"train": "", "val": "val/", "test": "test/", "predict": "predict/"}
+_LOOP_STAGE = {"train": "train", "val": "val", "validate": "val", "test": "test", "predict": "predict"}
+SUMMARY_FILE = "dataperf_summaries.jsonl"
+
+
+@dataclass
+class _StageTimer:
+    """Timing state of one stage (train, val, test or predict)."""
+
+    clock: StepClock
+    accumulator: EpochAccumulator = field(default_factory=EpochAccumulator)
+    window: list[StepTiming] = field(default_factory=list)
+    active: bool = False
+    anchor: float | None = None
+    batches: int = 0
+    dataloader_idx: int = 0
+
+    def collect(self) -> list[StepTiming]:
+        done = self.clock.completed()
+        self.window.extend(done)
+        self.accumulator.update(done)
+        return done
+
+    def start_epoch(self, anchor: float) -> None:
+        self.clock.break_continuity(new_epoch=True)
+        self.accumulator.reset()
+        self.window.clear()
+        self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
+
+    def finish_epoch(self) -> None:
+        done = self.clock.flush()
+        self.window.extend(done)
+        self.accumulator.update(done)
+        self.active = False
+
+
+class DataPerfCallback(Callback):
+    r"""Time every batch fetch, host-to-device transfer and step, and say what binds.
+
+    Logged through every attached logger, keyed by global step, at ``log_every_n_steps`` (means over
+    the steps since the last log point, plus ``_max``):
+
+    ``Time/DataLoading`` (host blocked in the loader's ``next()``), ``Time/Transfer``,
+    ``Time/Compute``, ``Time/DeviceIdle`` (CUDA: GPU idle between steps), ``Time/Step``,
+    ``Throughput/samples_per_sec``, ``DataPerf/input_stall_fraction`` and, per epoch,
+    ``Time/EpochStart`` and ``Epoch/...`` percentiles. Evaluation loops log the same under
+    ``val/``, ``test/`` and ``predict/``. On CUDA the step figures come from CUDA events read back
+    lazily, so the callback never synchronises the device per step.
+
+    Args:
+        batch_size_fn: returns the number of samples in a batch (default: Lightning's
+            ``extract_batch_size``), used for throughput.
+        log_every_n_steps: overrides the Trainer's ``log_every_n_steps``.
+        print_summary: print the epoch table and verdict on rank zero.
+        write_json: append each epoch's summary and verdict to ``<log_dir>/dataperf_summaries.jsonl``.
+        stages: which loops to time.
+
+    Example::
+
+        from lightning import Trainer
+        from lightning_dataperf import DataPerfCallback
+
+        perf = DataPerfCallback()
+        trainer = Trainer(max_epochs=3, callbacks=[perf])
+        trainer.fit(model, datamodule=data)
+        print(perf.last_diagnosis.format())    # "input-bound (...): the GPU sits idle ..."
+    """
+
+    def __init__(
+        self,
+        batch_size_fn: Callable[[Any], int] | None = None,
+        log_every_n_steps: int | None = None,
+        print_summary: bool = True,
+        write_json: bool = True,
+        stages: tuple[str, ...] = ("train", "val", "test", "predict"),
+    ) -> None:
+        unknown = set(stages) - set(STAGE_PREFIX)
+        if unknown:
+            raise ValueError(f"DataPerfCallback(stages=...) got {sorted(unknown)}; choose from {list(STAGE_PREFIX)}.")
+        if log_every_n_steps is not None and log_every_n_steps < 1:
+            raise ValueError(f"DataPerfCallback(log_every_n_steps={log_every_n_steps}) must be >= 1.")
+        self.batch_size_fn = batch_size_fn
+        self.log_every_n_steps = log_every_n_steps
+        self.print_summary = print_summary
+        self.write_json = write_json
+        self.stages = tuple(stages)
+        self.summaries: list[EpochSummary] = []
+        self.diagnoses: list[Diagnosis] = []
+        self._timers: dict[str, _StageTimer] = {}
+        self._hooks = FetchHooks(before=self._on_fetch_start, after=self._on_fetch_end)
+        self._boundary = time.perf_counter()
+        self._train_epochs_started = 0
+        self._batch_size_warned = False
+
+    # ------------------------------------------------------------------ results
+    @property
+    def last_summary(self) -> EpochSummary | None:
+        """The most recent epoch summary of any stage."""
+        return self.summaries[-1] if self.summaries else None
+
+    @property
+    def last_diagnosis(self) -> Diagnosis | None:
+        """The most recent verdict."""
+        return self.diagnoses[-1] if self.diagnoses else None
+
+    def diagnose_now(self, trainer: pl.Trainer, stage: str = "train") -> Diagnosis | None:
+        """Verdict on the steps measured so far in the current epoch (local to this rank)."""
+        timer = self._timers.get(stage)
+        if timer is None:
+            return None
+        timer.collect()
+        summary = timer.accumulator.summarize(stage, trainer.current_epoch, torch.device("cpu"))
+        return diagnose(self._evidence(trainer, summary))
+
+    # ------------------------------------------------------------------ lifecycle
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        device = trainer.strategy.root_device
+        self._timers = {name: _StageTimer(StepClock(device)) for name in self.stages}
+        self._hooks.install(trainer)
+        self._boundary = time.perf_counter()
+        self._train_epochs_started = 0
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release()
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        self._hooks.uninstall()
+        for timer in self._timers.values():
+            timer.clock.reset()
+            timer.window.clear()
+            timer.active = False
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._boundary = time.perf_counter()
+        if isinstance(trainer.logger, TensorBoardLogger) and trainer.is_global_zero:
+            _write_custom_scalars(trainer.logger)
+
+    @override
+    def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._boundary = time.perf_counter()
+
+    # ------------------------------------------------------------------ fetch hooks
+    def _on_fetch_start(self, loop_stage: str) -> None:
+        timer = self._timers.get(_LOOP_STAGE[loop_stage])
+        if timer is not None and timer.active:
+            timer.clock.fetch_started()
+
+    def _on_fetch_end(self, loop_stage: str) -> None:
+        timer = self._timers.get(_LOOP_STAGE[loop_stage])
+        if timer is None or not timer.active:
+            return
+        timer.clock.fetch_finished()
+        if timer.accumulator.epoch_start is None and timer.anchor is not None:
+            timer.accumulator.epoch_start = time.perf_counter() - timer.anchor
+
+    # ------------------------------------------------------------------ shared step logic
+    def _epoch_started(self, trainer: pl.Trainer, stage: str, anchor: float) -> None:
+        timer = self._timers.get(stage)
+        if timer is not None and not trainer.sanity_checking:
+            timer.start_epoch(anchor)
+
+    def _batch_started(self, trainer: pl.Trainer, stage: str, dataloader_idx: int = 0) -> None:
+        timer = self._timers.get(stage)
+        if timer is None or not timer.active:
+            return
+        if dataloader_idx != timer.dataloader_idx:
+            timer.dataloader_idx = dataloader_idx
+            timer.clock.break_continuity(new_epoch=True)
+        timer.clock.step_started()
+
+    def _batch_finished(self, trainer: pl.Trainer, stage: str, batch: Any) -> None:
+        timer = self._timers.get(stage)
+        if timer is None or not timer.active:
+            return
+        timer.clock.step_finished(timer.batches, samples=self._batch_size(batch))
+        timer.batches += 1
+        timer.collect()
+
+    def _epoch_finished(self, trainer: pl.Trainer, stage: str) -> None:
+        timer = self._timers.get(stage)
+        if timer is None or not timer.active:
+            return
+        timer.finish_epoch()
+        if stage == "train":
+            self._log(trainer, window_metrics(timer.window))
+        timer.window.clear()
+        summary = timer.accumulator.summarize(
+            stage,
+            trainer.current_epoch,
+            device=trainer.strategy.root_device,
+            all_gather=trainer.strategy.all_gather,
+            world_size=trainer.world_size,
+        )
+        self._report(trainer, summary)
+
+    def _report(self, trainer: pl.Trainer, summary: EpochSummary) -> None:
+        diagnosis = diagnose(self._evidence(trainer, summary))
+        self.summaries.append(summary)
+        self.diagnoses.append(diagnosis)
+        prefix = STAGE_PREFIX[summary.stage]
+        metrics = summary.to_metrics(prefix)
+        if summary.stage != "train":
+            metrics.update(_mean_metrics(summary, prefix))
+        self._log(trainer, metrics)
+        if not trainer.is_global_zero:
+            return
+        if self.print_summary:
+            print(f"{summary.format()}\n{diagnosis.format()}", flush=True)
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                text = "```\n" + summary.format() + "\n" + diagnosis.format() + "\n```"
+                logger.experiment.add_text(f"{prefix}DataPerf/diagnosis", text, trainer.global_step)
+        if self.write_json and (directory := _log_dir(trainer)) is not None:
+            os.makedirs(directory, exist_ok=True)
+            record = {
+                "summary": summary.to_dict(),
+                "diagnosis": diagnosis.to_dict(),
+                "global_step": trainer.global_step,
+            }
+            with open(os.path.join(directory, SUMMARY_FILE), "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, default=str) + "\n")
+
+    def _evidence(self, trainer: pl.Trainer, summary: EpochSummary) -> Evidence:
+        loader = trainer.train_dataloader if summary.stage == "train" else None
+        return Evidence(summary=summary, loader=LoaderFacts.of(_first_loader(loader)))
+
+    def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+        if not metrics or not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+
+    def _batch_size(self, batch: Any) -> int | None:
+        try:
+            if self.batch_size_fn is not None:
+                return int(self.batch_size_fn(batch))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return extract_batch_size(batch)
+        except Exception as error:  # a batch we cannot size must never stop training
+            if not self._batch_size_warned:
+                self._batch_size_warned = True
+                warnings.warn(
+                    f"DataPerfCallback could not tell the batch size ({error}); throughput is not logged. "
+                    "Pass DataPerfCallback(batch_size_fn=lambda batch: ...) to fix this.",
+                    stacklevel=2,
+                )
+            return None
+
+    def _train_log_interval(self, trainer: pl.Trainer) -> int:
+        return self.log_every_n_steps or max(1, trainer.log_every_n_steps)
+
+    # ------------------------------------------------------------------ training hooks
+    @override
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Epoch 0's loader iterator (worker start-up) is created before this hook; later ones after it.
+        anchor = self._boundary if self._train_epochs_started == 0 else time.perf_counter()
+        self._train_epochs_started += 1
+        self._epoch_started(trainer, "train", anchor)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_started(trainer, "train")
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._batch_finished(trainer, "train", batch)
+        self._boundary = time.perf_counter()
+        timer = self._timers.get("train")
+        if timer is not None and timer.active and timer.batches % self._train_log_interval(trainer) == 0:
+            self._log(trainer, window_metrics(timer.window))
+            timer.window.clear()
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_finished(trainer, "train")
+
+    # ------------------------------------------------------------------ evaluation hooks
+    @override
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        train = self._timers.get("train")
+        if train is not None and not trainer.sanity_checking:
+            train.clock.break_continuity()
+        self._epoch_started(trainer, "val", self._boundary)
+
+    @override
+    def on_validation_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_started(trainer, "val", dataloader_idx)
+
+    @override
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_finished(trainer, "val", batch)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_finished(trainer, "val")
+        self._boundary = time.perf_counter()
+
+    @override
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_started(trainer, "test", self._boundary)
+
+    @override
+    def on_test_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_started(trainer, "test", dataloader_idx)
+
+    @override
+    def on_test_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_finished(trainer, "test", batch)
+
+    @override
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_finished(trainer, "test")
+
+    @override
+    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_started(trainer, "predict", self._boundary)
+
+    @override
+    def on_predict_batch_start(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_started(trainer, "predict", dataloader_idx)
+
+    @override
+    def on_predict_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_finished(trainer, "predict", batch)
+
+    @override
+    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_finished(trainer, "predict")
+
+    # ------------------------------------------------------------------ checkpointing
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"summaries": [summary.to_dict() for summary in self.summaries]}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.summaries = [_summary_from_dict(raw) for raw in state_dict.get("summaries", [])]
+
+
+def _mean_metrics(summary: EpochSummary, prefix: str) -> dict[str, float]:
+    metrics = {f"{prefix}Time/{name}": timing.mean for name, timing in summary.timings.items()}
+    if summary.samples_per_sec is not None:
+        metrics[f"{prefix}Throughput/samples_per_sec"] = summary.samples_per_sec
+    if summary.input_stall_fraction is not None:
+        metrics[f"{prefix}DataPerf/input_stall_fraction"] = summary.input_stall_fraction
+    return metrics
+
+
+def _summary_from_dict(raw: dict[str, Any]) -> EpochSummary:
+    raw = dict(raw)
+    raw["timings"] = {name: TimingSummary(**values) for name, values in raw.get("timings", {}).items()}
+    return EpochSummary(**raw)
+
+
+def _first_loader(loader: Any) -> Any:
+    flattened = getattr(loader, "flattened", None)
+    if flattened:
+        return flattened[0]
+    return loader
+
+
+def _log_dir(trainer: pl.Trainer) -> str | None:
+    for logger in trainer.loggers:
+        directory = getattr(logger, "log_dir", None)
+        if directory:
+            return str(directory)
+    return trainer.default_root_dir if trainer.loggers else None
+
+
+def _write_custom_scalars(logger: TensorBoardLogger) -> None:
+    """One TensorBoard chart with Time/DataLoading and Time/Compute (and the rest) together."""
+    layout = {
+        "DataPerf": {
+            "Data wait vs compute (s)": [
+                "Multiline",
+                ["Time/DataLoading", "Time/Compute", "Time/Transfer", "Time/DeviceIdle"],
+            ],
+            "Step time (s)": ["Multiline", ["Time/Step", "Time/Step_max"]],
+            "Input stall fraction": ["Multiline", ["DataPerf/input_stall_fraction"]],
+        }
+    }
+    logger.experiment.add_custom_scalars(layout)

@@ -1,0 +1,302 @@
+"""Aggregation of :class:`~lightning_dataperf.timing.StepTiming` records.
+
+Two views: :func:`window_metrics` turns the steps since the last log point into means and maxima
+for the loggers; :class:`EpochAccumulator` keeps every steady-state value of an epoch in torchmetrics
+``CatMetric`` states, so the epoch summary (mean, p50, p90, p99, max) is reduced across DDP ranks.
+
+Example::
+
+    accumulator = EpochAccumulator()
+    accumulator.update(clock.completed())
+    summary = accumulator.summarize(stage="train", epoch=0, device=torch.device("cpu"))
+    print(summary.format())
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torchmetrics.aggregation import CatMetric
+
+from lightning_dataperf.timing import StepTiming
+
+__all__ = ["TIMINGS", "EpochAccumulator", "EpochSummary", "TimingSummary", "window_metrics"]
+
+#: Logged name -> StepTiming attribute. Data wait, step time and device idle of an epoch's first step
+#: are start-up cost, reported as ``Time/EpochStart`` and kept out of these.
+TIMINGS: dict[str, str] = {
+    "DataLoading": "data_wait",
+    "Transfer": "transfer",
+    "Compute": "compute",
+    "Step": "step_time",
+    "DeviceIdle": "device_idle",
+}
+_STARTUP_FIELDS = {"data_wait", "step_time", "device_idle", "device_step_time"}
+_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+def steady_values(timings: Iterable[StepTiming], attribute: str) -> list[float]:
+    """The values of one attribute, leaving out ``None`` and epoch start-up values."""
+    values = []
+    for timing in timings:
+        if timing.first_of_epoch and attribute in _STARTUP_FIELDS:
+            continue
+        value = getattr(timing, attribute)
+        if value is not None:
+            values.append(float(value))
+    return values
+
+
+def stall_totals(timings: Iterable[StepTiming]) -> tuple[float, float]:
+    """(time lost to input, step time it is a share of), summed over steady-state steps."""
+    lost = base = 0.0
+    for timing in timings:
+        if timing.first_of_epoch or timing.input_stall is None or timing.stall_base is None:
+            continue
+        lost += timing.input_stall
+        base += timing.stall_base
+    return lost, base
+
+
+def throughput_totals(timings: Iterable[StepTiming]) -> tuple[int, float]:
+    """(samples, seconds) over steady-state steps whose size and step time are known."""
+    samples, seconds = 0, 0.0
+    for timing in timings:
+        if timing.first_of_epoch or timing.samples is None or timing.step_time is None:
+            continue
+        samples += timing.samples
+        seconds += timing.step_time
+    return samples, seconds
+
+
+def window_metrics(timings: Sequence[StepTiming], prefix: str = "") -> dict[str, float]:
+    """Mean (and max) of each timing over ``timings``, plus throughput and input-stall fraction."""
+    metrics: dict[str, float] = {}
+    for name, attribute in TIMINGS.items():
+        values = steady_values(timings, attribute)
+        if values:
+            metrics[f"{prefix}Time/{name}"] = sum(values) / len(values)
+            metrics[f"{prefix}Time/{name}_max"] = max(values)
+    samples, seconds = throughput_totals(timings)
+    if seconds > 0:
+        metrics[f"{prefix}Throughput/samples_per_sec"] = samples / seconds
+    lost, base = stall_totals(timings)
+    if base > 0:
+        metrics[f"{prefix}DataPerf/input_stall_fraction"] = min(1.0, lost / base)
+    return metrics
+
+
+@dataclass(frozen=True)
+class TimingSummary:
+    """Distribution of one timing over an epoch, in seconds."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    count: int
+
+
+@dataclass(frozen=True)
+class EpochSummary:
+    """What one epoch of one stage looked like, reduced over all ranks.
+
+    ``input_stall_fraction`` is device idle / device step time on CUDA, data wait / step time on
+    the CPU. ``rank_data_wait`` holds each rank's mean data wait per step; ``slowest_rank`` is the
+    rank that waits longest for its loader, and ``straggler_ratio`` the max/min ratio of those waits
+    (the min floored at 1 ms so that a rank that never waits does not make the ratio infinite).
+    """
+
+    stage: str
+    epoch: int
+    steps: int
+    timings: dict[str, TimingSummary]
+    input_stall_fraction: float | None
+    data_wait_share: float | None
+    samples_per_sec: float | None
+    epoch_start: float | None
+    world_size: int = 1
+    rank_data_wait: list[float] = field(default_factory=list)
+    rank_input_stall: list[float] = field(default_factory=list)
+    slowest_rank: int | None = None
+    straggler_ratio: float | None = None
+    on_device: bool = False
+    transfer_overlap: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat scalars for loggers, e.g. ``Epoch/Time/DataLoading_p90``."""
+        metrics: dict[str, float] = {}
+        for name, summary in self.timings.items():
+            for statistic in ("mean", "p50", "p90", "p99", "max"):
+                metrics[f"{prefix}Epoch/Time/{name}_{statistic}"] = getattr(summary, statistic)
+        optional = {
+            "Epoch/input_stall_fraction": self.input_stall_fraction,
+            "Epoch/data_wait_share": self.data_wait_share,
+            "Epoch/samples_per_sec": self.samples_per_sec,
+            "Time/EpochStart": self.epoch_start,
+            "Epoch/straggler_ratio": self.straggler_ratio,
+            "Epoch/slowest_rank": None if self.slowest_rank is None else float(self.slowest_rank),
+        }
+        metrics.update({f"{prefix}{key}": value for key, value in optional.items() if value is not None})
+        return metrics
+
+    def format(self) -> str:
+        """A compact, human-readable table (milliseconds)."""
+        where = "device" if self.on_device else "host"
+        lines = [f"DataPerf | {self.stage} epoch {self.epoch} | {self.steps} steps | ranks: {self.world_size}"]
+        lines.append(f"  {'(ms)':<13}{'mean':>9}{'p50':>9}{'p90':>9}{'p99':>9}{'max':>9}")
+        for name, summary in self.timings.items():
+            row = [summary.mean, summary.p50, summary.p90, summary.p99, summary.max]
+            lines.append(f"  {name:<13}" + "".join(f"{1e3 * value:9.2f}" for value in row))
+        facts = []
+        if self.epoch_start is not None:
+            facts.append(f"epoch start {1e3 * self.epoch_start:.1f} ms")
+        if self.input_stall_fraction is not None:
+            facts.append(f"input stall {100 * self.input_stall_fraction:.1f}% of {where} step time")
+        if self.data_wait_share is not None and self.on_device:
+            facts.append(f"host data wait {100 * self.data_wait_share:.1f}%")
+        if self.samples_per_sec is not None:
+            facts.append(f"{self.samples_per_sec:,.1f} samples/s")
+        if facts:
+            lines.append("  " + " | ".join(facts))
+        if self.straggler_ratio is not None and self.world_size > 1:
+            waits = ", ".join(f"{1e3 * wait:.1f}" for wait in self.rank_data_wait)
+            lines.append(
+                f"  data wait per rank (ms/step): {waits} | slowest rank {self.slowest_rank},"
+                f" max/min {self.straggler_ratio:.2f}x"
+            )
+        return "\n".join(lines)
+
+
+def _quantiles(values: torch.Tensor) -> TimingSummary:
+    values = values[~torch.isnan(values)].double()
+    if values.numel() == 0:
+        nan = math.nan
+        return TimingSummary(nan, nan, nan, nan, nan, 0)
+    quantiles = torch.quantile(values, torch.tensor(list(_QUANTILES.values()), dtype=values.dtype))
+    return TimingSummary(
+        mean=values.mean().item(),
+        p50=quantiles[0].item(),
+        p90=quantiles[1].item(),
+        p99=quantiles[2].item(),
+        max=values.max().item(),
+        count=values.numel(),
+    )
+
+
+AllGather = Callable[[torch.Tensor], torch.Tensor]
+
+
+class EpochAccumulator:
+    """Collects one epoch of step timings and reduces them across ranks at the end.
+
+    Every rank must call :meth:`summarize` (it is a collective under DDP).
+    """
+
+    def __init__(self) -> None:
+        # nan_strategy="disable": every rank adds one NaN sentinel so that no state is empty at sync.
+        self._values = {name: CatMetric(nan_strategy="disable") for name in TIMINGS}
+        self.reset()
+
+    def reset(self) -> None:
+        for metric in self._values.values():
+            metric.reset()
+        self.steps = 0
+        self.epoch_start: float | None = None
+        self._stall_lost = self._stall_base = 0.0
+        self._wait_total = self._wall_total = 0.0
+        self._samples, self._sample_seconds = 0, 0.0
+        self.on_device = False
+
+    def update(self, timings: Sequence[StepTiming]) -> None:
+        if not timings:
+            return
+        self.steps += len(timings)
+        for name, attribute in TIMINGS.items():
+            values = steady_values(timings, attribute)
+            if values:
+                self._values[name].update(torch.tensor(values, dtype=torch.float64))
+        lost, base = stall_totals(timings)
+        self._stall_lost += lost
+        self._stall_base += base
+        self._wait_total += sum(steady_values(timings, "data_wait"))
+        self._wall_total += sum(steady_values(timings, "step_time"))
+        samples, seconds = throughput_totals(timings)
+        self._samples += samples
+        self._sample_seconds += seconds
+        self.on_device = self.on_device or any(t.device_step_time is not None for t in timings)
+
+    def summarize(
+        self,
+        stage: str,
+        epoch: int,
+        device: torch.device,
+        all_gather: AllGather | None = None,
+        world_size: int = 1,
+    ) -> EpochSummary:
+        """Reduce over ranks. ``all_gather`` stacks a tensor from every rank (``strategy.all_gather``)."""
+        timings = {}
+        for name, metric in self._values.items():
+            metric.update(torch.tensor([math.nan], dtype=torch.float64))
+            values = metric.to(device).compute().cpu()
+            summary = _quantiles(values.reshape(-1))
+            if summary.count:
+                timings[name] = summary
+        local = torch.tensor(
+            [
+                self._stall_lost,
+                self._stall_base,
+                self._wait_total,
+                self._wall_total,
+                self._samples,
+                self._sample_seconds,
+                float(self.steps),
+            ],
+            dtype=torch.float64,
+            device=device,
+        )
+        per_rank = local.unsqueeze(0) if all_gather is None or world_size == 1 else all_gather(local)
+        per_rank = per_rank.reshape(-1, local.numel()).cpu()
+        totals = per_rank.sum(0)
+        rank_stall = [_ratio(row[0].item(), row[1].item()) for row in per_rank]
+        rank_wait = [_ratio(row[2].item(), row[6].item()) for row in per_rank]
+        slowest, ratio = _straggler(rank_wait)
+        return EpochSummary(
+            stage=stage,
+            epoch=epoch,
+            steps=int(totals[6].item()),
+            timings=timings,
+            input_stall_fraction=_ratio(totals[0].item(), totals[1].item()),
+            data_wait_share=_ratio(totals[2].item(), totals[3].item()),
+            samples_per_sec=_ratio(totals[4].item(), totals[5].item()),
+            epoch_start=self.epoch_start,
+            world_size=per_rank.shape[0],
+            rank_data_wait=[value for value in rank_wait if value is not None],
+            rank_input_stall=[value for value in rank_stall if value is not None],
+            slowest_rank=slowest,
+            straggler_ratio=ratio,
+            on_device=self.on_device,
+        )
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator > 0 else None
+
+
+_STRAGGLER_FLOOR_S = 1e-3
+
+
+def _straggler(rank_wait: list[float | None]) -> tuple[int | None, float | None]:
+    known = [(value, rank) for rank, value in enumerate(rank_wait) if value is not None]
+    if not known:
+        return None, None
+    worst, slowest = max(known)
+    best = min(value for value, _ in known)
+    return slowest, max(worst, _STRAGGLER_FLOOR_S) / max(best, _STRAGGLER_FLOOR_S)

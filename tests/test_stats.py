@@ -1,0 +1,67 @@
+import math
+
+import pytest
+import torch
+
+from lightning_dataperf.stats import EpochAccumulator, window_metrics
+from lightning_dataperf.timing import StepTiming
+
+
+def timing(step, wait, compute, step_time, first=False, samples=10, idle=None, device_step=None):
+    return StepTiming(step, wait, 0.001, compute, step_time, device_step, idle, samples, first)
+
+
+def test_window_metrics_means_maxima_throughput_and_stall():
+    steps = [timing(0, 5.0, 0.1, None, first=True), timing(1, 0.2, 0.3, 0.5), timing(2, 0.4, 0.3, 1.0)]
+    metrics = window_metrics(steps)
+    assert metrics["Time/DataLoading"] == pytest.approx(0.3)  # start-up wait of step 0 left out
+    assert metrics["Time/DataLoading_max"] == pytest.approx(0.4)
+    assert metrics["Time/Compute"] == pytest.approx((0.1 + 0.3 + 0.3) / 3)
+    assert metrics["Throughput/samples_per_sec"] == pytest.approx(20 / 1.5)
+    assert metrics["DataPerf/input_stall_fraction"] == pytest.approx(0.6 / 1.5)
+    assert "Time/DeviceIdle" not in metrics
+
+
+def test_window_metrics_on_device_use_idle_over_device_step():
+    steps = [timing(1, 0.2, 0.1, 0.5, idle=0.05, device_step=0.25)]
+    metrics = window_metrics(steps, prefix="val/")
+    assert metrics["val/DataPerf/input_stall_fraction"] == pytest.approx(0.2)
+    assert metrics["val/Time/DeviceIdle"] == pytest.approx(0.05)
+
+
+def test_epoch_accumulator_percentiles_match_torch_quantile():
+    values = torch.linspace(0.001, 0.1, 100, dtype=torch.float64)
+    accumulator = EpochAccumulator()
+    accumulator.update([timing(i, float(v), 0.01, 0.2) for i, v in enumerate(values)])
+    summary = accumulator.summarize("train", 3, torch.device("cpu"))
+    wait = summary.timings["DataLoading"]
+    assert wait.count == 100
+    assert wait.p50 == pytest.approx(torch.quantile(values, 0.5).item())
+    assert wait.p99 == pytest.approx(torch.quantile(values, 0.99).item())
+    assert wait.max == pytest.approx(0.1)
+    assert summary.steps == 100 and summary.world_size == 1 and summary.straggler_ratio == 1.0
+    assert "DeviceIdle" not in summary.timings
+    assert summary.to_metrics()["Epoch/Time/DataLoading_p90"] == pytest.approx(wait.p90)
+    assert "DataLoading" in summary.format()
+
+
+def test_epoch_accumulator_reduces_a_fake_gather_of_two_ranks():
+    accumulator = EpochAccumulator()
+    accumulator.update([timing(i, 0.01, 0.01, 0.1) for i in range(4)])
+
+    def gather_two_ranks(local):  # rank 1 waits four times longer
+        other = local.clone()
+        other[2] *= 4
+        other[0] *= 4
+        return torch.stack([local, other])
+
+    summary = accumulator.summarize("train", 0, torch.device("cpu"), all_gather=gather_two_ranks, world_size=2)
+    assert summary.world_size == 2 and summary.slowest_rank == 1
+    assert summary.straggler_ratio == pytest.approx(4.0)
+    assert summary.rank_data_wait == pytest.approx([0.01, 0.04])
+
+
+def test_empty_accumulator_summarizes_without_error():
+    summary = EpochAccumulator().summarize("val", 0, torch.device("cpu"))
+    assert summary.steps == 0 and summary.timings == {} and summary.input_stall_fraction is None
+    assert not math.isnan(summary.world_size)
