@@ -201,37 +201,29 @@ class EpochAccumulator:
     """
 
     def __init__(self) -> None:
-        # nan_strategy="disable": every rank adds one NaN sentinel so that no state is empty at sync.
         self._values = {name: CatMetric(nan_strategy="disable") for name in TIMINGS}
         self.reset()
 
     def reset(self) -> None:
         for metric in self._values.values():
             metric.reset()
+        self._timings: list[StepTiming] = []
         self.steps = 0
         self.epoch_start: float | None = None
-        self._stall_lost = self._stall_base = 0.0
-        self._wait_total = self._wall_total = 0.0
-        self._samples, self._sample_seconds = 0, 0.0
-        self.on_device = False
 
     def update(self, timings: Sequence[StepTiming]) -> None:
-        if not timings:
-            return
+        """Keep the records; all arithmetic happens once, in :meth:`summarize` (cheap per step)."""
+        self._timings.extend(timings)
         self.steps += len(timings)
-        for name, attribute in TIMINGS.items():
-            values = steady_values(timings, attribute)
-            if values:
-                self._values[name].update(torch.tensor(values, dtype=torch.float64))
+
+    def _totals(self) -> list[float]:
+        timings = self._timings
         lost, base = stall_totals(timings)
-        self._stall_lost += lost
-        self._stall_base += base
-        self._wait_total += sum(steady_values(timings, "data_wait"))
-        self._wall_total += sum(steady_values(timings, "step_time"))
         samples, seconds = throughput_totals(timings)
-        self._samples += samples
-        self._sample_seconds += seconds
-        self.on_device = self.on_device or any(t.device_step_time is not None for t in timings)
+        wait = sum(steady_values(timings, "data_wait"))
+        wall = sum(steady_values(timings, "step_time"))
+        epoch_start = math.nan if self.epoch_start is None else self.epoch_start
+        return [lost, base, wait, wall, float(samples), seconds, float(self.steps), epoch_start]
 
     def summarize(
         self,
@@ -241,27 +233,20 @@ class EpochAccumulator:
         all_gather: AllGather | None = None,
         world_size: int = 1,
     ) -> EpochSummary:
-        """Reduce over ranks. ``all_gather`` stacks a tensor from every rank (``strategy.all_gather``)."""
+        """Reduce over ranks. ``all_gather`` stacks a tensor from every rank (``strategy.all_gather``).
+
+        Epoch start-up is the slowest rank's; sums, counts and distributions cover all ranks.
+        """
         timings = {}
         for name, metric in self._values.items():
-            metric.update(torch.tensor([math.nan], dtype=torch.float64))
-            values = metric.to(device).compute().cpu()
-            summary = _quantiles(values.reshape(-1))
+            values = steady_values(self._timings, TIMINGS[name])
+            # one NaN sentinel per rank, so that no rank syncs an empty state
+            metric.update(torch.tensor([*values, math.nan], dtype=torch.float64))
+            summary = _quantiles(metric.to(device).compute().cpu().reshape(-1))
+            metric.reset()
             if summary.count:
                 timings[name] = summary
-        local = torch.tensor(
-            [
-                self._stall_lost,
-                self._stall_base,
-                self._wait_total,
-                self._wall_total,
-                self._samples,
-                self._sample_seconds,
-                float(self.steps),
-            ],
-            dtype=torch.float64,
-            device=device,
-        )
+        local = torch.tensor(self._totals(), dtype=torch.float64, device=device)
         per_rank = local.unsqueeze(0) if all_gather is None or world_size == 1 else all_gather(local)
         per_rank = per_rank.reshape(-1, local.numel()).cpu()
         totals = per_rank.sum(0)
@@ -276,14 +261,20 @@ class EpochAccumulator:
             input_stall_fraction=_ratio(totals[0].item(), totals[1].item()),
             data_wait_share=_ratio(totals[2].item(), totals[3].item()),
             samples_per_sec=_ratio(totals[4].item(), totals[5].item()),
-            epoch_start=self.epoch_start,
+            epoch_start=_nan_max(per_rank[:, 7]),
             world_size=per_rank.shape[0],
             rank_data_wait=[value for value in rank_wait if value is not None],
             rank_input_stall=[value for value in rank_stall if value is not None],
             slowest_rank=slowest,
             straggler_ratio=ratio,
-            on_device=self.on_device,
+            on_device=any(timing.device_step_time is not None for timing in self._timings),
         )
+
+
+def _nan_max(values: torch.Tensor) -> float | None:
+    """The slowest rank's value (epoch start-up is as slow as the slowest rank)."""
+    known = values[~torch.isnan(values)]
+    return None if known.numel() == 0 else known.max().item()
 
 
 def _ratio(numerator: float, denominator: float) -> float | None:

@@ -1,0 +1,77 @@
+"""Ground-truth workloads for checking timing accuracy on a GPU (used by tests and benchmarks).
+
+Example::
+
+    cycles = calibrate_cuda_sleep()
+    model = GpuSleepModel(gpu_ms=15.0, cycles_per_ms=cycles)   # each step keeps the GPU busy 15 ms
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = ["GpuSleepModel", "SleepingLoaderDataset", "calibrate_cuda_sleep", "sleeping_loader"]
+
+
+def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) -> float:
+    """Cycles of ``torch.cuda._sleep`` per millisecond, measured with CUDA events."""
+    torch.cuda._sleep(1_000_000)
+    rates = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(probe_ms_cycles)
+        end.record()
+        end.synchronize()
+        rates.append(probe_ms_cycles / start.elapsed_time(end))
+    return statistics.median(rates)
+
+
+class SleepingLoaderDataset(Dataset):
+    """Tiny samples; the cost lives in the collate function (a known host sleep per batch)."""
+
+    def __init__(self, length: int, features: int = 16) -> None:
+        self.length, self.features = length, features
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.full((self.features,), float(index))
+
+
+class _SleepCollate:
+    def __init__(self, sleep_ms: float) -> None:
+        self.sleep_ms = sleep_ms
+
+    def __call__(self, samples: list[torch.Tensor]) -> torch.Tensor:
+        time.sleep(self.sleep_ms / 1e3)
+        return torch.stack(samples)
+
+
+def sleeping_loader(batches: int, loader_ms: float, batch_size: int = 8, **kwargs) -> DataLoader:
+    """A loader whose every batch costs ``loader_ms`` of host time."""
+    dataset = SleepingLoaderDataset(batches * batch_size)
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=_SleepCollate(loader_ms), **kwargs)
+
+
+class GpuSleepModel(pl.LightningModule):
+    """Each training step keeps the GPU busy for ``gpu_ms`` (``torch.cuda._sleep``) plus a tiny layer."""
+
+    def __init__(self, gpu_ms: float, cycles_per_ms: float, features: int = 16) -> None:
+        super().__init__()
+        self.cycles = int(gpu_ms * cycles_per_ms)
+        self.layer = nn.Linear(features, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        torch.cuda._sleep(self.cycles)
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)

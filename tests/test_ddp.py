@@ -1,0 +1,40 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def run_two_ranks(script: str, out_dir: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(HERE / script),
+        str(out_dir),
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_cross_rank_summary_names_the_straggler(tmp_path):
+    run_two_ranks("ddp_timing_script.py", tmp_path)
+    rank0, rank1 = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    assert rank0 == rank1  # every rank holds the same reduced summary
+    assert rank0["world_size"] == 2 and rank0["steps"] == 24  # 12 steps on each rank
+    assert rank0["slowest_rank"] == 1
+    wait0, wait1 = rank0["rank_data_wait"]
+    assert wait1 == pytest.approx(0.040, rel=0.25) and wait0 < 0.015
+    assert rank0["straggler_ratio"] > 2.5
+    # the gathered distribution holds both ranks' waits: p90 is rank 1's, p50 sits between
+    assert rank0["timings"]["DataLoading"]["max"] >= 0.040 * 0.9
+    assert rank0["timings"]["DataLoading"]["count"] == 22  # the first step of each rank is start-up
