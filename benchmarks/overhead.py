@@ -141,8 +141,8 @@ def main() -> None:
                 without * 1e3,
                 with_ * 1e3,
                 ratio,
-                "%.3f-%.3f" % spread["without"],
-                "%.3f-%.3f" % spread["with"],
+                "{:.3f}-{:.3f}".format(*spread["without"]),
+                "{:.3f}-{:.3f}".format(*spread["with"]),
             ]
         ],
     )

@@ -12,6 +12,12 @@ from lightning_dataperf.callback import DataPerfCallback
 from lightning_dataperf.diagnosis import Diagnosis, Finding, diagnose
 from lightning_dataperf.stats import EpochSummary, TimingSummary
 from lightning_dataperf.timing import StepClock, StepTiming
+from lightning_dataperf.transfer import (
+    SideStreamCopier,
+    SideStreamDDPStrategy,
+    SideStreamStrategy,
+    SideStreamTransferMixin,
+)
 
 __version__ = "0.1.0"
 
@@ -20,6 +26,10 @@ __all__ = [
     "Diagnosis",
     "EpochSummary",
     "Finding",
+    "SideStreamCopier",
+    "SideStreamDDPStrategy",
+    "SideStreamStrategy",
+    "SideStreamTransferMixin",
     "StepClock",
     "StepTiming",
     "TimingSummary",

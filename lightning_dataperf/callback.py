@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from lightning_dataperf._lightning_hooks import FetchHooks
 from lightning_dataperf.diagnosis import Diagnosis, Evidence, LoaderFacts, diagnose
 from lightning_dataperf.stats import EpochAccumulator, EpochSummary, TimingSummary, window_metrics
 from lightning_dataperf.timing import StepClock, StepTiming
+from lightning_dataperf.transfer import CopyTiming, SideStreamTransferMixin, copy_metrics
 
 __all__ = ["DataPerfCallback"]
 
@@ -41,6 +43,8 @@ class _StageTimer:
     anchor: float | None = None
     batches: int = 0
     dataloader_idx: int = 0
+    copies: list[CopyTiming] = field(default_factory=list)
+    epoch_copies: list[CopyTiming] = field(default_factory=list)
 
     def collect(self) -> list[StepTiming]:
         done = self.clock.completed()
@@ -52,7 +56,23 @@ class _StageTimer:
         self.clock.break_continuity(new_epoch=True)
         self.accumulator.reset()
         self.window.clear()
+        self.copies.clear()
+        self.epoch_copies.clear()
         self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
+
+    def collect_copies(self, strategy: Any) -> None:
+        if isinstance(strategy, SideStreamTransferMixin):
+            done = strategy.pop_copy_timings()
+            self.copies.extend(done)
+            self.epoch_copies.extend(done)
+
+    def window_metrics(self, prefix: str = "") -> dict[str, float]:
+        """Metrics of the steps (and side-stream copies) since the last call; clears the window."""
+        metrics = window_metrics(self.window, prefix)
+        metrics.update(copy_metrics(self.copies, prefix))
+        self.window.clear()
+        self.copies.clear()
+        return metrics
 
     def finish_epoch(self) -> None:
         done = self.clock.flush()
@@ -215,9 +235,10 @@ class DataPerfCallback(Callback):
         if timer is None or not timer.active:
             return
         timer.finish_epoch()
+        timer.collect_copies(trainer.strategy)
+        window = timer.window_metrics()
         if stage == "train":
-            self._log(trainer, window_metrics(timer.window))
-        timer.window.clear()
+            self._log(trainer, window)
         summary = timer.accumulator.summarize(
             stage,
             trainer.current_epoch,
@@ -225,6 +246,8 @@ class DataPerfCallback(Callback):
             all_gather=trainer.strategy.all_gather,
             world_size=trainer.world_size,
         )
+        if timer.epoch_copies:
+            summary = dataclasses.replace(summary, transfer_overlap=copy_metrics(timer.epoch_copies))
         self._report(trainer, summary)
 
     def _report(self, trainer: pl.Trainer, summary: EpochSummary) -> None:
@@ -256,7 +279,11 @@ class DataPerfCallback(Callback):
 
     def _evidence(self, trainer: pl.Trainer, summary: EpochSummary) -> Evidence:
         loader = trainer.train_dataloader if summary.stage == "train" else None
-        return Evidence(summary=summary, loader=LoaderFacts.of(_first_loader(loader)))
+        return Evidence(
+            summary=summary,
+            loader=LoaderFacts.of(_first_loader(loader)),
+            side_stream_transfer=isinstance(trainer.strategy, SideStreamTransferMixin),
+        )
 
     def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
         if not metrics or not trainer.is_global_zero:
@@ -305,9 +332,11 @@ class DataPerfCallback(Callback):
         self._batch_finished(trainer, "train", batch)
         self._boundary = time.perf_counter()
         timer = self._timers.get("train")
-        if timer is not None and timer.active and timer.batches % self._train_log_interval(trainer) == 0:
-            self._log(trainer, window_metrics(timer.window))
-            timer.window.clear()
+        if timer is None or not timer.active:
+            return
+        timer.collect_copies(trainer.strategy)
+        if timer.batches % self._train_log_interval(trainer) == 0:
+            self._log(trainer, timer.window_metrics())
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -166,6 +166,13 @@ class EpochSummary:
             facts.append(f"{self.samples_per_sec:,.1f} samples/s")
         if facts:
             lines.append("  " + " | ".join(facts))
+        if self.transfer_overlap:
+            overlap = self.transfer_overlap
+            lines.append(
+                f"  side-stream copy {1e3 * overlap.get('Time/Transfer', 0.0):.2f} ms/batch at "
+                f"{overlap.get('Transfer/GBps', 0.0):.1f} GB/s, "
+                f"{100 * overlap.get('Transfer/hidden_fraction', 0.0):.0f}% hidden behind compute"
+            )
         if self.straggler_ratio is not None and self.world_size > 1:
             waits = ", ".join(f"{1e3 * wait:.1f}" for wait in self.rank_data_wait)
             lines.append(

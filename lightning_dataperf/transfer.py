@@ -1,0 +1,455 @@
+"""Side-stream host-to-device copies that overlap the previous step's compute.
+
+Stock Lightning copies each batch with ``non_blocking=True`` on the compute stream, so the copy runs
+between two steps' kernels and a step costs about compute + copy. Here every tensor of the batch is
+copied from pinned memory on one side CUDA stream per device, ``lookahead`` batches ahead, and the
+compute stream waits for the copy *on the GPU* (``wait_event``), so a step costs about
+max(compute, copy). Memory stays safe across streams: each device tensor is marked with
+``record_stream`` for the compute stream, so the caching allocator cannot reuse it while a step still
+reads it, and PyTorch's pinned-host allocator keeps a source block until its copy has finished.
+
+Example::
+
+    import lightning.pytorch as pl
+    import lightning_dataperf  # registers the strategies
+
+    trainer = pl.Trainer(accelerator="gpu", devices=1, strategy="side_stream")
+    # or, with options / under DDP:
+    trainer = pl.Trainer(accelerator="gpu", devices=4, strategy=SideStreamDDPStrategy(lookahead=2))
+
+CPU and MPS runs fall back to Lightning's stock behaviour.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
+from lightning.pytorch.utilities.model_helpers import is_overridden
+from torch.utils.data import DataLoader
+from typing_extensions import override
+
+__all__ = [
+    "CopyTiming",
+    "SideStreamCopier",
+    "SideStreamDDPStrategy",
+    "SideStreamStrategy",
+    "SideStreamTransferMixin",
+    "copy_metrics",
+    "map_tensors",
+]
+
+DeviceTransform = Callable[[Any], Any]
+
+
+def map_tensors(batch: Any, function: Callable[[Any], Any]) -> Any:
+    """Apply ``function`` to every tensor (and every object with a ``.to()``) in a nested batch.
+
+    Handles dicts and other mappings, lists, tuples, namedtuples and dataclasses; other leaves are
+    returned unchanged.
+    """
+    if isinstance(batch, torch.Tensor):
+        return function(batch)
+    if isinstance(batch, Mapping):
+        return _rebuild_mapping(batch, {key: map_tensors(value, function) for key, value in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(map_tensors(value, function) for value in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(value, function) for value in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        changes = {f.name: map_tensors(getattr(batch, f.name), function) for f in dataclasses.fields(batch) if f.init}
+        return dataclasses.replace(batch, **changes)
+    if callable(getattr(batch, "to", None)) and not isinstance(batch, (str, bytes)):
+        return function(batch)
+    return batch
+
+
+def _rebuild_mapping(original: Mapping, values: dict) -> Mapping:
+    """Same mapping type where it can be built empty and filled (dict, OrderedDict, ...), else a dict."""
+    try:
+        rebuilt = type(original)()
+        rebuilt.update(values)  # type: ignore[attr-defined]
+    except (TypeError, AttributeError):
+        return values
+    return rebuilt
+
+
+def iter_tensors(batch: Any) -> list[torch.Tensor]:
+    """Every tensor in a nested batch (including tensor attributes of objects with ``.to()``)."""
+    found: list[torch.Tensor] = []
+
+    def collect(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif hasattr(value, "__dict__"):
+            found.extend(attribute for attribute in vars(value).values() if isinstance(attribute, torch.Tensor))
+        return value
+
+    map_tensors(batch, collect)
+    return found
+
+
+@dataclass(frozen=True)
+class CopyTiming:
+    """One batch's copy on the side stream.
+
+    Attributes:
+        copy: seconds the copy took on the side stream.
+        bytes: bytes copied.
+        exposed: seconds the compute stream waited for the copy (not hidden behind compute).
+    """
+
+    copy: float
+    bytes: int
+    exposed: float
+
+    @property
+    def hidden_fraction(self) -> float:
+        return 1.0 if self.copy <= 0 else max(0.0, min(1.0, 1.0 - self.exposed / self.copy))
+
+
+@dataclass
+class _InFlight:
+    batch: Any
+    copy_start: torch.cuda.Event
+    copy_done: torch.cuda.Event
+    bytes: int
+
+
+@dataclass
+class _HandedOver:
+    inflight: _InFlight
+    wait_start: torch.cuda.Event
+    wait_end: torch.cuda.Event
+
+
+class SideStreamCopier:
+    """Copies batches on one side stream of ``device`` and hands them to the compute stream.
+
+    Args:
+        device: the CUDA device.
+        pin: pin unpinned host tensors in this (main) process before copying. If ``False``, such
+            tensors are copied synchronously from pageable memory and a warning says so once.
+        device_transform: applied to the batch on the side stream right after the copy (e.g. cast
+            uint8 images to float and normalise), so it overlaps compute too.
+
+    Example::
+
+        copier = SideStreamCopier(torch.device("cuda", 0))
+        inflight = copier.issue(host_batch)           # copy starts on the side stream
+        batch = copier.hand_over(inflight)            # compute stream waits on the GPU, not the host
+    """
+
+    def __init__(self, device: torch.device, pin: bool = True, device_transform: DeviceTransform | None = None):
+        self.device = device
+        self.pin = pin
+        self.device_transform = device_transform
+        self._stream: torch.cuda.Stream | None = None
+        self._handed_over: deque[_HandedOver] = deque()
+        self._warned: set[str] = set()
+
+    @property
+    def stream(self) -> torch.cuda.Stream:
+        """The side stream, created once on first use."""
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    def issue(self, batch: Any) -> _InFlight:
+        """Start copying ``batch`` to the device on the side stream. Returns at once."""
+        staged = map_tensors(batch, self._pinned)
+        copied_bytes = sum(t.numel() * t.element_size() for t in iter_tensors(staged) if t.device.type == "cpu")
+        start, done = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        stream = self.stream
+        with torch.cuda.stream(stream):
+            start.record(stream)
+            on_device = map_tensors(staged, self._to_device)
+            if self.device_transform is not None:
+                on_device = self.device_transform(on_device)
+            done.record(stream)
+        return _InFlight(on_device, start, done, copied_bytes)
+
+    def hand_over(self, inflight: _InFlight) -> Any:
+        """Make the current (compute) stream wait for the copy, on the GPU, and return the batch."""
+        compute = torch.cuda.current_stream(self.device)
+        wait_start, wait_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        wait_start.record(compute)
+        compute.wait_event(inflight.copy_done)
+        wait_end.record(compute)
+        for tensor in iter_tensors(inflight.batch):
+            if tensor.device.type == "cuda":
+                tensor.record_stream(compute)
+        self._handed_over.append(_HandedOver(inflight, wait_start, wait_end))
+        return inflight.batch
+
+    def completed(self) -> list[CopyTiming]:
+        """Timings of copies whose compute-side wait has finished. Never blocks."""
+        done = []
+        while self._handed_over and self._handed_over[0].wait_end.query():
+            record = self._handed_over.popleft()
+            inflight = record.inflight
+            copy = inflight.copy_start.elapsed_time(inflight.copy_done) / 1e3
+            exposed = record.wait_start.elapsed_time(record.wait_end) / 1e3
+            done.append(CopyTiming(copy=copy, bytes=inflight.bytes, exposed=exposed))
+        return done
+
+    def _pinned(self, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.is_pinned():
+            return value
+        if not self.pin:
+            self._warn_once(
+                "pageable",
+                "SideStreamCopier(pin=False) got a tensor in pageable memory: its copy is staged by the driver and "
+                "is synchronous. Set DataLoader(pin_memory=True) or pin=True for overlapped copies.",
+            )
+            return value
+        try:
+            return value.pin_memory()
+        except RuntimeError as error:  # host memory for pinning exhausted
+            self._warn_once(
+                "pin_failed",
+                f"Pinning a {tuple(value.shape)} {value.dtype} tensor failed ({error}); falling back to pageable, "
+                "synchronous copies. Free host RAM, lower prefetch_factor/num_workers, or the batch size.",
+            )
+            self.pin = False
+            return value
+
+    def _to_device(self, value: Any) -> Any:
+        return value.to(self.device, non_blocking=True)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=3)
+
+
+class _LookaheadIterator(Iterator):
+    """Yields batch N already on the device while batches N+1..N+depth are being copied."""
+
+    def __init__(self, iterator: Iterator, copier: SideStreamCopier, depth: int) -> None:
+        self._iterator = iterator
+        self._copier = copier
+        self._depth = depth
+        self._queue: deque[_InFlight] = deque()
+        self._exhausted = False
+        self._error: BaseException | None = None
+
+    def __next__(self) -> Any:
+        while not self._exhausted and self._error is None and len(self._queue) <= self._depth:
+            try:
+                host_batch = next(self._iterator)
+            except StopIteration:
+                self._exhausted = True
+            except Exception as error:  # hand over what is queued first; nothing is lost
+                self._error = error
+            else:
+                self._queue.append(self._copier.issue(host_batch))
+        if self._queue:
+            return self._copier.hand_over(self._queue.popleft())
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        raise StopIteration
+
+    def __getattr__(self, name: str) -> Any:  # e.g. Lightning reads `_iterator` attributes of the inner one
+        return getattr(self._iterator, name)
+
+
+_LOOKAHEAD_CLASSES: dict[type, type] = {}
+
+
+def _lookahead_class(loader_class: type[DataLoader]) -> type[DataLoader]:
+    """A subclass of the user's DataLoader class whose iterator copies ahead (keeps isinstance checks)."""
+    if loader_class not in _LOOKAHEAD_CLASSES:
+
+        def __iter__(self: DataLoader) -> Iterator:  # noqa: N807
+            inner = super(subclass, self).__iter__()
+            return self._dataperf_make_iterator(inner)
+
+        subclass = type(f"SideStream{loader_class.__name__}", (loader_class,), {"__iter__": __iter__})
+        _LOOKAHEAD_CLASSES[loader_class] = subclass
+    return _LOOKAHEAD_CLASSES[loader_class]
+
+
+class _LookaheadIterable:
+    """Wraps a non-DataLoader iterable; attributes are delegated to it."""
+
+    def __init__(self, iterable: Any, make_iterator: Callable[[Iterator], Iterator]) -> None:
+        self._iterable = iterable
+        self._make_iterator = make_iterator
+
+    def __iter__(self) -> Iterator:
+        return self._make_iterator(iter(self._iterable))
+
+    def __len__(self) -> int:
+        return len(self._iterable)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterable, name)
+
+
+class SideStreamTransferMixin:
+    """Adds side-stream, look-ahead host-to-device copies to a Lightning strategy.
+
+    Put it first in the bases of your own strategy: ``class MyStrategy(SideStreamTransferMixin, DDPStrategy)``.
+
+    Args:
+        lookahead: batches copied ahead of the one being computed (default 1). With ``lookahead >= 1``
+            the loader yields batches already on the device, so ``on_before_batch_transfer`` and a custom
+            ``transfer_batch_to_device`` see device tensors; ``on_after_batch_transfer`` is unchanged.
+            ``lookahead=0`` keeps the stock hook order (copy on the side stream inside
+            ``batch_to_device``) but overlaps only with work the GPU still has queued.
+        pin: pin unpinned host tensors in the main process (see :class:`SideStreamCopier`).
+        device_transform: runs on the side stream after each copy, e.g. uint8 -> float and normalise.
+
+    Example::
+
+        class MyStrategy(SideStreamTransferMixin, SingleDeviceStrategy):
+            pass
+
+        trainer = Trainer(accelerator="gpu", devices=1, strategy=MyStrategy(lookahead=2))
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        lookahead: int = 1,
+        pin: bool = True,
+        device_transform: DeviceTransform | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if lookahead < 0:
+            raise ValueError(f"lookahead={lookahead} must be >= 0 (0 copies in batch_to_device, 1+ copies ahead).")
+        super().__init__(*args, **kwargs)
+        self.lookahead = lookahead
+        self.pin = pin
+        self.device_transform = device_transform
+        self._copier: SideStreamCopier | None = None
+        self._hooks_warned = False
+
+    @property
+    def side_stream_active(self) -> bool:
+        return self.root_device.type == "cuda" and torch.cuda.is_available()  # type: ignore[attr-defined]
+
+    @property
+    def copier(self) -> SideStreamCopier:
+        """The side-stream copier of this rank's device, created once for the run."""
+        if self._copier is None:
+            self._copier = SideStreamCopier(self.root_device, self.pin, self.device_transform)  # type: ignore[attr-defined]
+        return self._copier
+
+    def pop_copy_timings(self) -> list[CopyTiming]:
+        """Copy timings completed since the last call (used by DataPerfCallback)."""
+        return [] if self._copier is None else self._copier.completed()
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
+        if not self.side_stream_active or self.lookahead == 0:
+            return dataloader
+        self._warn_about_hooks()
+
+        def make_iterator(inner: Iterator) -> Iterator:
+            return _LookaheadIterator(inner, self.copier, self.lookahead)
+
+        if isinstance(dataloader, DataLoader):
+            dataloader.__class__ = _lookahead_class(type(dataloader))
+            dataloader._dataperf_make_iterator = make_iterator  # type: ignore[attr-defined]
+            return dataloader
+        return _LookaheadIterable(dataloader, make_iterator)
+
+    @override
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        if self.side_stream_active and self.lookahead == 0 and (device is None or device == self.root_device):  # type: ignore[attr-defined]
+            batch = self.copier.hand_over(self.copier.issue(batch))
+        return super().batch_to_device(batch, device, dataloader_idx)  # type: ignore[misc]
+
+    @override
+    def teardown(self) -> None:
+        self._copier = None
+        super().teardown()  # type: ignore[misc]
+
+    def _warn_about_hooks(self) -> None:
+        module = getattr(self, "lightning_module", None)
+        if self._hooks_warned or module is None:
+            return
+        overridden = [
+            name for name in ("on_before_batch_transfer", "transfer_batch_to_device") if is_overridden(name, module)
+        ]
+        if overridden:
+            self._hooks_warned = True
+            warnings.warn(
+                f"{', '.join(overridden)} is overridden: with side-stream look-ahead it receives batches already on "
+                "the GPU. Move host-side batch edits into the DataLoader's collate_fn, or use lookahead=0 to keep "
+                "the stock hook order.",
+                stacklevel=2,
+            )
+
+
+class SideStreamStrategy(SideStreamTransferMixin, SingleDeviceStrategy):
+    """Single-device training with side-stream look-ahead copies. Registered as ``"side_stream"``.
+
+    Example::
+
+        Trainer(accelerator="gpu", devices=1, strategy="side_stream")
+        Trainer(accelerator="gpu", devices=1, strategy=SideStreamStrategy(lookahead=2))
+    """
+
+    strategy_name = "side_stream"
+
+    def __init__(self, device: Any = None, **kwargs: Any) -> None:
+        super().__init__(device=device if device is not None else "cpu", **kwargs)
+        self._device_given = device is not None
+        #: filled by Lightning's accelerator connector when the device was not given
+        self.parallel_devices: list[torch.device] | None = None
+
+    @property
+    def root_device(self) -> torch.device:
+        if not self._device_given and self.parallel_devices:
+            return self.parallel_devices[0]
+        return self._root_device
+
+
+class SideStreamDDPStrategy(SideStreamTransferMixin, DDPStrategy):
+    """DDP with side-stream look-ahead copies, one stream per rank's device. Registered as ``"ddp_side_stream"``.
+
+    Example::
+
+        Trainer(accelerator="gpu", devices=8, strategy="ddp_side_stream")
+    """
+
+    strategy_name = "ddp_side_stream"
+
+
+def copy_metrics(copies: Sequence[CopyTiming], prefix: str = "") -> dict[str, float]:
+    """Side-stream copy figures for the loggers: mean copy time, effective GB/s, hidden fraction."""
+    if not copies:
+        return {}
+    copy_time = sum(copy.copy for copy in copies)
+    exposed = sum(copy.exposed for copy in copies)
+    metrics = {
+        f"{prefix}Time/Transfer": copy_time / len(copies),
+        f"{prefix}Transfer/exposed_s": exposed / len(copies),
+        f"{prefix}Transfer/hidden_fraction": 1.0 if copy_time <= 0 else max(0.0, 1.0 - exposed / copy_time),
+    }
+    if copy_time > 0:
+        metrics[f"{prefix}Transfer/GBps"] = sum(copy.bytes for copy in copies) / copy_time / 1e9
+    return metrics
+
+
+def _register() -> None:
+    if "side_stream" not in StrategyRegistry:
+        StrategyRegistry.register("side_stream", SideStreamStrategy, description=SideStreamStrategy.__doc__)
+    if "ddp_side_stream" not in StrategyRegistry:
+        StrategyRegistry.register(
+            "ddp_side_stream", SideStreamDDPStrategy, description=SideStreamDDPStrategy.__doc__, start_method="popen"
+        )
+
+
+_register()

@@ -1,0 +1,66 @@
+"""Side-stream transfer on a real GPU. Skips without CUDA; run on the H200 (see benchmarks/README.md)."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import trainer_kwargs
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_dataperf import DataPerfCallback, SideStreamStrategy
+
+pytestmark = pytest.mark.cuda
+
+
+class Checksummed(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        image = torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator)
+        return {"image": image, "index": index, "checksum": image.double().sum()}
+
+
+class ChecksumModel(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.mismatches = []
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        assert batch["image"].is_cuda
+        device_sum = batch["image"].double().sum(dim=(1, 2, 3))
+        self.mismatches.append((device_sum != batch["checksum"]).sum())
+        self.seen.append(batch["index"])
+        return self.layer(device_sum.float().unsqueeze(1) * 0).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+@pytest.mark.parametrize("lookahead", [0, 1, 3])
+@pytest.mark.parametrize("pin_memory", [False, True])
+def test_side_stream_batches_are_exact_and_complete(tmp_path, lookahead, pin_memory):
+    model = ChecksumModel()
+    perf = DataPerfCallback(print_summary=False)
+    trainer = pl.Trainer(
+        max_epochs=2,
+        strategy=SideStreamStrategy(lookahead=lookahead),
+        callbacks=[perf],
+        log_every_n_steps=2,
+        **trainer_kwargs(tmp_path, accelerator="cuda"),
+    )
+    trainer.fit(model, DataLoader(Checksummed(), batch_size=8, shuffle=True, pin_memory=pin_memory))
+    assert trainer.strategy.side_stream_active
+    assert int(torch.stack(model.mismatches).sum()) == 0
+    per_epoch = [torch.cat(model.seen[i * 8 : (i + 1) * 8]).sort().values.tolist() for i in range(2)]
+    assert per_epoch == [list(range(64))] * 2
+    overlap = perf.summaries[-1].transfer_overlap
+    assert overlap["Transfer/GBps"] > 0 and 0.0 <= overlap["Transfer/hidden_fraction"] <= 1.0
+
+
+def test_registered_name_picks_the_gpu(tmp_path):
+    trainer = pl.Trainer(max_epochs=1, strategy="side_stream", **trainer_kwargs(tmp_path, accelerator="cuda"))
+    trainer.fit(ChecksumModel(), DataLoader(Checksummed(), batch_size=8))
+    assert trainer.strategy.root_device.type == "cuda"

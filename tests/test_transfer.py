@@ -1,0 +1,126 @@
+import dataclasses
+import warnings
+from collections import OrderedDict, namedtuple
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import trainer_kwargs
+from helpers import SleepyModel, sleepy_loader
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_dataperf import DataPerfCallback, SideStreamStrategy
+from lightning_dataperf.transfer import CopyTiming, SideStreamCopier, _LookaheadIterator, copy_metrics, map_tensors
+
+Pair = namedtuple("Pair", ["image", "label"])
+
+
+@dataclasses.dataclass
+class Sample:
+    image: torch.Tensor
+    meta: dict
+    name: str = "x"
+
+
+class Movable:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def to(self, *args, **kwargs):
+        return Movable(self.tensor.to(*args, **kwargs))
+
+
+def test_map_tensors_keeps_every_structure():
+    batch = {
+        "pair": Pair(torch.ones(2), 3),
+        "list": [torch.zeros(1), (torch.ones(1), "text")],
+        "ordered": OrderedDict(a=torch.ones(3)),
+        "sample": Sample(torch.ones(2), {"k": torch.zeros(2)}),
+        "movable": Movable(torch.ones(1)),
+    }
+    doubled = map_tensors(batch, lambda value: value.to(torch.float64))
+    assert isinstance(doubled["pair"], Pair) and doubled["pair"].label == 3
+    assert doubled["pair"].image.dtype == torch.float64
+    assert doubled["list"][1][1] == "text" and isinstance(doubled["list"][1], tuple)
+    assert isinstance(doubled["ordered"], OrderedDict)
+    assert isinstance(doubled["sample"], Sample) and doubled["sample"].meta["k"].dtype == torch.float64
+    assert isinstance(doubled["movable"], Movable) and doubled["movable"].tensor.dtype == torch.float64
+    assert batch["pair"].image.dtype == torch.float32  # the input is untouched
+
+
+class FakeCopier:
+    """Stands in for the CUDA copier: records the order of issue and hand-over."""
+
+    def __init__(self):
+        self.log = []
+
+    def issue(self, batch):
+        self.log.append(("issue", batch))
+        return batch
+
+    def hand_over(self, inflight):
+        self.log.append(("hand_over", inflight))
+        return inflight
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_lookahead_yields_every_batch_once_in_order_and_copies_ahead(depth):
+    copier = FakeCopier()
+    out = list(_LookaheadIterator(iter(range(7)), copier, depth))
+    assert out == list(range(7))
+    handed = [index for index, (kind, _) in enumerate(copier.log) if kind == "hand_over"]
+    issued = [index for index, (kind, _) in enumerate(copier.log) if kind == "issue"]
+    for batch in range(7 - depth):  # batch N+depth is issued before batch N is handed over
+        assert issued[batch + depth] < handed[batch]
+
+
+def test_lookahead_hands_over_queued_batches_before_a_loader_error():
+    def failing():
+        yield from range(3)
+        raise OSError("disk gone")
+
+    iterator = _LookaheadIterator(failing(), FakeCopier(), 2)
+    assert [next(iterator) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(OSError, match="disk gone"):
+        next(iterator)
+
+
+def test_pinning_failure_falls_back_to_pageable_with_one_warning():
+    copier = SideStreamCopier(torch.device("cuda", 0))
+    tensor = torch.ones(4)
+    if torch.cuda.is_available():
+        pytest.skip("pinning works here; the fallback is exercised on machines without CUDA")
+    with pytest.warns(UserWarning, match="Pinning a \\(4,\\) torch.float32 tensor failed"):
+        assert copier._pinned(tensor) is tensor
+    assert copier.pin is False
+    with pytest.warns(UserWarning, match="synchronous"):
+        copier._pinned(torch.ones(2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        copier._pinned(torch.ones(2))  # said once only
+
+
+def test_copy_metrics():
+    copies = [CopyTiming(copy=0.002, bytes=100_000_000, exposed=0.0005), CopyTiming(0.002, 100_000_000, 0.0)]
+    metrics = copy_metrics(copies)
+    assert metrics["Transfer/GBps"] == pytest.approx(50.0)
+    assert metrics["Transfer/hidden_fraction"] == pytest.approx(0.875)
+    assert metrics["Time/Transfer"] == pytest.approx(0.002)
+    assert copy_metrics([]) == {}
+
+
+def test_strategies_are_registered_and_cpu_falls_back_to_stock(tmp_path):
+    assert "side_stream" in StrategyRegistry and "ddp_side_stream" in StrategyRegistry
+    perf = DataPerfCallback(print_summary=False)
+    model = SleepyModel()
+    trainer = pl.Trainer(max_epochs=1, strategy="side_stream", callbacks=[perf], **trainer_kwargs(tmp_path))
+    trainer.fit(model, sleepy_loader(20, 4, 0.0))
+    assert isinstance(trainer.strategy, SideStreamStrategy) and not trainer.strategy.side_stream_active
+    assert trainer.strategy.root_device == torch.device("cpu")
+    assert torch.cat(model.seen).tolist() == [float(i) for i in range(20)]
+    assert perf.summaries[0].transfer_overlap == {}
+
+
+def test_bad_lookahead_is_refused():
+    with pytest.raises(ValueError, match="lookahead=-1 must be >= 0"):
+        SideStreamStrategy(lookahead=-1)
