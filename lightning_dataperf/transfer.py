@@ -124,9 +124,17 @@ class _InFlight:
 
 @dataclass
 class _HandedOver:
-    inflight: _InFlight
+    """What is left of a batch once handed over: its events and size, never the tensors themselves."""
+
+    copy_start: torch.cuda.Event
+    copy_done: torch.cuda.Event
+    bytes: int
     wait_start: torch.cuda.Event
     wait_end: torch.cuda.Event
+
+
+#: Copy records kept for read-back when nobody asks for them (bounded so that they cannot pile up).
+MAX_PENDING_COPY_RECORDS = 4096
 
 
 class SideStreamCopier:
@@ -151,7 +159,7 @@ class SideStreamCopier:
         self.pin = pin
         self.device_transform = device_transform
         self._stream: torch.cuda.Stream | None = None
-        self._handed_over: deque[_HandedOver] = deque()
+        self._handed_over: deque[_HandedOver] = deque(maxlen=MAX_PENDING_COPY_RECORDS)
         self._warned: set[str] = set()
 
     @property
@@ -185,7 +193,8 @@ class SideStreamCopier:
         for tensor in iter_tensors(inflight.batch):
             if tensor.device.type == "cuda":
                 tensor.record_stream(compute)
-        self._handed_over.append(_HandedOver(inflight, wait_start, wait_end))
+        record = _HandedOver(inflight.copy_start, inflight.copy_done, inflight.bytes, wait_start, wait_end)
+        self._handed_over.append(record)
         return inflight.batch
 
     def completed(self) -> list[CopyTiming]:
@@ -193,10 +202,9 @@ class SideStreamCopier:
         done = []
         while self._handed_over and self._handed_over[0].wait_end.query():
             record = self._handed_over.popleft()
-            inflight = record.inflight
-            copy = inflight.copy_start.elapsed_time(inflight.copy_done) / 1e3
+            copy = record.copy_start.elapsed_time(record.copy_done) / 1e3
             exposed = record.wait_start.elapsed_time(record.wait_end) / 1e3
-            done.append(CopyTiming(copy=copy, bytes=inflight.bytes, exposed=exposed))
+            done.append(CopyTiming(copy=copy, bytes=record.bytes, exposed=exposed))
         return done
 
     def _pinned(self, value: Any) -> Any:
