@@ -265,7 +265,9 @@ class _LookaheadIterator(Iterator):
             raise error
         raise StopIteration
 
-    def __getattr__(self, name: str) -> Any:  # e.g. Lightning reads `_iterator` attributes of the inner one
+    def __getattr__(self, name: str) -> Any:  # public attributes of the wrapped iterator
+        if name.startswith("_"):
+            raise AttributeError(name)
         return getattr(self._iterator, name)
 
 
@@ -298,7 +300,9 @@ class _LookaheadIterable:
     def __len__(self) -> int:
         return len(self._iterable)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # e.g. `sampler`, `dataset` of the wrapped iterable
+        if name.startswith("__") or name in ("_iterable", "_make_iterator"):
+            raise AttributeError(name)
         return getattr(self._iterable, name)
 
 
