@@ -6,11 +6,13 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,3 +57,15 @@ def write_json(name: str, payload: dict[str, Any], out_dir: str | None = None) -
     path.write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {path}")
     return path
+
+
+def fit_quietly(model: pl.LightningModule, loader: Any, **trainer_options: Any) -> pl.Trainer:
+    """Fit one epoch (unless overridden) in a temporary directory, without bars, summaries or checkpoints."""
+    options: dict[str, Any] = dict(
+        devices=1, max_epochs=1, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False
+    )
+    options.update(trainer_options)
+    with tempfile.TemporaryDirectory() as root:
+        trainer = pl.Trainer(default_root_dir=root, **options)
+        trainer.fit(model, loader)
+    return trainer

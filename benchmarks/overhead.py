@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 
 import _common
@@ -76,21 +75,17 @@ def one_run(device: str, with_callback: bool, steps: int, warmup: int, width: in
     callbacks: list[pl.Callback] = [clock]
     if with_callback:
         callbacks.append(DataPerfCallback(print_summary=False, write_json=False))
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator=device,
-            devices=1,
-            max_steps=steps,
-            callbacks=callbacks,
-            default_root_dir=root,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            log_every_n_steps=50,
-            limit_val_batches=0,
-        )
-        torch.manual_seed(0)
-        trainer.fit(Mlp(width, depth), _Repeat(loader, steps))
+    torch.manual_seed(0)
+    _common.fit_quietly(
+        Mlp(width, depth),
+        _Repeat(loader, steps),
+        accelerator=device,
+        max_epochs=None,
+        max_steps=steps,
+        callbacks=callbacks,
+        log_every_n_steps=50,
+        limit_val_batches=0,
+    )
     return clock.step_time
 
 

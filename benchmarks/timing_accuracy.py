@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 
 import _common
 import lightning.pytorch as pl
@@ -25,19 +24,13 @@ REGIMES = [(8.0, 15.0), (20.0, 5.0)]
 
 
 def run(loader_ms: float, gpu_ms: float, cycles: float, steps: int, callback: pl.Callback) -> None:
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="cuda",
-            devices=1,
-            max_epochs=1,
-            callbacks=[callback],
-            default_root_dir=root,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            log_every_n_steps=10,
-        )
-        trainer.fit(GpuSleepModel(gpu_ms, cycles), sleeping_loader(steps, loader_ms))
+    _common.fit_quietly(
+        GpuSleepModel(gpu_ms, cycles),
+        sleeping_loader(steps, loader_ms),
+        accelerator="cuda",
+        callbacks=[callback],
+        log_every_n_steps=10,
+    )
 
 
 def main() -> None:

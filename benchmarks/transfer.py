@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 
 import _common
 import lightning.pytorch as pl
@@ -70,20 +69,14 @@ def pinned_bandwidth(nbytes: int) -> float:
 
 def step_time(batch: torch.Tensor, cycles: int, strategy, steps: int) -> float:
     clock = WallClock(warmup=5)
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="cuda",
-            devices=1,
-            strategy=strategy,
-            max_epochs=1,
-            callbacks=[clock],
-            default_root_dir=root,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
-            logger=False,
-        )
-        trainer.fit(SleepStep(cycles), ReadyBatches(batch, steps))
+    _common.fit_quietly(
+        SleepStep(cycles),
+        ReadyBatches(batch, steps),
+        accelerator="cuda",
+        strategy=strategy,
+        callbacks=[clock],
+        logger=False,
+    )
     return clock.step_time
 
 

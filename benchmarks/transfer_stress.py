@@ -11,7 +11,6 @@ pinned host memory are sampled to show they stay flat.
 from __future__ import annotations
 
 import argparse
-import tempfile
 
 import _common
 import lightning.pytorch as pl
@@ -114,19 +113,9 @@ def main() -> None:
     args = parser.parse_args()
     model = StressModel()
     loader = DataLoader(StressData(args.batches), batch_size=None, num_workers=4, pin_memory=True)
-    with tempfile.TemporaryDirectory() as root:
-        trainer = pl.Trainer(
-            accelerator="cuda",
-            devices=1,
-            strategy=SideStreamStrategy(lookahead=args.lookahead),
-            max_epochs=1,
-            default_root_dir=root,
-            enable_progress_bar=False,
-            logger=False,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-        )
-        trainer.fit(model, loader)
+    _common.fit_quietly(
+        model, loader, accelerator="cuda", strategy=SideStreamStrategy(lookahead=args.lookahead), logger=False
+    )
     mismatches = int(model.mismatches.item())
     rows = [[args.batches, args.lookahead, mismatches, model.bitwise_checked, model.bitwise_failures]]
     _common.print_table(["batches", "lookahead", "checksum mismatches", "bitwise checks", "bitwise failures"], rows)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["GpuSleepModel", "SleepingLoaderDataset", "calibrate_cuda_sleep", "sleeping_loader"]
+__all__ = ["GpuSleepModel", "SleepCollate", "SleepingLoaderDataset", "calibrate_cuda_sleep", "sleeping_loader"]
 
 
 def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) -> float:
@@ -46,7 +46,9 @@ class SleepingLoaderDataset(Dataset):
         return torch.full((self.features,), float(index))
 
 
-class _SleepCollate:
+class SleepCollate:
+    """Stacks samples after a known host sleep of ``sleep_ms`` per batch."""
+
     def __init__(self, sleep_ms: float) -> None:
         self.sleep_ms = sleep_ms
 
@@ -58,7 +60,7 @@ class _SleepCollate:
 def sleeping_loader(batches: int, loader_ms: float, batch_size: int = 8, **kwargs) -> DataLoader:
     """A loader whose every batch costs ``loader_ms`` of host time."""
     dataset = SleepingLoaderDataset(batches * batch_size)
-    return DataLoader(dataset, batch_size=batch_size, collate_fn=_SleepCollate(loader_ms), **kwargs)
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=SleepCollate(loader_ms), **kwargs)
 
 
 class GpuSleepModel(pl.LightningModule):

@@ -7,33 +7,15 @@ import time
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-
-class SleepyBatches(Dataset):
-    """Each *batch* costs ``sleep_s`` of host time (slept in the collate function)."""
-
-    def __init__(self, length: int, features: int = 8) -> None:
-        self.length, self.features = length, features
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.full((self.features,), float(index))
-
-
-class SleepCollate:
-    def __init__(self, sleep_s: float) -> None:
-        self.sleep_s = sleep_s
-
-    def __call__(self, samples):
-        time.sleep(self.sleep_s)
-        return torch.stack(samples)
+from lightning_dataperf.testing import SleepCollate, SleepingLoaderDataset
 
 
 def sleepy_loader(length: int, batch_size: int, sleep_s: float, **kwargs) -> DataLoader:
-    return DataLoader(SleepyBatches(length), batch_size=batch_size, collate_fn=SleepCollate(sleep_s), **kwargs)
+    """``length`` samples of 8 features; each *batch* costs ``sleep_s`` of host time (in the collate)."""
+    dataset = SleepingLoaderDataset(length, features=8)
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=SleepCollate(sleep_s * 1e3), **kwargs)
 
 
 class SleepyModel(pl.LightningModule):
