@@ -10,7 +10,9 @@ Example::
 
 from lightning_dataperf.callback import DataPerfCallback
 from lightning_dataperf.diagnosis import Diagnosis, Finding, diagnose
+from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.stats import EpochSummary, TimingSummary
+from lightning_dataperf.system import SystemSampler
 from lightning_dataperf.timing import StepClock, StepTiming
 from lightning_dataperf.transfer import (
     SideStreamCopier,
@@ -26,13 +28,16 @@ __all__ = [
     "Diagnosis",
     "EpochSummary",
     "Finding",
+    "Hardware",
     "SideStreamCopier",
     "SideStreamDDPStrategy",
     "SideStreamStrategy",
     "SideStreamTransferMixin",
     "StepClock",
     "StepTiming",
+    "SystemSampler",
     "TimingSummary",
     "__version__",
     "diagnose",
+    "probe_hardware",
 ]

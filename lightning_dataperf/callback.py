@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -20,9 +21,13 @@ from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import FetchHooks
 from lightning_dataperf.diagnosis import Diagnosis, Evidence, LoaderFacts, diagnose
+from lightning_dataperf.hardware import Hardware, pcie_capacity_mbps, probe_hardware
+from lightning_dataperf.preflight import BatchFootprint, Problem, check_batch, check_loader
 from lightning_dataperf.stats import EpochAccumulator, EpochSummary, TimingSummary, window_metrics
+from lightning_dataperf.system import SystemSampler
 from lightning_dataperf.timing import StepClock, StepTiming
 from lightning_dataperf.transfer import CopyTiming, SideStreamTransferMixin, copy_metrics
+from lightning_dataperf.watchdog import HangReport, HangWatchdog
 
 __all__ = ["DataPerfCallback"]
 
@@ -94,6 +99,14 @@ class DataPerfCallback(Callback):
     ``val/``, ``test/`` and ``predict/``. On CUDA the step figures come from CUDA events read back
     lazily, so the callback never synchronises the device per step.
 
+    A telemetry thread samples the GPU (NVML: utilisation, PCIe RX/TX, clocks, power), CPU cores,
+    loader workers, memory, ``/dev/shm`` and the dataset's disk, logged as ``System/...`` means. At
+    each epoch end the timings and telemetry become a verdict (:attr:`last_diagnosis`), printed on
+    rank zero, logged as TensorBoard text and appended to ``<log_dir>/dataperf_summaries.jsonl``.
+    At fit start pre-flight checks warn about ``/dev/shm``, open files, pinned RAM, fork-after-CUDA
+    and oversubscribed CPUs, and a watchdog reports (never kills) a loader that delivers nothing for
+    ``hang_timeout`` seconds.
+
     Args:
         batch_size_fn: returns the number of samples in a batch (default: Lightning's
             ``extract_batch_size``), used for throughput.
@@ -101,6 +114,11 @@ class DataPerfCallback(Callback):
         print_summary: print the epoch table and verdict on rank zero.
         write_json: append each epoch's summary and verdict to ``<log_dir>/dataperf_summaries.jsonl``.
         stages: which loops to time.
+        telemetry: run the system sampler thread.
+        telemetry_interval: seconds between system readings.
+        data_path: where the dataset lives, so disk metrics watch that device (else all disks).
+        preflight: run the pre-flight checks at fit start and on the first batch.
+        hang_timeout: seconds without a batch before the watchdog reports; ``None`` turns it off.
 
     Example::
 
@@ -120,17 +138,37 @@ class DataPerfCallback(Callback):
         print_summary: bool = True,
         write_json: bool = True,
         stages: tuple[str, ...] = ("train", "val", "test", "predict"),
+        telemetry: bool = True,
+        telemetry_interval: float = 1.0,
+        data_path: str | os.PathLike[str] | None = None,
+        preflight: bool = True,
+        hang_timeout: float | None = 300.0,
     ) -> None:
         unknown = set(stages) - set(STAGE_PREFIX)
         if unknown:
             raise ValueError(f"DataPerfCallback(stages=...) got {sorted(unknown)}; choose from {list(STAGE_PREFIX)}.")
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"DataPerfCallback(log_every_n_steps={log_every_n_steps}) must be >= 1.")
+        if telemetry_interval <= 0:
+            raise ValueError(f"DataPerfCallback(telemetry_interval={telemetry_interval}) must be > 0 seconds.")
+        if hang_timeout is not None and hang_timeout <= 0:
+            raise ValueError(f"DataPerfCallback(hang_timeout={hang_timeout}) must be > 0 seconds, or None for off.")
         self.batch_size_fn = batch_size_fn
         self.log_every_n_steps = log_every_n_steps
         self.print_summary = print_summary
         self.write_json = write_json
         self.stages = tuple(stages)
+        self.telemetry = telemetry
+        self.telemetry_interval = telemetry_interval
+        self.data_path = data_path
+        self.preflight = preflight
+        self.hang_timeout = hang_timeout
+        self.preflight_problems: list[Problem] = []
+        self.hang_reports: list[HangReport] = []
+        self.hardware: Hardware | None = None
+        self.sampler: SystemSampler | None = None
+        self._watchdog: HangWatchdog | None = None
+        self._batch_checked = False
         self.summaries: list[EpochSummary] = []
         self.diagnoses: list[Diagnosis] = []
         self._timers: dict[str, _StageTimer] = {}
@@ -167,6 +205,25 @@ class DataPerfCallback(Callback):
         self._hooks.install(trainer)
         self._boundary = time.perf_counter()
         self._train_epochs_started = 0
+        self._batch_checked = False
+        self.hardware = probe_hardware(self.data_path, accelerator=device.type)
+        self._start_sampler(device)
+
+    def _start_sampler(self, device: torch.device) -> None:
+        ticks = []
+        if self.hang_timeout is not None:
+            self._watchdog = HangWatchdog(self.hang_timeout, report=self._on_hang)
+            ticks.append(self._watchdog.check)
+        if not (self.telemetry or ticks):
+            return
+        cuda_device = device.index if device.type == "cuda" and self.telemetry else None
+        sources = None if self.telemetry else []
+        self.sampler = SystemSampler(self.telemetry_interval, cuda_device, self.data_path, sources, on_tick=ticks)
+        self.sampler.start()
+
+    def _on_hang(self, report: HangReport) -> None:
+        self.hang_reports.append(report)
+        print(report.format(), file=sys.stderr, flush=True)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -177,6 +234,10 @@ class DataPerfCallback(Callback):
         self._release()
 
     def _release(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+        self._watchdog = None
         self._hooks.uninstall()
         for timer in self._timers.values():
             timer.clock.reset()
@@ -190,17 +251,41 @@ class DataPerfCallback(Callback):
             _write_custom_scalars(trainer.logger)
 
     @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loader = _first_loader(trainer.train_dataloader)
+        if self.preflight and self.hardware is not None and loader is not None:
+            self._warn(trainer, check_loader(loader, self.hardware))
+
+    def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
+        if self._batch_checked or not self.preflight or self.hardware is None:
+            return
+        self._batch_checked = True
+        loader = _first_loader(trainer.train_dataloader)
+        if loader is not None:
+            self._warn(trainer, check_batch(BatchFootprint.of(batch), loader, self.hardware))
+
+    def _warn(self, trainer: pl.Trainer, problems: list[Problem]) -> None:
+        self.preflight_problems.extend(problems)
+        if trainer.is_global_zero:
+            for problem in problems:
+                warnings.warn(f"DataPerf pre-flight [{problem.check}]: {problem.message}", stacklevel=2)
+
+    @override
     def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._boundary = time.perf_counter()
 
     # ------------------------------------------------------------------ fetch hooks
     def _on_fetch_start(self, loop_stage: str) -> None:
+        if self._watchdog is not None:
+            self._watchdog.fetch_started()
         timer = self._timers.get(_LOOP_STAGE[loop_stage])
         if timer is not None and timer.active:
             timer.clock.fetch_started()
 
     def _on_fetch_end(self, loop_stage: str) -> None:
         timer = self._timers.get(_LOOP_STAGE[loop_stage])
+        if self._watchdog is not None:
+            self._watchdog.batch_arrived(None if timer is None else timer.batches)
         if timer is None or not timer.active:
             return
         timer.clock.fetch_finished()
@@ -231,6 +316,8 @@ class DataPerfCallback(Callback):
         timer.collect()
 
     def _epoch_finished(self, trainer: pl.Trainer, stage: str) -> None:
+        if self._watchdog is not None:
+            self._watchdog.idle()
         timer = self._timers.get(stage)
         if timer is None or not timer.active:
             return
@@ -279,10 +366,15 @@ class DataPerfCallback(Callback):
 
     def _evidence(self, trainer: pl.Trainer, summary: EpochSummary) -> Evidence:
         loader = trainer.train_dataloader if summary.stage == "train" else None
+        system = self.sampler.epoch_means() if self.sampler is not None and summary.stage == "train" else {}
+        hardware = self.hardware
         return Evidence(
             summary=summary,
             loader=LoaderFacts.of(_first_loader(loader)),
+            system=system,
             side_stream_transfer=isinstance(trainer.strategy, SideStreamTransferMixin),
+            usable_cpus=None if hardware is None else hardware.cpus_per_rank,
+            pcie_capacity_mbps=_pcie_capacity(hardware, trainer.strategy.root_device),
         )
 
     def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
@@ -318,12 +410,15 @@ class DataPerfCallback(Callback):
         anchor = self._boundary if self._train_epochs_started == 0 else time.perf_counter()
         self._train_epochs_started += 1
         self._epoch_started(trainer, "train", anchor)
+        if self.sampler is not None:
+            self.sampler.reset_epoch()
 
     @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._batch_started(trainer, "train")
+        self._check_first_batch(trainer, batch)
 
     @override
     def on_train_batch_end(
@@ -336,7 +431,10 @@ class DataPerfCallback(Callback):
             return
         timer.collect_copies(trainer.strategy)
         if timer.batches % self._train_log_interval(trainer) == 0:
-            self._log(trainer, timer.window_metrics())
+            metrics = timer.window_metrics()
+            if self.sampler is not None:
+                metrics.update(self.sampler.window_means())
+            self._log(trainer, metrics)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -448,6 +546,13 @@ class DataPerfCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.summaries = [_summary_from_dict(raw) for raw in state_dict.get("summaries", [])]
+
+
+def _pcie_capacity(hardware: Hardware | None, device: torch.device) -> float | None:
+    if hardware is None or device.type != "cuda" or not hardware.gpus:
+        return None
+    gpu = hardware.gpus[min(device.index or 0, len(hardware.gpus) - 1)]
+    return pcie_capacity_mbps(gpu)
 
 
 def _mean_metrics(summary: EpochSummary, prefix: str) -> dict[str, float]:

@@ -59,6 +59,7 @@ class Evidence:
     system: Mapping[str, float] = field(default_factory=dict)
     side_stream_transfer: bool = False
     usable_cpus: int | None = None
+    pcie_capacity_mbps: float | None = None
 
     def timing(self, name: str, statistic: str = "mean") -> float | None:
         summary = self.summary.timings.get(name)
@@ -146,6 +147,11 @@ def _input_bound(evidence: Evidence) -> Finding | None:
     kind, cause = _input_cause(evidence)
     if loader.num_workers is not None:
         numbers["num_workers"] = float(loader.num_workers)
+    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "cpu_iowait_mean"):
+        if (value := evidence.system.get(f"System/{key}")) is not None:
+            numbers[key] = value
+    if (disk := evidence.system.get("System/disk_util_percent")) is not None and kind == "input_bound_storage":
+        numbers["disk_util_percent"] = disk
     return Finding(
         kind=kind,
         headline=f"input-bound ({cause}): {where} {100 * share:.0f}% of the step time",
@@ -155,35 +161,56 @@ def _input_bound(evidence: Evidence) -> Finding | None:
     )
 
 
+#: Loader workers busier than this (% of one core each) are doing CPU work, not waiting on I/O.
+WORKER_BUSY_PERCENT = 70.0
+#: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
+IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
+
+
 def _input_cause(evidence: Evidence) -> tuple[str, str]:
     system = evidence.system
     iowait = system.get("System/cpu_iowait_mean")
     disk_util = system.get("System/disk_util_percent")
-    if (iowait is not None and iowait > 10) or (disk_util is not None and disk_util > 80):
+    if (iowait is not None and iowait > IOWAIT_PERCENT) or (disk_util is not None and disk_util > DISK_UTIL_PERCENT):
         return "input_bound_storage", "storage"
-    busy = system.get("System/cpu_busy_percent_mean")
     workers = evidence.loader.num_workers or 0
-    if busy is not None and busy > 85 and workers > 0:
+    worker_cpu = system.get("System/worker_cpu_percent_mean")
+    if workers > 0 and worker_cpu is not None and worker_cpu > WORKER_BUSY_PERCENT:
         return "input_bound_cpu", "CPU preprocessing"
+    if workers == 0:
+        return "input_bound_workers", "batches are loaded in the training process (num_workers=0)"
     return "input_bound_workers", "too few loader workers / too little prefetch"
+
+
+def _spare_cpus(evidence: Evidence) -> float | None:
+    """Idle cores, from mean CPU busy % and the CPUs this process may use."""
+    busy = evidence.system.get("System/cpu_busy_percent_mean")
+    if busy is None or evidence.usable_cpus is None:
+        return None
+    return evidence.usable_cpus * (100.0 - busy) / 100.0
 
 
 def _input_advice(evidence: Evidence) -> list[str]:
     loader = evidence.loader
     kind, _ = _input_cause(evidence)
     advice: list[str] = []
+    workers = loader.num_workers
     if kind == "input_bound_storage":
         advice.append(
             "storage is the limit: copy the dataset to local NVMe or RAM (/dev/shm), use a sequential "
             "format (WebDataset/LitData shards) and raise prefetch_factor to keep more reads in flight"
         )
     elif kind == "input_bound_cpu":
+        spare = _spare_cpus(evidence)
+        if workers and spare is not None and spare >= 1:
+            advice.append(
+                f"the workers are CPU-bound and about {spare:.0f} cores are idle: raise num_workers "
+                f"from {workers} to {workers + int(spare)}"
+            )
         advice.append(
-            "the CPUs are saturated by preprocessing: decode smaller images, move augmentation to the GPU "
-            "(ship uint8 and normalise on device: SideStreamTransfer(device_transform=...)), or cache "
-            "decoded samples; more workers will not help"
+            "make preprocessing cheaper: decode smaller images, move augmentation to the GPU (ship uint8 and "
+            "normalise on device: SideStreamStrategy(device_transform=...)), or cache decoded samples"
         )
-    workers = loader.num_workers
     if workers == 0:
         advice.append(
             "num_workers=0 loads every batch in the training process: set num_workers > 0 "
@@ -194,12 +221,17 @@ def _input_advice(evidence: Evidence) -> list[str]:
         if evidence.usable_cpus is not None:
             more = max(workers + 1, min(more, evidence.usable_cpus - 1))
         advice.append(
-            f"raise num_workers from {workers} (try {more}) and prefetch_factor "
-            f"(now {loader.prefetch_factor}); TunedDataModule(autotune=True) measures the best setting"
+            f"the workers are mostly waiting, not computing: raise num_workers from {workers} (try {more}) and "
+            f"prefetch_factor (now {loader.prefetch_factor}) to keep more batches in flight; "
+            "TunedDataModule(autotune=True) measures the best setting"
         )
     if loader.persistent_workers is False and workers:
         advice.append("set persistent_workers=True so workers are not restarted every epoch")
     return advice
+
+
+#: Share of the link's capacity above which PCIe counts as saturated.
+PCIE_SATURATED = 0.8
 
 
 def _transfer_bound(evidence: Evidence) -> Finding | None:
@@ -207,8 +239,19 @@ def _transfer_bound(evidence: Evidence) -> Finding | None:
     if transfer is None or not step:
         return None
     share = transfer / step
+    overlap = evidence.summary.transfer_overlap or {}
+    hidden = overlap.get("Transfer/hidden_fraction")
+    if hidden is not None:
+        share = (1.0 - hidden) * (overlap.get("Transfer/copy_time", transfer) or transfer) / step
     if share < SIGNIFICANT_SHARE:
         return None
+    numbers = {"transfer_ms": 1e3 * transfer, "step_ms": 1e3 * step, "transfer_share": share}
+    if hidden is not None:
+        numbers["hidden_fraction"] = hidden
+    rx = evidence.system.get("System/gpu_pcie_rx_MBps")
+    if rx is not None:
+        numbers["pcie_rx_MBps"] = rx
+    saturated = rx is not None and evidence.pcie_capacity_mbps and rx > PCIE_SATURATED * evidence.pcie_capacity_mbps
     advice = []
     if evidence.loader.pin_memory is False:
         advice.append(
@@ -220,41 +263,73 @@ def _transfer_bound(evidence: Evidence) -> Finding | None:
             "overlap the copy with compute: Trainer(strategy='side_stream') copies the next batch on a "
             "side CUDA stream while this one computes"
         )
+    if saturated:
+        numbers["pcie_capacity_MBps"] = float(evidence.pcie_capacity_mbps or 0.0)
+        advice.append("PCIe is saturated: only fewer bytes help (uint8 instead of float32, crop before the copy)")
     advice.append("ship compact dtypes (uint8 images) and cast/normalise on the GPU: 4x fewer PCIe bytes")
-    numbers = {"transfer_ms": 1e3 * transfer, "step_ms": 1e3 * step, "transfer_share": share}
-    if (pcie := evidence.system.get("System/gpu_pcie_rx_MBps")) is not None:
-        numbers["pcie_rx_MBps"] = pcie
+    if saturated:
+        cause = "PCIe saturated"
+    else:
+        cause = "pageable copies" if evidence.loader.pin_memory is False else "copies not overlapped"
     return Finding(
         kind="transfer_bound",
-        headline=f"transfer-bound: the host-to-device copy takes {100 * share:.0f}% of the step",
+        headline=f"transfer-bound ({cause}): the host-to-device copy costs {100 * share:.0f}% of the step",
         share=share,
         evidence=numbers,
         advice=advice,
     )
 
 
+HOST_OVERHEAD_SHARE = 0.25
+
+
 def _host_bound(evidence: Evidence) -> Finding | None:
+    if evidence.summary.on_device:
+        return _device_starved_by_host(evidence)
+    return _loop_overhead(evidence)
+
+
+def _device_starved_by_host(evidence: Evidence) -> Finding | None:
+    """CUDA: the GPU idles though the host is not waiting for data — launches and syncs are the limit."""
     summary = evidence.summary
     compute, step = evidence.timing("Compute"), evidence.step_mean
-    if not summary.on_device or compute is None or not step:
+    if compute is None or not step:
         return None
     stall = summary.input_stall_fraction or 0.0
     wait_share = summary.data_wait_share or 0.0
     idle_share = max(0.0, 1.0 - compute / step - stall)
-    if idle_share < 0.25 or wait_share > 0.5 * idle_share + stall:
+    if idle_share < HOST_OVERHEAD_SHARE or wait_share > 0.5 * idle_share + stall:
         return None
     return Finding(
         kind="host_bound",
-        headline=(f"host-bound: the GPU is busy only {100 * compute / step:.0f}% of the step though data is ready"),
+        headline=f"host-bound: the GPU is busy only {100 * compute / step:.0f}% of the step though data is ready",
         share=idle_share,
-        evidence={
-            "device_compute_ms": 1e3 * compute,
-            "step_ms": 1e3 * step,
-            "host_data_wait_share": wait_share,
-        },
+        evidence={"device_compute_ms": 1e3 * compute, "step_ms": 1e3 * step, "host_data_wait_share": wait_share},
         advice=[
             "Python or kernel-launch overhead dominates: use a larger batch, torch.compile or CUDA graphs, "
             "and avoid per-step host syncs (.item(), .cpu(), printing tensors)",
+        ],
+    )
+
+
+def _loop_overhead(evidence: Evidence) -> Finding | None:
+    """CPU: time outside data wait, transfer and the step itself (hooks, callbacks, logging) dominates."""
+    compute, step = evidence.timing("Compute"), evidence.step_mean
+    if compute is None or not step:
+        return None
+    wait = evidence.timing("DataLoading") or 0.0
+    transfer = evidence.timing("Transfer") or 0.0
+    share = max(0.0, step - compute - wait - transfer) / step
+    if share < HOST_OVERHEAD_SHARE:
+        return None
+    return Finding(
+        kind="host_bound",
+        headline=f"host-bound: {100 * share:.0f}% of each step is per-step framework overhead, not data or compute",
+        share=share,
+        evidence={"step_ms": 1e3 * step, "compute_ms": 1e3 * compute, "data_wait_ms": 1e3 * wait},
+        advice=[
+            "the batches are too small for the per-step cost of the loop (hooks, callbacks, logging, optimizer "
+            "bookkeeping): raise the batch size, log less often (log_every_n_steps) and drop per-step callbacks",
         ],
     )
 
@@ -310,6 +385,9 @@ def _memory_pressure(evidence: Evidence) -> Finding | None:
     shm_free = system.get("System/shm_free_MB")
     if shm_free is not None and shm_free < 256:
         numbers["shm_free_MB"] = shm_free
+    pinned, available = system.get("System/pinned_host_MB"), system.get("System/ram_available_MB")
+    if pinned is not None and available is not None and pinned > available:
+        numbers["pinned_host_MB"], numbers["ram_available_MB"] = pinned, available
     if not numbers:
         return None
     return Finding(
@@ -319,7 +397,9 @@ def _memory_pressure(evidence: Evidence) -> Finding | None:
         evidence=numbers,
         advice=[
             "lower prefetch_factor or num_workers (each holds batches in /dev/shm), keep pinned memory to what "
-            "the copy needs, enlarge /dev/shm (docker --shm-size) and avoid swapping",
+            "the copy needs (torch.cuda.host_memory_stats() shows the CachingHostAllocator's cached blocks), "
+            "enlarge /dev/shm (docker --shm-size) and avoid swapping; page-fault storms come from datasets "
+            "memory-mapped from slow storage or copy-on-write of Python objects in forked workers",
         ],
     )
 
@@ -329,13 +409,24 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
     if compute is None:
         return None
     share = compute / step if step else 1.0
+    advice = ["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"]
+    if evidence.system.get("System/gpu_slowdown", 0.0) > 0.1:
+        advice.append("the GPU clocks are being slowed (power or thermal limits): check cooling and power caps")
     return Finding(
         kind="compute_bound",
         headline="compute-bound: input is not the limit; speed up the model itself",
         share=min(share, 0.999),
-        evidence={"compute_ms": 1e3 * compute, "compute_share": share},
-        advice=["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"],
+        evidence=_compute_evidence(evidence, compute, share),
+        advice=advice,
     )
+
+
+def _compute_evidence(evidence: Evidence, compute: float, share: float) -> dict[str, float]:
+    numbers = {"compute_ms": 1e3 * compute, "compute_share": share}
+    for key in ("gpu_util_percent", "gpu_slowdown", "gpu_sm_clock_MHz"):
+        if (value := evidence.system.get(f"System/{key}")) is not None:
+            numbers[key] = value
+    return numbers
 
 
 RULES: tuple[Rule, ...] = (

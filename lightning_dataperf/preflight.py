@@ -1,0 +1,152 @@
+"""Pre-flight checks: problems a DataLoader configuration will run into, found before they bite.
+
+Each check returns :class:`Problem` objects carrying the numbers and the fix; nothing here raises.
+The failures they anticipate are the ones users meet as ``No space left on device`` in ``/dev/shm``,
+``Too many open files`` / ``received 0 items of ancdata``, pinned-memory OOM, ``Cannot re-initialize
+CUDA in forked subprocess`` and workers fighting over too few CPUs.
+
+Example::
+
+    from lightning_dataperf.hardware import probe_hardware
+    from lightning_dataperf.preflight import check_loader
+
+    for problem in check_loader(train_loader, probe_hardware()):
+        print(problem.message)
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_dataperf.hardware import Hardware
+from lightning_dataperf.transfer import iter_tensors
+
+__all__ = ["BatchFootprint", "Problem", "check_batch", "check_loader", "open_file_limit"]
+
+_MB = 2**20
+#: Share of available RAM that pinned batches may take before we warn.
+PINNED_RAM_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One pre-flight finding: a short ``check`` id and a message with numbers and the fix."""
+
+    check: str
+    message: str
+
+
+@dataclass(frozen=True)
+class BatchFootprint:
+    """Bytes and tensor count of one batch."""
+
+    bytes: int
+    tensors: int
+
+    @classmethod
+    def of(cls, batch: Any) -> BatchFootprint:
+        tensors = iter_tensors(batch)
+        return cls(sum(tensor.numel() * tensor.element_size() for tensor in tensors), len(tensors))
+
+
+def open_file_limit() -> int | None:
+    """The soft ``RLIMIT_NOFILE`` of this process (``None`` off Unix)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _loader_setting(loader: Any, name: str, default: Any) -> Any:
+    return getattr(getattr(loader, "dataloader", loader), name, default)
+
+
+def _start_method(loader: Any) -> str:
+    context = _loader_setting(loader, "multiprocessing_context", None)
+    if context is None:
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+    return context if isinstance(context, str) else context.get_start_method()
+
+
+def check_loader(loader: Any, hardware: Hardware, cuda_initialized: bool | None = None) -> list[Problem]:
+    """Checks that need only the loader's settings and the hardware."""
+    problems = []
+    workers = int(_loader_setting(loader, "num_workers", 0) or 0)
+    budget = hardware.cpus_per_rank
+    if workers > budget:
+        problems.append(
+            Problem(
+                "workers_exceed_cpus",
+                f"num_workers={workers} but this rank may use {budget} CPUs ({hardware.usable_cpus} usable "
+                f"[{hardware.usable_cpus_source}] / {hardware.local_world_size} local ranks): workers will "
+                f"time-share the cores and the main process starves. Use num_workers<={max(1, budget - 1)} "
+                "(TunedDataModule does this for you).",
+            )
+        )
+    if cuda_initialized is None:
+        cuda_initialized = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if workers and cuda_initialized and _start_method(loader) == "fork":
+        problems.append(
+            Problem(
+                "fork_after_cuda",
+                "CUDA is already initialised in this process and the loader's workers will be forked: any CUDA "
+                "call in a worker fails with 'Cannot re-initialize CUDA in forked subprocess'. Keep datasets "
+                "CPU-only, or pass DataLoader(multiprocessing_context='spawn' or 'forkserver').",
+            )
+        )
+    return problems
+
+
+def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> list[Problem]:
+    """Checks that need the size of a real batch: ``/dev/shm``, open files, pinned RAM."""
+    problems = []
+    workers = int(_loader_setting(loader, "num_workers", 0) or 0)
+    prefetch = int(_loader_setting(loader, "prefetch_factor", None) or 2) if workers else 0
+    in_flight = workers * prefetch
+    if workers and hardware.shm_free_mb is not None:
+        need = footprint.bytes * in_flight / _MB
+        if need > hardware.shm_free_mb:
+            problems.append(
+                Problem(
+                    "shm_too_small",
+                    f"/dev/shm has {hardware.shm_free_mb:.0f} MB free but {workers} workers x prefetch_factor "
+                    f"{prefetch} x {footprint.bytes / _MB:.1f} MB batches need about {need:.0f} MB: expect "
+                    "'No space left on device' or 'DataLoader worker ... killed by signal: Bus error'. Enlarge it "
+                    "(docker run --shm-size=...), or lower num_workers / prefetch_factor.",
+                )
+            )
+    limit = open_file_limit()
+    if workers and limit is not None and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+        need = 2 * in_flight * max(1, footprint.tensors) + 256
+        if need > limit:
+            problems.append(
+                Problem(
+                    "open_files",
+                    f"the open-file limit is {limit} but {in_flight} batches in flight x {footprint.tensors} tensors "
+                    f"share one file descriptor each (about {need} with margin): expect 'Too many open files' or "
+                    "'received 0 items of ancdata'. Raise it (ulimit -n 65536) or call "
+                    "torch.multiprocessing.set_sharing_strategy('file_system').",
+                )
+            )
+    pinned = bool(_loader_setting(loader, "pin_memory", False))
+    if pinned and hardware.ram_available_mb:
+        block = 2 ** math.ceil(math.log2(max(1, footprint.bytes)))
+        need = block * (in_flight + 2) / _MB
+        if need > PINNED_RAM_SHARE * hardware.ram_available_mb:
+            problems.append(
+                Problem(
+                    "pinned_ram",
+                    f"pinned batches need about {need:.0f} MB ({in_flight + 2} batches, each rounded up to a "
+                    f"{block / _MB:.0f} MB power-of-two block by the CachingHostAllocator) of "
+                    f"{hardware.ram_available_mb:.0f} MB available RAM; pinned pages cannot be swapped. Lower "
+                    "prefetch_factor / num_workers or the batch size; ulimit -l does not matter for cudaHostAlloc.",
+                )
+            )
+    return problems

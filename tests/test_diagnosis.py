@@ -1,0 +1,164 @@
+"""Each verdict, provoked: rules on constructed evidence, and four real pipelines on the CPU."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import trainer_kwargs
+from helpers import SleepyModel, sleepy_loader
+from lightning.pytorch.callbacks import Callback
+from torch.utils.data import DataLoader
+
+from lightning_dataperf import DataPerfCallback
+from lightning_dataperf.diagnosis import Evidence, LoaderFacts, diagnose
+from lightning_dataperf.stats import EpochSummary, TimingSummary
+from lightning_dataperf.testing import SleepingLoaderDataset
+
+
+def timing(mean: float) -> TimingSummary:
+    return TimingSummary(mean, mean, mean, mean, mean, 100)
+
+
+def summary(on_device=False, stall=0.0, wait_share=None, epoch_start=0.001, world=1, waits=(), **means):
+    return EpochSummary(
+        stage="train",
+        epoch=0,
+        steps=100,
+        timings={name: timing(value) for name, value in means.items()},
+        input_stall_fraction=stall,
+        data_wait_share=stall if wait_share is None else wait_share,
+        samples_per_sec=1000.0,
+        epoch_start=epoch_start,
+        world_size=world,
+        rank_data_wait=list(waits),
+        slowest_rank=None if not waits else max(range(len(waits)), key=lambda rank: waits[rank]),
+        straggler_ratio=None if not waits else max(waits) / max(min(waits), 1e-3),
+        on_device=on_device,
+    )
+
+
+INPUT_BOUND = summary(stall=0.6, DataLoading=0.030, Transfer=0.0, Compute=0.018, Step=0.050)
+
+
+def verdict(evidence: Evidence) -> str:
+    return diagnose(evidence).bottleneck
+
+
+@pytest.mark.parametrize(
+    ("system", "workers", "expected"),
+    [
+        ({"System/cpu_iowait_mean": 35.0}, 4, "input_bound_storage"),
+        ({"System/disk_util_percent": 97.0, "System/cpu_iowait_mean": 2.0}, 4, "input_bound_storage"),
+        ({"System/worker_cpu_percent_mean": 98.0, "System/cpu_busy_percent_mean": 99.0}, 4, "input_bound_cpu"),
+        ({"System/worker_cpu_percent_mean": 3.0, "System/cpu_busy_percent_mean": 10.0}, 2, "input_bound_workers"),
+        ({}, 0, "input_bound_workers"),
+    ],
+)
+def test_input_bound_causes(system, workers, expected):
+    evidence = Evidence(INPUT_BOUND, LoaderFacts(num_workers=workers, prefetch_factor=2), system, usable_cpus=16)
+    diagnosis = diagnose(evidence)
+    assert diagnosis.bottleneck == expected
+    finding = diagnosis.findings[0]
+    assert finding.ceiling_speedup == pytest.approx(1 / (1 - 0.6))
+    assert finding.advice and finding.evidence["data_wait_ms"] == pytest.approx(30.0)
+
+
+def test_cpu_bound_workers_with_idle_cores_are_told_to_add_workers():
+    system = {"System/worker_cpu_percent_mean": 99.0, "System/cpu_busy_percent_mean": 40.0}
+    finding = diagnose(Evidence(INPUT_BOUND, LoaderFacts(num_workers=2), system, usable_cpus=10)).findings[0]
+    assert "raise num_workers from 2 to 8" in " ".join(finding.advice)
+
+
+def test_on_cuda_a_host_wait_hidden_by_the_gpu_is_not_a_bottleneck():
+    hidden = summary(on_device=True, stall=0.0, wait_share=0.35, DataLoading=0.008, Compute=0.015, Step=0.015)
+    assert verdict(Evidence(hidden)) == "compute_bound"
+    starved = summary(on_device=True, stall=0.75, wait_share=0.8, DataLoading=0.020, Compute=0.005, Step=0.020)
+    assert verdict(Evidence(starved, LoaderFacts(num_workers=2))) == "input_bound_workers"
+
+
+def test_transfer_bound_pageable_and_pcie_saturated():
+    copying = summary(on_device=True, DataLoading=0.0, Transfer=0.004, Compute=0.006, Step=0.010)
+    pageable = diagnose(Evidence(copying, LoaderFacts(pin_memory=False)))
+    assert pageable.bottleneck == "transfer_bound" and "pageable" in pageable.findings[0].headline
+    assert any("side_stream" in advice for advice in pageable.findings[0].advice)
+    saturated = Evidence(
+        copying, LoaderFacts(pin_memory=True), {"System/gpu_pcie_rx_MBps": 55_000.0}, pcie_capacity_mbps=63_000.0
+    )
+    assert "PCIe saturated" in diagnose(saturated).findings[0].headline
+
+
+def test_host_bound_on_gpu_and_compute_bound_with_throttling():
+    launches = summary(on_device=True, stall=0.0, wait_share=0.0, DataLoading=0.0, Compute=0.002, Step=0.010)
+    assert verdict(Evidence(launches)) == "host_bound"
+    busy = summary(on_device=True, DataLoading=0.0, Compute=0.0098, Step=0.010)
+    diagnosis = diagnose(Evidence(busy, system={"System/gpu_slowdown": 1.0, "System/gpu_util_percent": 99.0}))
+    assert diagnosis.bottleneck == "compute_bound"
+    assert any("power or thermal" in advice for advice in diagnosis.findings[0].advice)
+
+
+def test_straggler_epoch_start_and_memory_pressure():
+    ranks = summary(world=2, waits=(0.001, 0.012), DataLoading=0.006, Compute=0.02, Step=0.026)
+    straggler = diagnose(Evidence(ranks)).findings
+    assert any(finding.kind == "straggler" and "rank 1" in finding.headline for finding in straggler)
+    short = summary(epoch_start=3.0, DataLoading=0.0, Compute=0.010, Step=0.010)
+    assert verdict(Evidence(short, LoaderFacts(persistent_workers=False))) == "epoch_start"
+    pressure = {"System/swap_used_MB": 4096.0, "System/shm_free_MB": 10.0, "System/pinned_host_MB": 9000.0}
+    pressure["System/ram_available_MB"] = 500.0
+    busy = summary(DataLoading=0.0, Compute=0.010, Step=0.010)
+    memory = {finding.kind: finding for finding in diagnose(Evidence(busy, system=pressure)).findings}
+    expected = {"swap_used_MB", "shm_free_MB", "pinned_host_MB", "ram_available_MB"}
+    assert set(memory["memory_pressure"].evidence) == expected
+    assert "memory_pressure" not in {finding.kind for finding in diagnose(Evidence(busy)).findings}
+
+
+class BusyCollate:
+    """Collate with real CPU work (a busy loop standing in for decode/augment)."""
+
+    def __init__(self, work_ms: float) -> None:
+        self.work_ms = work_ms
+
+    def __call__(self, samples):
+        deadline = time.perf_counter() + self.work_ms / 1e3
+        while time.perf_counter() < deadline:
+            pass
+        return torch.utils.data.default_collate(samples)
+
+
+class PerStepHostWork(Callback):
+    """Per-step bookkeeping outside the step (a slow metrics writer, say)."""
+
+    def on_train_batch_end(self, *args, **kwargs):
+        time.sleep(0.01)
+
+
+def fit_and_diagnose(tmp_path, loader, model, *extra_callbacks):
+    perf = DataPerfCallback(print_summary=False, telemetry_interval=0.05)
+    callbacks = [perf, *extra_callbacks]
+    trainer = pl.Trainer(max_epochs=1, callbacks=callbacks, logger=False, **trainer_kwargs(tmp_path))
+    trainer.fit(model, loader)
+    return perf.last_diagnosis
+
+
+def test_pipeline_cpu_heavy_collate_is_input_bound_by_cpu(tmp_path):
+    loader = DataLoader(SleepingLoaderDataset(96), batch_size=8, num_workers=1, collate_fn=BusyCollate(40))
+    diagnosis = fit_and_diagnose(tmp_path, loader, SleepyModel(features=16))
+    assert diagnosis.bottleneck == "input_bound_cpu", diagnosis.format()
+
+
+def test_pipeline_sleeping_loader_with_one_worker_needs_more_workers(tmp_path):
+    diagnosis = fit_and_diagnose(tmp_path, sleepy_loader(96, 8, 0.04, num_workers=1), SleepyModel())
+    assert diagnosis.bottleneck == "input_bound_workers", diagnosis.format()
+    assert any("raise num_workers from 1" in advice for advice in diagnosis.findings[0].advice)
+
+
+def test_pipeline_fast_data_heavy_compute_is_compute_bound(tmp_path):
+    diagnosis = fit_and_diagnose(tmp_path, sleepy_loader(96, 8, 0.0), SleepyModel(step_s=0.03))
+    assert diagnosis.bottleneck == "compute_bound", diagnosis.format()
+
+
+def test_pipeline_tiny_batches_with_per_step_overhead_are_host_bound(tmp_path):
+    diagnosis = fit_and_diagnose(tmp_path, sleepy_loader(48, 1, 0.0), SleepyModel(), PerStepHostWork())
+    assert diagnosis.bottleneck == "host_bound", diagnosis.format()
