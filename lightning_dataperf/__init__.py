@@ -9,8 +9,10 @@ Example::
 """
 
 from lightning_dataperf.callback import DataPerfCallback
+from lightning_dataperf.datamodule import TunedDataModule
 from lightning_dataperf.diagnosis import Diagnosis, Finding, diagnose
 from lightning_dataperf.hardware import Hardware, probe_hardware
+from lightning_dataperf.policy import LoaderSettings, article_settings, recommend_loader_settings
 from lightning_dataperf.stats import EpochSummary, TimingSummary
 from lightning_dataperf.system import SystemSampler
 from lightning_dataperf.timing import StepClock, StepTiming
@@ -29,6 +31,7 @@ __all__ = [
     "EpochSummary",
     "Finding",
     "Hardware",
+    "LoaderSettings",
     "SideStreamCopier",
     "SideStreamDDPStrategy",
     "SideStreamStrategy",
@@ -37,7 +40,10 @@ __all__ = [
     "StepTiming",
     "SystemSampler",
     "TimingSummary",
+    "TunedDataModule",
     "__version__",
+    "article_settings",
     "diagnose",
     "probe_hardware",
+    "recommend_loader_settings",
 ]

@@ -6,6 +6,10 @@ Lightning's data fetcher brackets exactly the loader's ``next()`` with two calla
 ``lightning/pytorch/loops/fetchers.py`` and ``training_epoch_loop.py``). We shadow those two methods
 with instance attributes that call the original first and then our timer, and remove them again at
 teardown. ``tests/test_lightning_hooks.py`` fails loudly if a Lightning release changes this.
+
+:func:`resume_position` reads the fit loop's progress counters (``epoch_progress``,
+``batch_progress``, ``restarting``) so that samplers can produce the order an uninterrupted run
+would have; ``tests/test_datamodule.py`` checks the resumed order end to end.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-__all__ = ["FETCH_HOOKS", "FetchHooks", "check_lightning_compatibility", "loops_by_stage"]
+__all__ = ["FETCH_HOOKS", "FetchHooks", "check_lightning_compatibility", "loops_by_stage", "resume_position"]
 
 FETCH_HOOKS = ("_on_before_fetch", "_on_after_fetch")
 
@@ -32,6 +36,26 @@ def loops_by_stage(trainer: pl.Trainer) -> dict[str, Any]:
         "test": trainer.test_loop,
         "predict": trainer.predict_loop,
     }
+
+
+def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
+    """``(epoch, batches already trained in it)`` for the training iterator being created now.
+
+    Lightning creates the first training iterator of a fit before it calls the sampler's
+    ``set_epoch``; at that moment the restored loop counters already hold the epoch, and when it
+    restarts mid-epoch, how many batches of it were completed. A checkpoint taken at the end of an
+    epoch has ``processed`` already counting that epoch, so the next epoch starts from zero.
+    """
+    fit_loop = trainer.fit_loop
+    progress = fit_loop.epoch_progress.current
+    epoch = int(progress.processed)
+    mid_epoch = progress.ready != progress.processed or progress.started != progress.processed
+    if not (fit_loop.restarting and mid_epoch):
+        return epoch, 0
+    batches = fit_loop.epoch_loop.batch_progress
+    if batches.is_last_batch:
+        return epoch + 1, 0
+    return epoch, int(batches.current.processed)
 
 
 def check_lightning_compatibility(trainer: pl.Trainer) -> None:

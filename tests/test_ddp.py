@@ -9,7 +9,7 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def run_two_ranks(script: str, out_dir: Path) -> None:
+def run_two_ranks(script: str, out_dir: Path, *args: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     command = [
@@ -20,6 +20,7 @@ def run_two_ranks(script: str, out_dir: Path) -> None:
         "--nproc_per_node=2",
         str(HERE / script),
         str(out_dir),
+        *args,
     ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

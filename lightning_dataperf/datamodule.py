@@ -1,0 +1,328 @@
+"""TunedDataModule: DataLoader settings from the hardware, and seeded, resume-exact sampling.
+
+Subclass it instead of ``LightningDataModule`` and keep returning ordinary ``DataLoader`` objects.
+While one of your ``*_dataloader()`` methods runs, every ``DataLoader`` it constructs receives the
+policy's ``num_workers`` / ``pin_memory`` / ``persistent_workers`` / ``prefetch_factor`` for each
+argument *you did not pass* (what you pass always wins), a sampler that shards across ranks with an
+epoch-aware, resume-exact order, and a worker seeding function keyed by (seed, epoch, rank, worker).
+
+Example::
+
+    from lightning import Trainer
+    from lightning_dataperf import DataPerfCallback, TunedDataModule
+
+    class MyData(TunedDataModule):
+        def train_dataloader(self):
+            return DataLoader(self.train_set, batch_size=64, shuffle=True)   # workers etc. chosen for you
+
+        def val_dataloader(self):
+            return DataLoader(self.val_set, batch_size=256, num_workers=2)   # 2 is kept
+
+    Trainer(callbacks=[DataPerfCallback()]).fit(model, datamodule=MyData(seed=42))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+
+from lightning_dataperf._lightning_hooks import resume_position
+from lightning_dataperf.hardware import Hardware, probe_hardware
+from lightning_dataperf.policy import POLICY_FIELDS, LoaderSettings, check_loader_kwargs, recommend_loader_settings
+from lightning_dataperf.sampler import (
+    EpochAwareDistributedSampler,
+    EpochAwareSamplerWrapper,
+    EpochPublishingSampler,
+    UnpaddedDistributedSampler,
+)
+from lightning_dataperf.seeding import EpochSeededWorkerInit, SharedEpoch
+
+__all__ = ["LoaderPlan", "TunedDataModule"]
+
+LOADER_HOOKS = {
+    "train_dataloader": "train",
+    "val_dataloader": "val",
+    "test_dataloader": "test",
+    "predict_dataloader": "predict",
+}
+_INSIDE_HOOK = threading.local()
+_DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
+
+
+@dataclass
+class LoaderPlan:
+    """What TunedDataModule did to one DataLoader, and why."""
+
+    stage: str
+    explicit: dict[str, Any]
+    chosen: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    sampler: str = "unchanged"
+    padded_samples: int = 0
+    dropped_samples: int = 0
+    padded_samples_avoided: int = 0
+
+    def format(self) -> str:
+        lines = [f"TunedDataModule [{self.stage}]"]
+        for name in POLICY_FIELDS:
+            if name in self.chosen:
+                lines.append(f"  {name}={self.chosen[name]!r}  <- {self.reasons.get(name, '')}")
+            elif name in self.explicit:
+                lines.append(f"  {name}={self.explicit[name]!r}  <- yours (kept)")
+        lines.append(f"  sampler: {self.sampler}")
+        if self.padded_samples:
+            lines.append(f"  {self.padded_samples} samples are repeated so every rank gets as many (drop_last=False)")
+        if self.dropped_samples:
+            lines.append(f"  {self.dropped_samples} samples are left out so every rank gets as many (drop_last=True)")
+        if self.padded_samples_avoided:
+            lines.append(f"  unpadded evaluation: {self.padded_samples_avoided} duplicates avoided")
+        return "\n".join(lines)
+
+
+class TunedDataModule(pl.LightningDataModule):
+    """A ``LightningDataModule`` whose DataLoaders get tuned settings and seeded, resume-exact sampling.
+
+    Args:
+        seed: the sampling and worker seed; default ``seed_everything``'s (``PL_GLOBAL_SEED``), else 0.
+        shard_drop_last: trim the training set so it divides evenly across ranks instead of repeating
+            samples (``DistributedSampler(drop_last=...)``).
+        unpadded_eval: shard validation/test loaders without padding, so distributed metrics count
+            every sample exactly once (ranks may then run one step fewer).
+        data_path: where the data lives, to take the storage into account.
+        autotune: measure loader settings on the real training set before training
+            (see :func:`lightning_dataperf.autotune_loader`); ``autotune_options`` are passed on.
+        verbose: print the chosen settings and reasons once on rank zero.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        shard_drop_last: bool = False,
+        unpadded_eval: bool = False,
+        data_path: str | os.PathLike[str] | None = None,
+        autotune: bool = False,
+        autotune_options: dict[str, Any] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        super().__init__()
+        self.seed = seed
+        self.shard_drop_last = shard_drop_last
+        self.unpadded_eval = unpadded_eval
+        self.data_path = data_path
+        self.autotune = autotune
+        self.autotune_options = dict(autotune_options or {})
+        self.verbose = verbose
+        self.loader_plans: dict[str, list[LoaderPlan]] = {}
+        self.autotune_result: Any = None
+        self._hardware: Hardware | None = None
+        self._settings: LoaderSettings | None = None
+        self._reported: set[str] = set()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, stage in LOADER_HOOKS.items():
+            hook = cls.__dict__.get(name)
+            if callable(hook) and not getattr(hook, "_dataperf_tuned", False):
+                setattr(cls, name, _tuned(hook, stage))
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def hardware(self) -> Hardware:
+        """The hardware probe (taken once)."""
+        if self._hardware is None:
+            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator())
+        return self._hardware
+
+    @property
+    def loader_settings(self) -> LoaderSettings:
+        """The policy's recommendation for this hardware (or the autotuned one)."""
+        if self._settings is None:
+            trainer = self._trainer_or_none()
+            max_epochs = None if trainer is None else trainer.max_epochs
+            self._settings = recommend_loader_settings(self.hardware, max_epochs=max_epochs)
+        return self._settings
+
+    def _accelerator(self) -> str | None:
+        trainer = self._trainer_or_none()
+        return None if trainer is None else trainer.strategy.root_device.type
+
+    def _trainer_or_none(self) -> pl.Trainer | None:
+        return getattr(self, "trainer", None)
+
+    def _seed(self) -> int:
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self._trainer_or_none()
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    # ------------------------------------------------------------------ planning one DataLoader
+    def _plan(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
+        check_loader_kwargs(explicit, self.hardware, self._accelerator())
+        if stage == "train" and self.autotune and self.autotune_result is None:
+            self._run_autotune(explicit)
+        plan = LoaderPlan(stage, {key: value for key, value in explicit.items() if key != "dataset"})
+        updates: dict[str, Any] = {}
+        settings = self.loader_settings
+        workers = explicit.get("num_workers", settings.num_workers)
+        for name in POLICY_FIELDS:
+            if name in explicit or (name in {"prefetch_factor", "persistent_workers"} and workers == 0):
+                continue
+            updates[name] = plan.chosen[name] = getattr(settings, name)
+            plan.reasons[name] = settings.reasons.get(name, "")
+        shared = SharedEpoch()
+        updates.update(self._sampler(stage, explicit, plan, shared, workers))
+        if workers:
+            user_init = explicit.get("worker_init_fn")
+            updates["worker_init_fn"] = EpochSeededWorkerInit(self._seed(), self._ranks()[0], shared, user_init)
+        return plan, updates
+
+    def _sampler(
+        self, stage: str, explicit: dict[str, Any], plan: LoaderPlan, shared: SharedEpoch, workers: int
+    ) -> dict[str, Any]:
+        dataset = explicit.get("dataset")
+        if isinstance(dataset, IterableDataset) or explicit.get("batch_sampler") is not None:
+            plan.sampler = "unchanged (iterable dataset or your batch_sampler)"
+            return {}
+        rank, world = self._ranks()
+        sampler = explicit.get("sampler")
+        custom = sampler is not None and not isinstance(sampler, (RandomSampler, SequentialSampler))
+        if stage == "train":
+            return self._train_sampler(explicit, plan, shared, workers, sampler if custom else None, rank, world)
+        if stage in {"val", "test"} and world > 1 and not custom:
+            length = len(dataset)  # type: ignore[arg-type]
+            if self.unpadded_eval:
+                unpadded = UnpaddedDistributedSampler(dataset, num_replicas=world, rank=rank)  # type: ignore[arg-type]
+                plan.sampler = f"UnpaddedDistributedSampler (rank {rank} of {world}, no duplicates)"
+                plan.padded_samples_avoided = unpadded.padded_samples_avoided
+                return {"sampler": unpadded, "shuffle": None}
+            plan.sampler = "Lightning's DistributedSampler (pads with duplicates; unpadded_eval=True avoids it)"
+            plan.padded_samples = -(-length // world) * world - length
+        return {}
+
+    def _train_sampler(
+        self,
+        explicit: dict[str, Any],
+        plan: LoaderPlan,
+        shared: SharedEpoch,
+        workers: int,
+        custom: Sampler | None,
+        rank: int,
+        world: int,
+    ) -> dict[str, Any]:
+        dataset = explicit.get("dataset")
+        trainer = self._trainer_or_none()
+        position: Callable[[], tuple[int, int]] | None = None
+        if trainer is not None:
+            position = functools.partial(resume_position, trainer)
+        listeners = [shared.set]
+        if not workers and callable(getattr(dataset, "set_epoch", None)):
+            listeners.append(dataset.set_epoch)  # type: ignore[union-attr]
+        options = dict(position=position, batch_size=explicit.get("batch_size", 1) or 1, on_epoch=listeners)
+        if custom is not None and world > 1:
+            plan.sampler = f"your sampler, sharded across {world} ranks (EpochAwareSamplerWrapper)"
+            wrapper = EpochAwareSamplerWrapper(custom, num_replicas=world, rank=rank, shuffle=False, **options)
+            plan.padded_samples, plan.dropped_samples = wrapper.padded_samples, wrapper.dropped_samples
+            return {"sampler": wrapper}
+        if custom is not None:
+            plan.sampler = "your sampler (epoch published to workers)"
+            return {"sampler": EpochPublishingSampler(custom, **options)}
+        shuffle = bool(explicit.get("shuffle") or isinstance(explicit.get("sampler"), RandomSampler))
+        sampler = EpochAwareDistributedSampler(
+            dataset,  # type: ignore[arg-type]
+            num_replicas=world,
+            rank=rank,
+            shuffle=shuffle,
+            seed=self._seed(),
+            drop_last=self.shard_drop_last,
+            **options,
+        )
+        plan.sampler = (
+            f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
+            f"drop_last={self.shard_drop_last}): new order each epoch, same order after a resume"
+        )
+        plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
+        return {"sampler": sampler, "shuffle": None}
+
+    def _run_autotune(self, explicit: dict[str, Any]) -> None:
+        from lightning_dataperf.autotune import autotune_for_datamodule
+
+        self.autotune_result = autotune_for_datamodule(self, explicit)
+        self._settings = self.autotune_result.settings
+
+    # ------------------------------------------------------------------ reporting
+    def _report(self, stage: str, plans: list[LoaderPlan]) -> None:
+        self.loader_plans[stage] = plans
+        if stage in self._reported or not plans:
+            return
+        self._reported.add(stage)
+        text = "\n".join(plan.format() for plan in plans)
+        if self.verbose:
+            _print_on_rank_zero(text)
+        trainer = self._trainer_or_none()
+        if trainer is None or not trainer.is_global_zero:
+            return
+        params = {f"dataperf/{stage}/{name}": value for plan in plans for name, value in plan.chosen.items()}
+        for logger in trainer.loggers:
+            if params:
+                logger.log_hyperparams(params)
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text(f"DataPerf/loader_settings_{stage}", f"```\n{text}\n```")
+
+
+@rank_zero_only
+def _print_on_rank_zero(text: str) -> None:
+    print(text, flush=True)
+
+
+def _tuned(hook: Callable[..., Any], stage: str) -> Callable[..., Any]:
+    @functools.wraps(hook)
+    def tuned_hook(self: TunedDataModule, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_INSIDE_HOOK, "active", False):
+            return hook(self, *args, **kwargs)
+        plans: list[LoaderPlan] = []
+        with _tuning_new_loaders(self, stage, plans):
+            result = hook(self, *args, **kwargs)
+        self._report(stage, plans)
+        return result
+
+    tuned_hook._dataperf_tuned = True  # type: ignore[attr-defined]
+    return tuned_hook
+
+
+@contextlib.contextmanager
+def _tuning_new_loaders(module: TunedDataModule, stage: str, plans: list[LoaderPlan]) -> Iterator[None]:
+    """Within the block, each ``DataLoader.__init__`` call gets the module's plan for unset arguments."""
+    original_init = DataLoader.__init__
+
+    def init(loader: DataLoader, *args: Any, **kwargs: Any) -> None:
+        bound = _DATALOADER_SIGNATURE.bind_partial(loader, *args, **kwargs)
+        explicit = {name: value for name, value in bound.arguments.items() if name != "self"}
+        extra = explicit.pop("kwargs", {})
+        plan, updates = module._plan(stage, explicit)
+        plans.append(plan)
+        final = {**explicit, **extra, **updates}
+        final = {name: value for name, value in final.items() if value is not None or name not in updates}
+        original_init(loader, **final)
+
+    _INSIDE_HOOK.active = True
+    DataLoader.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        DataLoader.__init__ = original_init  # type: ignore[method-assign]
+        _INSIDE_HOOK.active = False

@@ -1,0 +1,171 @@
+"""Distributed samplers that know the epoch, resume exactly, and can shard evaluation without padding.
+
+``DistributedSampler`` shuffles with ``seed + epoch`` and interleaves (``indices[rank::world]``); its
+epoch comes from ``set_epoch``. Lightning calls ``set_epoch`` *after* it created the first iterator
+of a fit, so after a resume the first epoch replays epoch 0's order (Lightning #21938), and a
+mid-epoch resume replays the epoch's first batches instead of the remaining ones. The samplers here
+take a ``position`` callable that returns ``(epoch, batches_already_done)`` when iteration starts, so
+the order is the one an uninterrupted run would have produced.
+
+Example::
+
+    sampler = EpochAwareDistributedSampler(dataset, num_replicas=2, rank=0, seed=42, shuffle=True)
+    sampler.set_epoch(3)
+    first_indices = list(sampler)
+    print(sampler.padded_samples)        # duplicates added so every rank gets as many samples
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sized
+from typing import Any
+
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from torch.utils.data import DistributedSampler, Sampler
+
+__all__ = [
+    "EpochAwareDistributedSampler",
+    "EpochAwareSamplerWrapper",
+    "EpochPublishingSampler",
+    "UnpaddedDistributedSampler",
+]
+
+#: Returns ``(epoch, batches already consumed in that epoch)`` at the moment iteration starts.
+Position = Callable[[], tuple[int, int]]
+EpochListener = Callable[[int], None]
+
+
+class _ResumeExact:
+    """Shared logic: read the epoch and the resume offset when iteration starts."""
+
+    position: Position | None
+    batch_size: int
+    on_epoch: list[EpochListener]
+    epoch: int
+
+    def _start(self) -> int:
+        """Bring ``self.epoch`` up to date and return how many leading samples to skip."""
+        skip = 0
+        if self.position is not None:
+            epoch, done_batches = self.position()
+            self.set_epoch(epoch)  # type: ignore[attr-defined]
+            skip = done_batches * self.batch_size
+        for listener in self.on_epoch:
+            listener(self.epoch)
+        return skip
+
+    def _padding(self, length: int) -> tuple[int, int]:
+        """(padded, dropped) samples across all ranks for this dataset length."""
+        total = self.total_size  # type: ignore[attr-defined]
+        return max(0, total - length), max(0, length - total)
+
+
+class EpochAwareDistributedSampler(_ResumeExact, DistributedSampler):
+    """``DistributedSampler`` that reads its epoch (and resume offset) from ``position`` at iteration.
+
+    Args:
+        dataset: a sized dataset.
+        position: returns ``(epoch, batches_done)``; ``None`` behaves like ``DistributedSampler``.
+        batch_size: samples per batch, to turn ``batches_done`` into samples to skip.
+        on_epoch: called with the epoch each time iteration starts (worker seeding, dataset ``set_epoch``).
+        **kwargs: ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last`` as for ``DistributedSampler``.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        position: Position | None = None,
+        batch_size: int = 1,
+        on_epoch: list[EpochListener] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(dataset, **kwargs)  # type: ignore[arg-type]
+        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
+
+    def __iter__(self) -> Iterator[int]:
+        skip = self._start()
+        return itertools.islice(super().__iter__(), skip, None)
+
+    @property
+    def padded_samples(self) -> int:
+        """Duplicated samples added so every rank gets the same count (``drop_last=False``)."""
+        return self._padding(len(self.dataset))[0]  # type: ignore[arg-type]
+
+    @property
+    def dropped_samples(self) -> int:
+        """Samples left out so every rank gets the same count (``drop_last=True``)."""
+        return self._padding(len(self.dataset))[1]  # type: ignore[arg-type]
+
+
+class EpochAwareSamplerWrapper(_ResumeExact, DistributedSamplerWrapper):
+    """Shards a custom sampler's indices across ranks (like Lightning's wrapper), resume-exact."""
+
+    def __init__(
+        self,
+        sampler: Sampler | Any,
+        position: Position | None = None,
+        batch_size: int = 1,
+        on_epoch: list[EpochListener] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(sampler, **kwargs)
+        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = self._start()
+        return itertools.islice(super().__iter__(), skip, None)
+
+    @property
+    def padded_samples(self) -> int:
+        return self._padding(len(self.dataset))[0]
+
+    @property
+    def dropped_samples(self) -> int:
+        return self._padding(len(self.dataset))[1]
+
+
+class EpochPublishingSampler(_ResumeExact, Sampler):
+    """Wraps a custom single-process sampler: same indices, plus the epoch for workers and resume skipping."""
+
+    def __init__(
+        self,
+        sampler: Sampler | Any,
+        position: Position | None = None,
+        batch_size: int = 1,
+        on_epoch: list[EpochListener] | None = None,
+    ) -> None:
+        self.sampler, self.epoch = sampler, 0
+        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if callable(inner := getattr(self.sampler, "set_epoch", None)):
+            inner(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = self._start()
+        return itertools.islice(iter(self.sampler), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class UnpaddedDistributedSampler(DistributedSampler):
+    """Evaluation sharding without padding: rank ``r`` gets ``indices[r::world]`` and nothing twice.
+
+    Ranks may get one sample fewer than others, so per-step collectives in ``validation_step`` must
+    be avoided (epoch-level ``self.log(..., sync_dist=True)`` and torchmetrics are fine).
+    ``padded_samples_avoided`` is how many duplicates ``DistributedSampler`` would have added.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int, rank: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
+        length = len(dataset)
+        self.padded_samples_avoided = math.ceil(length / num_replicas) * num_replicas - length
+        self.num_samples = len(range(rank, length, num_replicas))
+        self.total_size = length
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))

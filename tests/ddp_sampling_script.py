@@ -1,0 +1,56 @@
+"""Run under ``torch.distributed.run --nproc_per_node=2``: record which samples each rank saw.
+
+Usage: ddp_sampling_script.py OUT_DIR MODE [CKPT]; MODE is ``pad`` (drop_last=False, Lightning's padded
+evaluation), ``drop`` (shard_drop_last=True, unpadded evaluation) or ``resume`` (pad, from CKPT).
+"""
+
+import json
+import os
+import sys
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import trainer_kwargs
+from datamodule_helpers import IndexData, RecordingModel
+
+TRAIN_LENGTH, VAL_LENGTH = 31, 11  # not divisible by 2 ranks
+
+
+def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
+    rank = int(os.environ["RANK"])
+    datamodule = IndexData(
+        length=TRAIN_LENGTH,
+        val_length=VAL_LENGTH,
+        workers=1,
+        seed=21,
+        shard_drop_last=mode == "drop",
+        unpadded_eval=mode == "drop",
+        verbose=False,
+    )
+    model = RecordingModel()
+    callbacks = (
+        []
+        if mode == "resume"
+        else [ModelCheckpoint(os.path.join(out_dir, "ckpt"), every_n_train_steps=1, save_top_k=-1)]
+    )
+    options = trainer_kwargs(out_dir, devices=2, strategy="ddp", enable_checkpointing=mode != "resume")
+    trainer = pl.Trainer(max_epochs=3, callbacks=callbacks, logger=False, **options)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt)
+    (plan,) = datamodule.loader_plans["train"]
+    (val_plan,) = datamodule.loader_plans["val"]
+    record = {
+        "rows": model.rows,
+        "val_indices": model.val_indices,
+        "padded": plan.padded_samples,
+        "dropped": plan.dropped_samples,
+        "val_padded": val_plan.padded_samples,
+        "val_avoided": val_plan.padded_samples_avoided,
+    }
+    with open(os.path.join(out_dir, f"{mode}_rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
