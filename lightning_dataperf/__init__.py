@@ -8,6 +8,7 @@ Example::
     trainer = Trainer(callbacks=[DataPerfCallback()])
 """
 
+from lightning_dataperf.autotune import AutotuneResult, autotune_loader
 from lightning_dataperf.callback import DataPerfCallback
 from lightning_dataperf.datamodule import TunedDataModule
 from lightning_dataperf.diagnosis import Diagnosis, Finding, diagnose
@@ -26,6 +27,7 @@ from lightning_dataperf.transfer import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutotuneResult",
     "DataPerfCallback",
     "Diagnosis",
     "EpochSummary",
@@ -43,6 +45,7 @@ __all__ = [
     "TunedDataModule",
     "__version__",
     "article_settings",
+    "autotune_loader",
     "diagnose",
     "probe_hardware",
     "recommend_loader_settings",

@@ -254,7 +254,10 @@ class DataPerfCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = _first_loader(trainer.train_dataloader)
         if self.preflight and self.hardware is not None and loader is not None:
-            self._warn(trainer, check_loader(loader, self.hardware))
+            problems = check_loader(loader, self.hardware)
+            if getattr(trainer.datamodule, "autotune_result", None) is not None:  # measured beats the CPU count
+                problems = [problem for problem in problems if problem.check != "workers_exceed_cpus"]
+            self._warn(trainer, problems)
 
     def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
         if self._batch_checked or not self.preflight or self.hardware is None:

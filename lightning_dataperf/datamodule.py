@@ -261,7 +261,11 @@ class TunedDataModule(pl.LightningDataModule):
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
         from lightning_dataperf.autotune import autotune_for_datamodule
 
-        self.autotune_result = autotune_for_datamodule(self, explicit)
+        _INSIDE_HOOK.bypass = True  # the search's own trial loaders are built as they are
+        try:
+            self.autotune_result = autotune_for_datamodule(self, explicit)
+        finally:
+            _INSIDE_HOOK.bypass = False
         self._settings = self.autotune_result.settings
 
     # ------------------------------------------------------------------ reporting
@@ -310,6 +314,8 @@ def _tuning_new_loaders(module: TunedDataModule, stage: str, plans: list[LoaderP
     original_init = DataLoader.__init__
 
     def init(loader: DataLoader, *args: Any, **kwargs: Any) -> None:
+        if getattr(_INSIDE_HOOK, "bypass", False):
+            return original_init(loader, *args, **kwargs)
         bound = _DATALOADER_SIGNATURE.bind_partial(loader, *args, **kwargs)
         explicit = {name: value for name, value in bound.arguments.items() if name != "self"}
         extra = explicit.pop("kwargs", {})

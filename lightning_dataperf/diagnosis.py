@@ -411,7 +411,9 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
     share = compute / step if step else 1.0
     advice = ["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"]
     if evidence.system.get("System/gpu_slowdown", 0.0) > 0.1:
-        advice.append("the GPU clocks are being slowed (power or thermal limits): check cooling and power caps")
+        advice.append(
+            "the GPU clocks are slowed by heat or a hardware slowdown (not just the power cap): check cooling"
+        )
     return Finding(
         kind="compute_bound",
         headline="compute-bound: input is not the limit; speed up the model itself",
@@ -423,7 +425,7 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
 
 def _compute_evidence(evidence: Evidence, compute: float, share: float) -> dict[str, float]:
     numbers = {"compute_ms": 1e3 * compute, "compute_share": share}
-    for key in ("gpu_util_percent", "gpu_slowdown", "gpu_sm_clock_MHz"):
+    for key in ("gpu_util_percent", "gpu_slowdown", "gpu_power_capped", "gpu_sm_clock_MHz"):
         if (value := evidence.system.get(f"System/{key}")) is not None:
             numbers[key] = value
     return numbers

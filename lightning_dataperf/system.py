@@ -43,9 +43,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _MB = 2**20
-#: NVML clock-event bits that mean the GPU is slowed down (not idle, not an application clock cap).
+#: NVML clock-event bit of the software power cap: normal for a data-centre GPU running at its power limit.
+_POWER_CAP = 0x4
+#: NVML clock-event bits that mean the GPU is slowed down by heat or a hardware protection.
 _SLOWDOWN_REASONS = {
-    0x4: "sw_power_cap",
     0x8: "hw_slowdown",
     0x20: "sw_thermal_slowdown",
     0x40: "hw_thermal_slowdown",
@@ -114,6 +115,7 @@ class GpuSource:
         }
         reasons = int(_clock_event_reasons(nvml, handle))
         values["System/gpu_slowdown"] = float(any(reasons & bit for bit in _SLOWDOWN_REASONS))
+        values["System/gpu_power_capped"] = float(bool(reasons & _POWER_CAP))
         values["System/gpu_clock_event_reasons"] = float(reasons)
         values.update(self._pcie(elapsed))
         return values

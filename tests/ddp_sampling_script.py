@@ -1,7 +1,8 @@
 """Run under ``torch.distributed.run --nproc_per_node=2``: record which samples each rank saw.
 
 Usage: ddp_sampling_script.py OUT_DIR MODE [CKPT]; MODE is ``pad`` (drop_last=False, Lightning's padded
-evaluation), ``drop`` (shard_drop_last=True, unpadded evaluation) or ``resume`` (pad, from CKPT).
+evaluation), ``drop`` (shard_drop_last=True, unpadded evaluation), ``resume`` (pad, from CKPT) or
+``autotune`` (rank zero searches, every rank receives the result).
 """
 
 import json
@@ -20,6 +21,8 @@ TRAIN_LENGTH, VAL_LENGTH = 31, 11  # not divisible by 2 ranks
 
 def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
     rank = int(os.environ["RANK"])
+    if mode == "autotune":
+        return autotune(out_dir, rank)
     datamodule = IndexData(
         length=TRAIN_LENGTH,
         val_length=VAL_LENGTH,
@@ -50,6 +53,28 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
     }
     with open(os.path.join(out_dir, f"{mode}_rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(record, handle)
+
+
+def autotune(out_dir: str, rank: int) -> None:
+    import lightning_dataperf.autotune as module
+
+    searches = []
+    search = module.autotune_loader
+
+    def counting(*args, **kwargs):
+        searches.append(1)
+        return search(*args, **kwargs)
+
+    module.autotune_loader = counting
+    os.environ["LIGHTNING_DATAPERF_CACHE"] = os.path.join(out_dir, "cache.json")
+    options = {"time_budget": 2.0, "batch_budget": 10}
+    datamodule = IndexData(length=64, seed=3, autotune=True, autotune_options=options, verbose=False)
+    trainer = pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(out_dir, devices=2, strategy="ddp"))
+    trainer.fit(RecordingModel(), datamodule=datamodule)
+    (plan,) = datamodule.loader_plans["train"]
+    record = {"searches": len(searches), "autotune": datamodule.autotune_result.to_dict(), "chosen": plan.chosen}
+    with open(os.path.join(out_dir, f"autotune_rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle, default=str)
 
 
 if __name__ == "__main__":

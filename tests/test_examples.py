@@ -1,3 +1,4 @@
+import subprocess
 import sys
 
 import pytest
@@ -15,3 +16,46 @@ def test_quickstart_runs_and_reports(tmp_path, capsys):
     assert "DataPerf | train epoch 0" in out and "DataPerf verdict" in out
     assert perf.last_diagnosis.bottleneck.startswith("input_bound")
     assert list(tmp_path.glob("quickstart/version_0/events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_input_bound_example_fixes_what_it_diagnoses(tmp_path, capsys):
+    import input_bound
+
+    results = input_bound.main(["--samples", "384", "--autotune-seconds", "4", "--logdir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "input-bound" in out and "num_workers=0 loads every batch" in out
+    assert results["after_samples_per_sec"] > 1.5 * results["before_samples_per_sec"]
+    assert results["after_input_stall"] < results["before_input_stall"]
+
+
+@pytest.mark.slow
+def test_autotune_example_searches_then_hits_the_cache(tmp_path, capsys):
+    import autotune as autotune_example
+
+    cache = str(tmp_path / "cache.json")
+    first = autotune_example.main(["--budget", "3", "--cache", cache])
+    second = autotune_example.main(["--budget", "3", "--cache", cache])
+    assert not first.cached and second.cached and second.settings == first.settings
+    assert "DataLoader(num_workers=" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_gpu_example_falls_back_on_cpu(tmp_path, capsys):
+    import gpu_side_stream
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the GPU path is exercised on the GPU machine (benchmarks/README.md)")
+    results = gpu_side_stream.main(["--logdir", str(tmp_path)])
+    assert "No CUDA GPU here" in capsys.readouterr().out and results["stock_step_ms"] > 0
+
+
+@pytest.mark.slow
+def test_ddp_cpu_example_names_the_straggler(tmp_path):
+    command = [sys.executable, str(ROOT / "examples" / "ddp_cpu.py"), "--samples", "256", "--logdir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "straggler: rank 1" in output
+    assert "EpochAwareDistributedSampler(rank 0 of 2" in output

@@ -96,13 +96,15 @@ def test_gpu_source_reads_pcie_counters_as_deltas():
     assert second["System/gpu_memory_used_MB"] == pytest.approx(2048)
     assert second["System/gpu_power_W"] == pytest.approx(350)
     assert second["System/gpu_slowdown"] == 1.0, "0x20 is a thermal slowdown"
+    assert second["System/gpu_power_capped"] == 0.0
     source.close()
     assert nvml.shutdowns == 1
 
 
 def test_gpu_source_falls_back_to_nvml_throughput_sample():
-    source = GpuSource(0, nvml=FakeNvml(fields_supported=False))
+    source = GpuSource(0, nvml=FakeNvml(fields_supported=False, reasons=0x4))
     values = source.read(elapsed=1.0)
+    assert values["System/gpu_power_capped"] == 1.0, "0x4 is the software power cap, not a slowdown"
     assert values["System/gpu_pcie_rx_MBps"] == pytest.approx(5_000 * 1e3 / MB)
     assert values["System/gpu_slowdown"] == 0.0
 

@@ -1,0 +1,43 @@
+"""Real NVML on a GPU: PCIe bytes move during a copy, and GPU scalars reach TensorBoard."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from conftest import trainer_kwargs
+from test_callback import scalar_tags
+
+from lightning_dataperf import DataPerfCallback
+from lightning_dataperf.system import GpuSource
+from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, sleeping_loader
+
+pytestmark = pytest.mark.cuda
+
+
+def test_pcie_rx_counts_a_host_to_device_copy():
+    source = GpuSource(torch.cuda.current_device())
+    host = torch.empty(512 * 2**20, dtype=torch.uint8).pin_memory()
+    source.read(1.0)
+    started = time.perf_counter()
+    for _ in range(4):
+        host.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    values = source.read(time.perf_counter() - started)
+    source.close()
+    assert values["System/gpu_pcie_rx_MBps"] > 1000, values
+    assert 0 <= values["System/gpu_util_percent"] <= 100
+
+
+def test_gpu_telemetry_lands_in_tensorboard(tmp_path):
+    cycles = calibrate_cuda_sleep()
+    perf = DataPerfCallback(print_summary=False, telemetry_interval=0.1)
+    options = trainer_kwargs(tmp_path, accelerator="cuda", devices=1)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], log_every_n_steps=5, **options)
+    trainer.fit(GpuSleepModel(gpu_ms=10, cycles_per_ms=cycles), sleeping_loader(60, 2.0))
+    tags = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
+    for expected in ("System/gpu_util_percent", "System/gpu_pcie_rx_MBps", "System/gpu_power_W"):
+        assert expected in tags
+    assert perf.sampler is None
