@@ -2,7 +2,7 @@
 
     python examples/gpu_side_stream.py --batch-mb 256 --steps 60
 
-Trains the same model twice on ready, pinned uint8 batches: with Lightning's stock transfer
+Trains the same step (``--gpu-ms`` of GPU work) twice on ready, pinned uint8 batches: with Lightning's stock transfer
 (``non_blocking`` on the compute stream: a step costs about compute + copy) and with
 ``strategy="side_stream"`` (about max(compute, copy)); the uint8 -> float cast and normalisation run on
 the GPU after the copy (``device_transform``), so 4x fewer bytes cross PCIe. Prints DataPerf's step and
@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
+from lightning_dataperf.testing import calibrate_cuda_sleep
 
 
 class ReadyBatches(Dataset):
@@ -43,17 +44,20 @@ def normalise_on_device(batch: torch.Tensor) -> torch.Tensor:
     return (batch.float() / 255.0 - 0.45) / 0.225
 
 
-class ConvNet(pl.LightningModule):
-    """One small convolution: a few milliseconds on a large batch, about as long as its copy."""
+class GpuWork(pl.LightningModule):
+    """A step that keeps the GPU busy for a known time (``torch.cuda._sleep``) and reads the batch."""
 
-    def __init__(self, channels: int = 4) -> None:
+    def __init__(self, cycles: int) -> None:
         super().__init__()
-        self.net = nn.Conv2d(3, channels, 3, padding=1)
+        self.cycles = cycles
+        self.scale = nn.Parameter(torch.ones(()))
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         if batch.dtype == torch.uint8:  # stock path: normalise here, after the copy
             batch = normalise_on_device(batch)
-        return self.net(batch).square().mean()
+        if self.cycles:
+            torch.cuda._sleep(self.cycles)
+        return (self.scale * batch[:, :, :8, :8]).square().mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=1e-4)
@@ -75,7 +79,8 @@ def train(strategy: str, args: argparse.Namespace, accelerator: str) -> DataPerf
         enable_progress_bar=False,
         log_every_n_steps=5,
     )
-    trainer.fit(ConvNet(args.channels), loader)
+    cycles = int(args.gpu_ms * calibrate_cuda_sleep()) if accelerator == "gpu" else 0
+    trainer.fit(GpuWork(cycles), loader)
     return perf
 
 
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-mb", type=float, default=256.0, help="uint8 batch size in MB")
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--channels", type=int, default=4, help="conv channels (sets the compute per step)")
+    parser.add_argument("--gpu-ms", type=float, default=5.0, help="GPU work per step (about the copy time)")
     parser.add_argument("--logdir", default="dataperf_logs")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

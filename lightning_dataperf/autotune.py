@@ -282,7 +282,7 @@ class _Search:
         return trial
 
     def _run(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        per_trial = max(0.25, min(self.remaining, self.time_budget / 12))
+        per_trial = max(0.25, min(self.remaining, self.time_budget / 20))
         sampler = _Offsets(self.order, self.offset) if self.order else None
         kwargs = {
             key: value
@@ -338,8 +338,9 @@ def _neighbours(
 ) -> dict[str, list[tuple]]:
     workers, prefetch, pin = config
     prefetch = prefetch or 2
-    worker_options = sorted({max(0, workers // 2), min(max_workers, max(1, workers * 2)), workers + 1, workers - 1})
-    worker_options = [value for value in worker_options if min_workers <= value <= max_workers and value != workers]
+    steps = {workers // 2, round(workers * 1.5), workers * 2, workers - 1, workers + 1, max_workers}
+    worker_options = sorted({min(max_workers, value) for value in steps})
+    worker_options = [value for value in worker_options if min_workers <= value and value != workers]
     options: dict[str, list[tuple]] = {"num_workers": [(value, prefetch, pin) for value in worker_options]}
     if workers:
         options["prefetch_factor"] = [
@@ -359,7 +360,7 @@ def autotune_loader(
     device: torch.device | str | None = None,
     time_budget: float = 30.0,
     batch_budget: int = 200,
-    noise: float = 0.05,
+    noise: float = 0.03,
     memory_fraction: float = 0.5,
     max_epochs: int | None = None,
     min_workers: int = 0,

@@ -84,6 +84,11 @@ class _Means:
 class GpuSource:
     """NVML readings of one GPU: utilisation, memory, PCIe RX/TX bytes/s, SM clock, power, slowdowns.
 
+    PCIe rates are deltas of NVML's byte counters (``NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES``), which the
+    driver refreshes lazily and which some platforms do not maintain: on the lent H200 they moved by
+    about 1% of the bytes actually copied (``benchmarks/pcie_counters.py``). The copy figures that
+    DataPerfCallback measures itself (``Time/Transfer``, ``Transfer/GBps``) do not depend on them.
+
     Args:
         device: the torch CUDA device index; mapped to NVML through the device UUID, so
             ``CUDA_VISIBLE_DEVICES`` renumbering is handled.
