@@ -159,13 +159,13 @@ def _stall_per_epoch(axes, run: RunData) -> None:
 def _device_panel(axes, run: RunData) -> None:
     if run.on_gpu and "System/gpu_util_percent" in run.scalars:
         steps, util = zip(*run.scalars["System/gpu_util_percent"], strict=True)
-        axes.plot(steps, util, color="#2ca02c", label="GPU utilisation %")
+        axes.plot(steps, util, "o-", color="#2ca02c", label="GPU utilisation %")
         axes.set_ylabel("GPU utilisation (%)")
         axes.set_ylim(0, 105)
         if "System/gpu_pcie_rx_MBps" in run.scalars:
             right = axes.twinx()
             steps, rx = zip(*run.scalars["System/gpu_pcie_rx_MBps"], strict=True)
-            right.plot(steps, [value / 1e3 for value in rx], color="#9467bd", label="PCIe RX GB/s")
+            right.plot(steps, [value / 1e3 for value in rx], "s-", color="#9467bd", label="PCIe RX GB/s (NVML)")
             right.set_ylabel("PCIe host-to-device (GB/s)")
             right.legend(loc="lower right", fontsize=9)
         axes.set_title("GPU utilisation and PCIe throughput")
@@ -177,7 +177,7 @@ def _device_panel(axes, run: RunData) -> None:
         ):
             if tag in run.scalars:
                 steps, values = zip(*run.scalars[tag], strict=True)
-                axes.plot(steps, values, label=label)
+                axes.plot(steps, values, "o-", label=label)
         axes.set_ylabel("% of one core (processes) / of all cores (busy)")
         axes.set_title("CPU use (no GPU in this run)")
     axes.set_xlabel("global step")
