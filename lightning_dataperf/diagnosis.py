@@ -67,7 +67,21 @@ class Evidence:
 
     @property
     def step_mean(self) -> float | None:
+        """Mean step time on the timeline that binds: the device's on CUDA, the host's elsewhere.
+
+        On CUDA the host may run ahead of the GPU, so its step time can be shorter than the GPU's work;
+        the device step (end of step N-1 to end of step N) is idle + transfer + compute.
+        """
+        if self.summary.on_device:
+            parts = [self.timing(name) for name in ("DeviceIdle", "Transfer", "Compute")]
+            if parts[2] is not None:
+                return sum(part or 0.0 for part in parts)
         return self.timing("Step")
+
+    def host_explains_idle(self) -> bool:
+        """CUDA: was the host blocked in the loader for at least half of the GPU's idle time?"""
+        idle, wait = self.timing("DeviceIdle") or 0.0, self.timing("DataLoading") or 0.0
+        return wait >= 0.5 * idle
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,8 @@ def _input_bound(evidence: Evidence) -> Finding | None:
     share = summary.input_stall_fraction
     if share is None or share < SIGNIFICANT_SHARE:
         return None
+    if summary.on_device and not evidence.host_explains_idle():
+        return None  # the GPU idles but the host was not waiting for data: host-bound, not input-bound
     loader = evidence.loader
     numbers: dict[str, float] = {"input_stall_fraction": share}
     wait = evidence.timing("DataLoading")
@@ -255,8 +271,8 @@ def _transfer_bound(evidence: Evidence) -> Finding | None:
     advice = []
     if evidence.loader.pin_memory is False:
         advice.append(
-            "pin_memory=False: copies come from pageable memory and are staged synchronously by the driver; "
-            "set pin_memory=True"
+            "the loader has pin_memory=False: unless your dataset returns pinned tensors, copies come from pageable "
+            "memory and the driver stages them synchronously; set pin_memory=True"
         )
     if not evidence.side_stream_transfer:
         advice.append(
@@ -267,10 +283,7 @@ def _transfer_bound(evidence: Evidence) -> Finding | None:
         numbers["pcie_capacity_MBps"] = float(evidence.pcie_capacity_mbps or 0.0)
         advice.append("PCIe is saturated: only fewer bytes help (uint8 instead of float32, crop before the copy)")
     advice.append("ship compact dtypes (uint8 images) and cast/normalise on the GPU: 4x fewer PCIe bytes")
-    if saturated:
-        cause = "PCIe saturated"
-    else:
-        cause = "pageable copies" if evidence.loader.pin_memory is False else "copies not overlapped"
+    cause = "PCIe saturated" if saturated else "copies not overlapped with compute"
     return Finding(
         kind="transfer_bound",
         headline=f"transfer-bound ({cause}): the host-to-device copy costs {100 * share:.0f}% of the step",
@@ -290,21 +303,20 @@ def _host_bound(evidence: Evidence) -> Finding | None:
 
 
 def _device_starved_by_host(evidence: Evidence) -> Finding | None:
-    """CUDA: the GPU idles though the host is not waiting for data — launches and syncs are the limit."""
-    summary = evidence.summary
+    """CUDA: the GPU idles between steps though the host is not waiting for data — launches and syncs bind."""
     compute, step = evidence.timing("Compute"), evidence.step_mean
-    if compute is None or not step:
+    idle = evidence.timing("DeviceIdle")
+    if compute is None or idle is None or not step or evidence.host_explains_idle():
         return None
-    stall = summary.input_stall_fraction or 0.0
-    wait_share = summary.data_wait_share or 0.0
-    idle_share = max(0.0, 1.0 - compute / step - stall)
-    if idle_share < HOST_OVERHEAD_SHARE or wait_share > 0.5 * idle_share + stall:
+    share = idle / step
+    if share < SIGNIFICANT_SHARE:
         return None
+    wait = evidence.timing("DataLoading") or 0.0
     return Finding(
         kind="host_bound",
-        headline=f"host-bound: the GPU is busy only {100 * compute / step:.0f}% of the step though data is ready",
-        share=idle_share,
-        evidence={"device_compute_ms": 1e3 * compute, "step_ms": 1e3 * step, "host_data_wait_share": wait_share},
+        headline=f"host-bound: the GPU idles {100 * share:.0f}% of the step though the host is not waiting for data",
+        share=share,
+        evidence={"device_idle_ms": 1e3 * idle, "device_compute_ms": 1e3 * compute, "host_data_wait_ms": 1e3 * wait},
         advice=[
             "Python or kernel-launch overhead dominates: use a larger batch, torch.compile or CUDA graphs, "
             "and avoid per-step host syncs (.item(), .cpu(), printing tensors)",

@@ -181,7 +181,8 @@ def _device_panel(axes, run: RunData) -> None:
         axes.set_ylabel("% of one core (processes) / of all cores (busy)")
         axes.set_title("CPU use (no GPU in this run)")
     axes.set_xlabel("global step")
-    axes.legend(loc="upper left", fontsize=9)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(loc="upper left", fontsize=9)
 
 
 def render_html(run: RunData, png: str | Path, path: str | Path) -> Path:

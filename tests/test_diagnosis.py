@@ -73,17 +73,20 @@ def test_cpu_bound_workers_with_idle_cores_are_told_to_add_workers():
 
 
 def test_on_cuda_a_host_wait_hidden_by_the_gpu_is_not_a_bottleneck():
-    hidden = summary(on_device=True, stall=0.0, wait_share=0.35, DataLoading=0.008, Compute=0.015, Step=0.015)
+    # The host runs ahead: its step (4 ms) is shorter than the GPU's (15 ms); the GPU's timeline decides.
+    hidden = summary(on_device=True, wait_share=0.35, DataLoading=0.008, Compute=0.015, DeviceIdle=0.0, Step=0.004)
     assert verdict(Evidence(hidden)) == "compute_bound"
-    starved = summary(on_device=True, stall=0.75, wait_share=0.8, DataLoading=0.020, Compute=0.005, Step=0.020)
+    starved = summary(on_device=True, stall=0.75, wait_share=0.8, DataLoading=0.020, Compute=0.005, DeviceIdle=0.015)
     assert verdict(Evidence(starved, LoaderFacts(num_workers=2))) == "input_bound_workers"
 
 
 def test_transfer_bound_pageable_and_pcie_saturated():
-    copying = summary(on_device=True, DataLoading=0.0, Transfer=0.004, Compute=0.006, Step=0.010)
+    copying = summary(on_device=True, DataLoading=0.0, Transfer=0.004, Compute=0.006, DeviceIdle=0.0, Step=0.002)
     pageable = diagnose(Evidence(copying, LoaderFacts(pin_memory=False)))
-    assert pageable.bottleneck == "transfer_bound" and "pageable" in pageable.findings[0].headline
+    assert pageable.bottleneck == "transfer_bound" and "not overlapped" in pageable.findings[0].headline
+    assert pageable.findings[0].share == pytest.approx(0.4), "a share of the GPU's step, not of the host's"
     assert any("side_stream" in advice for advice in pageable.findings[0].advice)
+    assert any("pin_memory=False" in advice for advice in pageable.findings[0].advice)
     saturated = Evidence(
         copying, LoaderFacts(pin_memory=True), {"System/gpu_pcie_rx_MBps": 55_000.0}, pcie_capacity_mbps=63_000.0
     )
@@ -91,9 +94,9 @@ def test_transfer_bound_pageable_and_pcie_saturated():
 
 
 def test_host_bound_on_gpu_and_compute_bound_with_throttling():
-    launches = summary(on_device=True, stall=0.0, wait_share=0.0, DataLoading=0.0, Compute=0.002, Step=0.010)
-    assert verdict(Evidence(launches)) == "host_bound"
-    busy = summary(on_device=True, DataLoading=0.0, Compute=0.0098, Step=0.010)
+    launches = summary(on_device=True, stall=0.8, wait_share=0.0, DataLoading=0.0001, Compute=0.002, DeviceIdle=0.008)
+    assert verdict(Evidence(launches, LoaderFacts(num_workers=4))) == "host_bound", "idle GPU, host not waiting"
+    busy = summary(on_device=True, DataLoading=0.0, Compute=0.0098, DeviceIdle=0.0002, Step=0.010)
     diagnosis = diagnose(Evidence(busy, system={"System/gpu_slowdown": 1.0, "System/gpu_util_percent": 99.0}))
     assert diagnosis.bottleneck == "compute_bound"
     assert any("slowed by heat" in advice for advice in diagnosis.findings[0].advice)
