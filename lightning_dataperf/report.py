@@ -178,7 +178,7 @@ def _device_panel(axes, run: RunData) -> None:
             if tag in run.scalars:
                 steps, values = zip(*run.scalars[tag], strict=True)
                 axes.plot(steps, values, "o-", label=label)
-        axes.set_ylabel("% of one core (processes) / of all cores (busy)")
+        axes.set_ylabel("CPU %")
         axes.set_title("CPU use (no GPU in this run)")
     axes.set_xlabel("global step")
     if axes.get_legend_handles_labels()[0]:
