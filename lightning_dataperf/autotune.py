@@ -171,6 +171,18 @@ def cache_key(hardware: Hardware, dataset: Any, batch_size: int, loader_kwargs: 
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """The knobs of one search that are not about the data."""
+
+    time_budget: float
+    batch_budget: int
+    noise: float
+    memory_fraction: float
+    max_epochs: int | None
+    min_workers: int
+
+
 class _Offsets(Sampler[int]):
     """Each trial reads its own slice of a fixed permutation, so no trial rereads another's samples."""
 
@@ -216,14 +228,11 @@ class _Search:
         loader_kwargs: Mapping[str, Any],
         hardware: Hardware,
         device: torch.device | None,
-        time_budget: float,
-        batch_budget: int,
-        memory_fraction: float,
+        limits: _Limits,
     ) -> None:
         self.dataset, self.batch_size, self.loader_kwargs = dataset, batch_size, dict(loader_kwargs)
-        self.hardware, self.device = hardware, device
-        self.deadline = time.perf_counter() + time_budget
-        self.time_budget, self.batch_budget, self.memory_fraction = time_budget, batch_budget, memory_fraction
+        self.hardware, self.device, self.limits = hardware, device, limits
+        self.deadline = time.perf_counter() + limits.time_budget
         self.trials: dict[tuple[int, int | None, bool], Trial] = {}
         self.batch_bytes: int | None = None
         length = _safe_len(dataset) or 0
@@ -265,9 +274,9 @@ class _Search:
         free = [self.hardware.ram_available_mb]
         if workers and self.hardware.shm_free_mb is not None:
             free.append(self.hardware.shm_free_mb)
-        limit = self.memory_fraction * min(free)
-        if need > limit:
-            return f"needs ~{need:.0f} MB of /dev/shm and pinned RAM, over {100 * self.memory_fraction:.0f}% of free"
+        fraction = self.limits.memory_fraction
+        if need > fraction * min(free):
+            return f"needs ~{need:.0f} MB of /dev/shm and pinned RAM, over {100 * fraction:.0f}% of free"
         return None
 
     def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
@@ -282,7 +291,7 @@ class _Search:
         return trial
 
     def _run(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        per_trial = max(0.25, min(self.remaining, self.time_budget / 20))
+        per_trial = max(0.25, min(self.remaining, self.limits.time_budget / 20))
         sampler = _Offsets(self.order, self.offset) if self.order else None
         kwargs = {
             key: value
@@ -318,7 +327,7 @@ class _Search:
                 startup, steady_start = now - started, now
                 if self.batch_bytes is None:
                     self.batch_bytes = BatchFootprint.of(batch).bytes
-            enough = batches >= 3 and (batches > self.batch_budget or now - started > per_trial)
+            enough = batches >= 3 and (batches > self.limits.batch_budget or now - started > per_trial)
             if enough or self.remaining <= 0:
                 break
         if copy:
@@ -406,19 +415,8 @@ def autotune_loader(
     started = time.perf_counter()
     with _rng_untouched(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # trying more is the point
-        result = _search(
-            dataset,
-            batch_size,
-            loader_kwargs,
-            hardware,
-            device,
-            time_budget,
-            batch_budget,
-            noise,
-            memory_fraction,
-            max_epochs,
-            min_workers,
-        )
+        limits = _Limits(time_budget, batch_budget, noise, memory_fraction, max_epochs, min_workers)
+        result = _search(dataset, batch_size, loader_kwargs, hardware, device, limits)
     result = dataclasses.replace(result, search_seconds=time.perf_counter() - started, key=key)
     _write_cache(path, key, result)
     return result
@@ -430,18 +428,14 @@ def _search(
     loader_kwargs: dict[str, Any],
     hardware: Hardware,
     device: torch.device | None,
-    time_budget: float,
-    batch_budget: int,
-    noise: float,
-    memory_fraction: float,
-    max_epochs: int | None,
-    min_workers: int = 0,
+    limits: _Limits,
 ) -> AutotuneResult:
+    noise, min_workers, max_epochs = limits.noise, limits.min_workers, limits.max_epochs
     cuda = device is not None and device.type == "cuda"
     policy = recommend_loader_settings(hardware, max_epochs=max_epochs, accelerator=device.type if device else "cpu")
     fixed = {name: loader_kwargs.pop(name) for name in SEARCH_FIELDS if name in loader_kwargs}
     loader_kwargs.pop("persistent_workers", None)
-    search = _Search(dataset, batch_size, loader_kwargs, hardware, device, time_budget, batch_budget, memory_fraction)
+    search = _Search(dataset, batch_size, loader_kwargs, hardware, device, limits)
     max_workers = max(1, 2 * hardware.cpus_per_rank)  # beyond the cores only pays for I/O-latency-bound loading
 
     def respect_fixed(config: tuple) -> tuple:

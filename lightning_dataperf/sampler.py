@@ -38,12 +38,15 @@ EpochListener = Callable[[int], None]
 
 
 class _ResumeExact:
-    """Shared logic: read the epoch and the resume offset when iteration starts."""
+    """Shared logic: read the epoch and the resume offset when iteration starts, then skip what was done."""
 
     position: Position | None
     batch_size: int
     on_epoch: list[EpochListener]
     epoch: int
+
+    def _follow(self, position: Position | None, batch_size: int, on_epoch: list[EpochListener] | None) -> None:
+        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
 
     def _start(self) -> int:
         """Bring ``self.epoch`` up to date and return how many leading samples to skip."""
@@ -56,13 +59,32 @@ class _ResumeExact:
             listener(self.epoch)
         return skip
 
-    def _padding(self, length: int) -> tuple[int, int]:
-        """(padded, dropped) samples across all ranks for this dataset length."""
-        total = self.total_size  # type: ignore[attr-defined]
-        return max(0, total - length), max(0, length - total)
+    def _indices(self) -> Iterator[Any]:
+        return super().__iter__()  # type: ignore[misc]
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = self._start()
+        return itertools.islice(self._indices(), skip, None)
 
 
-class EpochAwareDistributedSampler(_ResumeExact, DistributedSampler):
+class _PaddingCounts:
+    """How many samples the equal-length shards repeat or leave out."""
+
+    total_size: int
+    dataset: Any
+
+    @property
+    def padded_samples(self) -> int:
+        """Duplicated samples added so every rank gets the same count (``drop_last=False``)."""
+        return max(0, self.total_size - len(self.dataset))
+
+    @property
+    def dropped_samples(self) -> int:
+        """Samples left out so every rank gets the same count (``drop_last=True``)."""
+        return max(0, len(self.dataset) - self.total_size)
+
+
+class EpochAwareDistributedSampler(_ResumeExact, _PaddingCounts, DistributedSampler):
     """``DistributedSampler`` that reads its epoch (and resume offset) from ``position`` at iteration.
 
     Args:
@@ -82,24 +104,10 @@ class EpochAwareDistributedSampler(_ResumeExact, DistributedSampler):
         **kwargs: Any,
     ) -> None:
         super().__init__(dataset, **kwargs)  # type: ignore[arg-type]
-        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
-
-    def __iter__(self) -> Iterator[int]:
-        skip = self._start()
-        return itertools.islice(super().__iter__(), skip, None)
-
-    @property
-    def padded_samples(self) -> int:
-        """Duplicated samples added so every rank gets the same count (``drop_last=False``)."""
-        return self._padding(len(self.dataset))[0]  # type: ignore[arg-type]
-
-    @property
-    def dropped_samples(self) -> int:
-        """Samples left out so every rank gets the same count (``drop_last=True``)."""
-        return self._padding(len(self.dataset))[1]  # type: ignore[arg-type]
+        self._follow(position, batch_size, on_epoch)
 
 
-class EpochAwareSamplerWrapper(_ResumeExact, DistributedSamplerWrapper):
+class EpochAwareSamplerWrapper(_ResumeExact, _PaddingCounts, DistributedSamplerWrapper):
     """Shards a custom sampler's indices across ranks (like Lightning's wrapper), resume-exact."""
 
     def __init__(
@@ -111,19 +119,7 @@ class EpochAwareSamplerWrapper(_ResumeExact, DistributedSamplerWrapper):
         **kwargs: Any,
     ) -> None:
         super().__init__(sampler, **kwargs)
-        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
-
-    def __iter__(self) -> Iterator[Any]:
-        skip = self._start()
-        return itertools.islice(super().__iter__(), skip, None)
-
-    @property
-    def padded_samples(self) -> int:
-        return self._padding(len(self.dataset))[0]
-
-    @property
-    def dropped_samples(self) -> int:
-        return self._padding(len(self.dataset))[1]
+        self._follow(position, batch_size, on_epoch)
 
 
 class EpochPublishingSampler(_ResumeExact, Sampler):
@@ -137,16 +133,15 @@ class EpochPublishingSampler(_ResumeExact, Sampler):
         on_epoch: list[EpochListener] | None = None,
     ) -> None:
         self.sampler, self.epoch = sampler, 0
-        self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
+        self._follow(position, batch_size, on_epoch)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         if callable(inner := getattr(self.sampler, "set_epoch", None)):
             inner(epoch)
 
-    def __iter__(self) -> Iterator[Any]:
-        skip = self._start()
-        return itertools.islice(iter(self.sampler), skip, None)
+    def _indices(self) -> Iterator[Any]:
+        return iter(self.sampler)
 
     def __len__(self) -> int:
         return len(self.sampler)
