@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightning_dataperf.hardware import Hardware, probe_hardware
@@ -78,7 +79,14 @@ class Trial:
 
 @dataclass(frozen=True)
 class AutotuneResult:
-    """The chosen settings, every trial, and how long the search took."""
+    """The chosen settings, every trial, and how long the search took.
+
+    Example::
+
+        result = autotune_loader(dataset, batch_size=64)
+        print(result.format())                  # the table of trials, the winner, the speed-up
+        DataLoader(dataset, batch_size=64, **result.settings.as_kwargs())
+    """
 
     settings: LoaderSettings
     trials: tuple[Trial, ...]
@@ -94,6 +102,11 @@ class AutotuneResult:
         """Chosen throughput over the policy's starting point."""
         return self.chosen_batches_per_sec / self.baseline_batches_per_sec if self.baseline_batches_per_sec else 1.0
 
+    @property
+    def ceiling_speedup(self) -> float:
+        """Best measured throughput over the policy's starting point."""
+        return self.best_batches_per_sec / self.baseline_batches_per_sec if self.baseline_batches_per_sec else 1.0
+
     def format(self) -> str:
         origin = "cache hit" if self.cached else f"searched in {self.search_seconds:.1f} s"
         lines = [
@@ -101,7 +114,8 @@ class AutotuneResult:
             f"prefetch_factor={self.settings.prefetch_factor}, pin_memory={self.settings.pin_memory}, "
             f"persistent_workers={self.settings.persistent_workers}",
             f"  {self.chosen_batches_per_sec:.1f} batches/s, {self.speedup_over_start:.2f}x the policy's starting "
-            f"point ({self.baseline_batches_per_sec:.1f}); best measured {self.best_batches_per_sec:.1f}",
+            f"point ({self.baseline_batches_per_sec:.1f}); best measured {self.best_batches_per_sec:.1f} "
+            f"(ceiling speed-up over the start: {self.ceiling_speedup:.2f}x)",
             "  workers prefetch pin   batches/s  start-up s  memory MB",
         ]
         for trial in self.trials:
@@ -543,5 +557,12 @@ def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> Autotun
     if trainer is None or trainer.is_global_zero:
         print(result.format(), flush=True)
         for logger in trainer.loggers if trainer is not None else []:
-            logger.log_hyperparams({"dataperf/autotune_batches_per_sec": result.chosen_batches_per_sec})
+            logger.log_hyperparams(
+                {
+                    "dataperf/autotune_batches_per_sec": result.chosen_batches_per_sec,
+                    "dataperf/autotune_ceiling_speedup": result.ceiling_speedup,
+                }
+            )
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text("DataPerf/autotune", f"```\n{result.format()}\n```")
     return result

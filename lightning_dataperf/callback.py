@@ -588,16 +588,21 @@ def _log_dir(trainer: pl.Trainer) -> str | None:
     return trainer.default_root_dir if trainer.loggers else None
 
 
+#: TensorBoard custom-scalars layout. Tags are regular expressions, anchored so that ``Time/Compute``
+#: does not also pull in ``Time/Compute_max`` or ``Epoch/Time/Compute_p90``.
+CUSTOM_SCALARS = {
+    "DataPerf": {
+        "Data wait vs compute (s)": [
+            "Multiline",
+            ["^Time/DataLoading$", "^Time/Compute$", "^Time/Transfer$", "^Time/DeviceIdle$"],
+        ],
+        "Step time (s)": ["Multiline", ["^Time/Step$", "^Time/Step_max$"]],
+        "Input stall fraction": ["Multiline", ["^DataPerf/input_stall_fraction$"]],
+        "System (%)": ["Multiline", ["^System/gpu_util_percent$", "^System/cpu_busy_percent_mean$"]],
+    }
+}
+
+
 def _write_custom_scalars(logger: TensorBoardLogger) -> None:
     """One TensorBoard chart with Time/DataLoading and Time/Compute (and the rest) together."""
-    layout = {
-        "DataPerf": {
-            "Data wait vs compute (s)": [
-                "Multiline",
-                ["Time/DataLoading", "Time/Compute", "Time/Transfer", "Time/DeviceIdle"],
-            ],
-            "Step time (s)": ["Multiline", ["Time/Step", "Time/Step_max"]],
-            "Input stall fraction": ["Multiline", ["DataPerf/input_stall_fraction"]],
-        }
-    }
-    logger.experiment.add_custom_scalars(layout)
+    logger.experiment.add_custom_scalars(CUSTOM_SCALARS)

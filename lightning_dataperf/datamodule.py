@@ -103,6 +103,23 @@ class TunedDataModule(pl.LightningDataModule):
         autotune: measure loader settings on the real training set before training
             (see :func:`lightning_dataperf.autotune_loader`); ``autotune_options`` are passed on.
         verbose: print the chosen settings and reasons once on rank zero.
+
+    Example::
+
+        class MyData(TunedDataModule):
+            def __init__(self):
+                super().__init__(seed=42, autotune=True, autotune_options={"time_budget": 20})
+
+            def train_dataloader(self):
+                return DataLoader(self.train_set, batch_size=64, shuffle=True)
+
+        datamodule = MyData()
+        trainer.fit(model, datamodule=datamodule)
+        print(datamodule.loader_plans["train"][0].format())   # what was chosen, and why
+
+    TunedDataModule installs its own ``DistributedSampler`` subclass in distributed runs, so Lightning
+    does not inject a second one; it uses the same seed (``seed_everything``'s), and its worker seeding
+    replaces Lightning's ``pl_worker_init_function`` rather than adding to it.
     """
 
     def __init__(

@@ -81,6 +81,11 @@ class Hardware:
 
     ``usable_cpus`` is already the minimum of affinity, cgroup quota and ``SLURM_CPUS_PER_TASK``;
     ``usable_cpus_source`` names the limit that won.
+
+    Example::
+
+        hardware = probe_hardware("/data")
+        print(hardware.cpus_per_rank, hardware.storage.kind, [gpu.name for gpu in hardware.gpus])
     """
 
     logical_cpus: int

@@ -50,7 +50,14 @@ _MB = 2**20
 
 @dataclass(frozen=True)
 class LoaderSettings:
-    """Recommended DataLoader settings; ``reasons`` says why, per field."""
+    """Recommended DataLoader settings; ``reasons`` says why, per field.
+
+    Example::
+
+        settings = recommend_loader_settings()
+        loader = DataLoader(dataset, batch_size=32, **settings.as_kwargs())
+        print(settings.explain())
+    """
 
     num_workers: int
     pin_memory: bool

@@ -494,6 +494,14 @@ class SystemSampler:
         cuda_device: this rank's CUDA device index, or ``None`` for no GPU telemetry.
         data_path: dataset location, to pick the disk to watch.
         sources: source factories (default: :func:`default_sources`); tests pass fakes.
+
+    Example::
+
+        sampler = SystemSampler(interval=0.5, cuda_device=0)
+        sampler.start()
+        ...
+        print(sampler.epoch_means()["System/gpu_util_percent"])
+        sampler.stop()
     """
 
     def __init__(

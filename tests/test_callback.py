@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import statistics
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.callback import SUMMARY_FILE
+from lightning_dataperf.callback import CUSTOM_SCALARS, SUMMARY_FILE
 
 
 def scalar_tags(log_dir):
@@ -85,6 +86,10 @@ def test_tensorboard_scalars_layout_and_text(tmp_path):
     assert "DataPerf/diagnosis/text_summary" in plugin_tags["tensors"]
     layout_files = [name for name in os.listdir(trainer.logger.log_dir) if name.startswith("events")]
     assert any(b"custom_scalars" in Path(trainer.logger.log_dir, f).read_bytes() for f in layout_files)
+    chart = CUSTOM_SCALARS["DataPerf"]["Data wait vs compute (s)"][1]
+    logged = events.Tags()["scalars"]
+    for pattern in chart[:3]:
+        assert len([tag for tag in logged if re.search(pattern, tag)]) == 1, pattern
     records = [json.loads(line) for line in Path(trainer.logger.log_dir, SUMMARY_FILE).read_text().splitlines()]
     assert [(r["summary"]["stage"], r["summary"]["epoch"]) for r in records] == [
         ("val", 0),
