@@ -390,6 +390,8 @@ class DataPerfCallback(Callback):
         try:
             if self.batch_size_fn is not None:
                 return int(self.batch_size_fn(batch))
+            if (first := _first_tensor(batch)) is not None:  # what extract_batch_size returns, ~20x cheaper
+                return int(first.shape[0]) if first.ndim else 1
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return extract_batch_size(batch)
@@ -549,6 +551,19 @@ class DataPerfCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.summaries = [_summary_from_dict(raw) for raw in state_dict.get("summaries", [])]
+
+
+def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
+    """The first tensor in depth-first order through tensors, mappings, lists and tuples."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if depth > 8:
+        return None
+    values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in values:
+        if (found := _first_tensor(value, depth + 1)) is not None:
+            return found
+    return None
 
 
 def _pcie_capacity(hardware: Hardware | None, device: torch.device) -> float | None:

@@ -519,7 +519,8 @@ class SystemSampler:
         self.unavailable: dict[str, str] = {}
         self._factories = list(sources) if sources is not None else default_sources(cuda_device, data_path)
         self._sources: list[Source] = []
-        self._lock = threading.Lock()
+        self._read_lock = threading.Lock()  # one reader of the sources at a time (their deltas are stateful)
+        self._lock = threading.Lock()  # the accumulators: held only for microseconds, never during a read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._window = _Means()
@@ -546,7 +547,7 @@ class SystemSampler:
         if self._thread is not None:
             self._thread.join(timeout=max(5.0, 2 * self.interval))
             self._thread = None
-        with self._lock:
+        with self._read_lock:
             for source in self._sources:
                 source.close()
             self._sources = []
@@ -559,8 +560,12 @@ class SystemSampler:
 
     def epoch_means(self) -> dict[str, float]:
         """Means since :meth:`reset_epoch`, with one fresh reading first unless the last one is recent."""
+        with self._read_lock:
+            with self._lock:
+                stale = not self._epoch.counts or time.monotonic() - self._last_read >= 0.25 * self.interval
+            if stale and self._sources:
+                self._sample()
         with self._lock:
-            self._refresh_locked(self._epoch)
             return self._epoch.means()
 
     def reset_epoch(self) -> None:
@@ -584,8 +589,8 @@ class SystemSampler:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            with self._lock:
-                self._sample_locked()
+            with self._read_lock:
+                self._sample()
             now = time.monotonic()
             for tick in self.on_tick:
                 try:
@@ -593,14 +598,8 @@ class SystemSampler:
                 except Exception:
                     log.exception("DataPerf sampler tick failed")
 
-    def _refresh_locked(self, means: _Means) -> None:
-        """Take a reading now unless the last one is recent and ``means`` already has data."""
-        if not self._sources:
-            return
-        if not means.counts or time.monotonic() - self._last_read >= 0.25 * self.interval:
-            self._sample_locked()
-
-    def _sample_locked(self) -> None:
+    def _sample(self) -> None:
+        """Read every source (caller holds the read lock), then add the values under the data lock."""
         now = time.monotonic()
         elapsed, self._last_read = now - self._last_read, now
         values: dict[str, float] = {}
@@ -611,5 +610,6 @@ class SystemSampler:
                 self._sources.remove(source)
                 source.close()
                 self._disable(source.name, error)
-        self._window.add(values)
-        self._epoch.add(values)
+        with self._lock:
+            self._window.add(values)
+            self._epoch.add(values)

@@ -30,7 +30,7 @@ __all__ = ["StepClock", "StepTiming"]
 _MS_PER_S = 1e3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StepTiming:
     """The measured times of one step, in seconds.
 
@@ -67,7 +67,7 @@ class StepTiming:
         return self.device_step_time if self.device_step_time is not None else self.step_time
 
 
-@dataclass
+@dataclass(slots=True)
 class _PendingStep:
     step: int
     data_wait: float
