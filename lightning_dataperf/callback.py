@@ -422,8 +422,8 @@ class DataPerfCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._check_first_batch(trainer, batch)  # before the step's clock starts: not counted as compute
         self._batch_started(trainer, "train")
-        self._check_first_batch(trainer, batch)
 
     @override
     def on_train_batch_end(
