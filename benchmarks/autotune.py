@@ -3,7 +3,8 @@
 For each workload an exhaustive grid over ``num_workers`` x ``prefetch_factor`` (x ``pin_memory`` on
 CUDA) gives the best measured throughput; every named configuration is re-measured with the same
 protocol (delivered batches/s after start-up, including the host-to-device copy on CUDA, median of
-``--repeats`` runs, interleaved). "of best" is relative to the fastest of those re-measured rows.
+``--repeats`` runs, interleaved; rows naming the same configuration pool their runs). "of best" is
+relative to the fastest of those re-measured configurations.
 
     python benchmarks/autotune.py                      # this machine, all workloads
     python benchmarks/autotune.py --workloads io --quick
@@ -168,7 +169,11 @@ def run_workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, 
     for _ in range(args.repeats):
         for label, config in named_configs.items():
             samples[label].append(measure(dataset, batch_size, *config, args.seconds, device))
-    final = {label: statistics.median(values) for label, values in samples.items()}
+    # Rows that name the same configuration are one configuration: pool their measurements.
+    pooled: dict[tuple[int, int | None, bool], list[float]] = {}
+    for label, config in named_configs.items():
+        pooled.setdefault(config, []).extend(samples[label])
+    final = {label: statistics.median(pooled[config]) for label, config in named_configs.items()}
     reference = max(final.values())  # the grid's winner re-measured can fall back (winner's curse)
     rows, results = [], {}
     for label, config in named_configs.items():
@@ -180,6 +185,7 @@ def run_workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, 
         "results": results,
         "grid": {str(config): rate for config, rate in rates.items()},
         "grid_best": {"config": best_config, "batches_per_sec_in_grid": rates[best_config]},
+        "final_samples": {label: values for label, values in samples.items()},
         "autotune_search_s": search_s,
         "autotune_trials": len(tuned.trials),
         "cpus_per_rank": cpus,
