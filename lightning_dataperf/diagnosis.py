@@ -163,7 +163,7 @@ def _input_bound(evidence: Evidence) -> Finding | None:
     kind, cause = _input_cause(evidence)
     if loader.num_workers is not None:
         numbers["num_workers"] = float(loader.num_workers)
-    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "cpu_iowait_mean"):
+    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_mean"):
         if (value := evidence.system.get(f"System/{key}")) is not None:
             numbers[key] = value
     if (disk := evidence.system.get("System/disk_util_percent")) is not None and kind == "input_bound_storage":
@@ -179,6 +179,8 @@ def _input_bound(evidence: Evidence) -> Finding | None:
 
 #: Loader workers busier than this (% of one core each) are doing CPU work, not waiting on I/O.
 WORKER_BUSY_PERCENT = 70.0
+#: Mean CPU busy % above which the cores count as saturated.
+SATURATED_PERCENT = 90.0
 #: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 
@@ -193,9 +195,25 @@ def _input_cause(evidence: Evidence) -> tuple[str, str]:
     worker_cpu = system.get("System/worker_cpu_percent_mean")
     if workers > 0 and worker_cpu is not None and worker_cpu > WORKER_BUSY_PERCENT:
         return "input_bound_cpu", "CPU preprocessing"
+    if workers > 0 and worker_cpu is not None and _starved_of_cpu(evidence, worker_cpu):
+        return "input_bound_cpu", "CPU: every core is busy and the workers get only their share of it"
     if workers == 0:
         return "input_bound_workers", "batches are loaded in the training process (num_workers=0)"
     return "input_bound_workers", "too few loader workers / too little prefetch"
+
+
+def _starved_of_cpu(evidence: Evidence, worker_cpu: float) -> bool:
+    """Cores saturated, and the workers use most of the share a runnable task can get: they want CPU.
+
+    A worker waiting on I/O uses far less than its fair share even on a busy machine, so it is not
+    counted here; with ``R`` runnable tasks on ``C`` cores each gets about ``100 * C / R`` % of a core.
+    """
+    system = evidence.system
+    busy, runnable = system.get("System/cpu_busy_percent_mean"), system.get("System/runnable_tasks")
+    if busy is None or busy < SATURATED_PERCENT or runnable is None or evidence.usable_cpus is None:
+        return False
+    fair_share = 100.0 * min(1.0, evidence.usable_cpus / max(1.0, runnable))
+    return worker_cpu >= 0.6 * fair_share
 
 
 def _spare_cpus(evidence: Evidence) -> float | None:
@@ -204,6 +222,11 @@ def _spare_cpus(evidence: Evidence) -> float | None:
     if busy is None or evidence.usable_cpus is None:
         return None
     return evidence.usable_cpus * (100.0 - busy) / 100.0
+
+
+def _cause_is_saturation(evidence: Evidence) -> bool:
+    worker_cpu = evidence.system.get("System/worker_cpu_percent_mean") or 0.0
+    return worker_cpu <= WORKER_BUSY_PERCENT
 
 
 def _input_advice(evidence: Evidence) -> list[str]:
@@ -215,6 +238,12 @@ def _input_advice(evidence: Evidence) -> list[str]:
         advice.append(
             "storage is the limit: copy the dataset to local NVMe or RAM (/dev/shm), use a sequential "
             "format (WebDataset/LitData shards) and raise prefetch_factor to keep more reads in flight"
+        )
+    elif kind == "input_bound_cpu" and _cause_is_saturation(evidence):
+        advice.append(
+            "all cores are busy: the workers compete with other work for CPU, so more workers will not help; "
+            "stop competing processes (or other ranks' oversubscribed workers), make preprocessing cheaper, "
+            "or move augmentation to the GPU"
         )
     elif kind == "input_bound_cpu":
         spare = _spare_cpus(evidence)

@@ -197,10 +197,21 @@ class CpuSource:
             values[f"System/cpu_{key}_percent_mean"] = sum(column) / len(column)
             values[f"System/cpu_{key}_percent_max"] = max(column)
         values["System/cpu_iowait_mean"] = values["System/cpu_iowait_percent_mean"]
+        if (runnable := _runnable_tasks()) is not None:
+            values["System/runnable_tasks"] = runnable
         return values
 
     def close(self) -> None:
         pass
+
+
+def _runnable_tasks() -> float | None:
+    """Tasks running or waiting for a CPU right now (``/proc/loadavg``), not counting this reader."""
+    try:
+        running = Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+    except (OSError, IndexError):
+        return None
+    return max(0.0, float(running) - 1)
 
 
 def _cpu_shares(before: Any, after: Any) -> dict[str, float] | None:

@@ -51,7 +51,7 @@ def test_workers_hide_the_loader(tmp_path):
     loader = sleepy_loader(24 * 2, 2, 0.010, num_workers=2, prefetch_factor=4)
     trainer.fit(SleepyModel(step_s=0.040), loader)
     (summary,) = perf.summaries
-    assert summary.timings["DataLoading"].p50 < 0.004
+    assert summary.timings["DataLoading"].p50 < 0.005  # well under the 10 ms the loader costs per batch
     assert summary.epoch_start > summary.timings["DataLoading"].p50  # worker start-up is kept apart
     assert perf.last_diagnosis.bottleneck == "compute_bound"
 

@@ -54,6 +54,18 @@ def verdict(evidence: Evidence) -> str:
         ({"System/disk_util_percent": 97.0, "System/cpu_iowait_mean": 2.0}, 4, "input_bound_storage"),
         ({"System/worker_cpu_percent_mean": 98.0, "System/cpu_busy_percent_mean": 99.0}, 4, "input_bound_cpu"),
         ({"System/worker_cpu_percent_mean": 3.0, "System/cpu_busy_percent_mean": 10.0}, 2, "input_bound_workers"),
+        # saturated cores: 40 runnable tasks on 16 CPUs -> a fair share is 40% of a core; workers use 35%
+        (
+            {"System/worker_cpu_percent_mean": 35.0, "System/cpu_busy_percent_mean": 99.0, "System/runnable_tasks": 40},
+            4,
+            "input_bound_cpu",
+        ),
+        # saturated cores but the workers sleep (I/O): still too few workers, not CPU
+        (
+            {"System/worker_cpu_percent_mean": 2.0, "System/cpu_busy_percent_mean": 99.0, "System/runnable_tasks": 40},
+            4,
+            "input_bound_workers",
+        ),
         ({}, 0, "input_bound_workers"),
     ],
 )
