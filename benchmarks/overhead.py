@@ -63,22 +63,23 @@ class Mlp(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=1e-4)
 
 
-def one_run(device: str, with_callback: bool, steps: int, warmup: int, width: int, depth: int, batch: int) -> float:
+#: (width, depth, batch) of the MLP workload per device.
+WORKLOADS = {"cuda": (2048, 4, 2048), "cpu": (256, 3, 128)}
+
+
+def fit_workload(device: str, steps: int, callbacks: list[pl.Callback]) -> None:
+    """Train the MLP for ``steps`` steps on ready batches: the loader costs nothing, so any callback cost shows."""
+    width, depth, batch = WORKLOADS[device]
     generator = torch.Generator().manual_seed(0)
     batches = [
         (torch.randn(batch, width, generator=generator), torch.randn(batch, generator=generator)) for _ in range(8)
     ]
     if device == "cuda":
         batches = [(features.pin_memory(), target.pin_memory()) for features, target in batches]
-    loader = batches  # ready batches: the loader costs nothing, so any callback cost shows
-    clock = WallClock(warmup)
-    callbacks: list[pl.Callback] = [clock]
-    if with_callback:
-        callbacks.append(DataPerfCallback(print_summary=False, write_json=False))
     torch.manual_seed(0)
     _common.fit_quietly(
         Mlp(width, depth),
-        _Repeat(loader, steps),
+        _Repeat(batches, steps),
         accelerator=device,
         max_epochs=None,
         max_steps=steps,
@@ -86,6 +87,14 @@ def one_run(device: str, with_callback: bool, steps: int, warmup: int, width: in
         log_every_n_steps=50,
         limit_val_batches=0,
     )
+
+
+def one_run(device: str, with_callback: bool, steps: int, warmup: int) -> float:
+    clock = WallClock(warmup)
+    callbacks: list[pl.Callback] = [clock]
+    if with_callback:
+        callbacks.append(DataPerfCallback(print_summary=False, write_json=False))
+    fit_workload(device, steps, callbacks)
     return clock.step_time
 
 
@@ -115,15 +124,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args()
-    if args.device == "cuda":
-        width, depth, batch = 2048, 4, 2048
-    else:
+    if args.device == "cpu":
         torch.set_num_threads(1)
-        width, depth, batch = 256, 3, 128
+    width, depth, batch = WORKLOADS[args.device]
     times: dict[str, list[float]] = {"without": [], "with": []}
     for repeat in range(args.repeats + 1):  # the first pair is a warm-up and is discarded
         for variant in ("without", "with"):
-            step = one_run(args.device, variant == "with", args.steps, args.warmup, width, depth, batch)
+            step = one_run(args.device, variant == "with", args.steps, args.warmup)
             if repeat:
                 times[variant].append(step)
     without, with_ = statistics.median(times["without"]), statistics.median(times["with"])

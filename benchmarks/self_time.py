@@ -18,7 +18,7 @@ import time
 import _common
 import psutil
 import torch
-from overhead import Mlp, WallClock, _Repeat
+from overhead import WallClock, fit_workload
 
 from lightning_dataperf import DataPerfCallback
 
@@ -72,22 +72,10 @@ class SamplerClock(WallClock):
 
 
 def one_run(device: str, steps: int, warmup: int) -> dict[str, float]:
-    width, depth, batch = (2048, 4, 2048) if device == "cuda" else (256, 3, 128)
-    generator = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(batch, width, generator=generator), torch.randn(batch, generator=generator))] * 8
     totals: dict[str, int] = {}
     perf = instrumented(totals)
     clock = SamplerClock(warmup, perf)
-    _common.fit_quietly(
-        Mlp(width, depth),
-        _Repeat(batches, steps),
-        accelerator=device,
-        max_epochs=None,
-        max_steps=steps,
-        callbacks=[perf, clock],
-        log_every_n_steps=50,
-        limit_val_batches=0,
-    )
+    fit_workload(device, steps, [perf, clock])
     per_step_us = sum(totals.values()) / 1e3 / steps
     sampler_share = (clock.cpu_end - clock.cpu_start) / (clock.end - clock.start)
     return {
