@@ -29,7 +29,6 @@ import dataclasses
 import gc
 import hashlib
 import json
-import math
 import os
 import random
 import time
@@ -40,12 +39,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.policy import LoaderSettings, recommend_loader_settings
-from lightning_dataperf.preflight import BatchFootprint
+from lightning_dataperf.preflight import BatchFootprint, pinned_bytes
 from lightning_dataperf.transfer import map_tensors
 
 __all__ = ["AutotuneResult", "Trial", "autotune_loader", "default_cache_path"]
@@ -161,14 +161,7 @@ def dataset_fingerprint(dataset: Any) -> str:
         if isinstance(value, (int, float, str, bool, tuple, type(None))) and not key.startswith("_")
     }
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    return f"{kind}|{_safe_len(dataset)}|{simple!r}"
-
-
-def _safe_len(dataset: Any) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
+    return f"{kind}|{sized_len(dataset)}|{simple!r}"
 
 
 def cache_key(hardware: Hardware, dataset: Any, batch_size: int, loader_kwargs: Mapping[str, Any], device: str) -> str:
@@ -253,7 +246,7 @@ class _Search:
         self.deadline = time.perf_counter() + limits.time_budget
         self.trials: dict[tuple[int, int | None, bool], Trial] = {}
         self.batch_bytes: int | None = None
-        length = _safe_len(dataset) or 0
+        length = sized_len(dataset) or 0
         generator = torch.Generator().manual_seed(0)
         self.order = torch.randperm(length, generator=generator).tolist() if length else []
         self.offset = 0
@@ -309,7 +302,7 @@ class _Search:
         if self.batch_bytes is None:
             return 0.0
         in_flight = workers * (prefetch or 0) + 1
-        pinned = 2 ** math.ceil(math.log2(max(1, self.batch_bytes))) * (in_flight + 1) if pin else 0
+        pinned = pinned_bytes(self.batch_bytes, in_flight + 1) if pin else 0
         return (self.batch_bytes * in_flight + pinned) / _MB
 
     def refusal(self, workers: int, prefetch: int | None, pin: bool) -> str | None:

@@ -159,11 +159,11 @@ def _input_bound(evidence: Evidence) -> Finding | None:
     if summary.on_device and (idle := evidence.timing("DeviceIdle")) is not None:
         numbers["device_idle_ms"] = 1e3 * idle
     where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
-    advice = _input_advice(evidence)
     kind, cause = _input_cause(evidence)
+    advice = _input_advice(evidence, kind, cause)
     if loader.num_workers is not None:
         numbers["num_workers"] = float(loader.num_workers)
-    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_mean"):
+    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_percent_mean"):
         if (value := evidence.system.get(f"System/{key}")) is not None:
             numbers[key] = value
     if (disk := evidence.system.get("System/disk_util_percent")) is not None and kind == "input_bound_storage":
@@ -181,13 +181,14 @@ def _input_bound(evidence: Evidence) -> Finding | None:
 WORKER_BUSY_PERCENT = 70.0
 #: Mean CPU busy % above which the cores count as saturated.
 SATURATED_PERCENT = 90.0
+SATURATED_CAUSE = "CPU: every core is busy and the workers get only their share of it"
 #: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 
 
 def _input_cause(evidence: Evidence) -> tuple[str, str]:
     system = evidence.system
-    iowait = system.get("System/cpu_iowait_mean")
+    iowait = system.get("System/cpu_iowait_percent_mean")
     disk_util = system.get("System/disk_util_percent")
     if (iowait is not None and iowait > IOWAIT_PERCENT) or (disk_util is not None and disk_util > DISK_UTIL_PERCENT):
         return "input_bound_storage", "storage"
@@ -196,7 +197,7 @@ def _input_cause(evidence: Evidence) -> tuple[str, str]:
     if workers > 0 and worker_cpu is not None and worker_cpu > WORKER_BUSY_PERCENT:
         return "input_bound_cpu", "CPU preprocessing"
     if workers > 0 and worker_cpu is not None and _starved_of_cpu(evidence, worker_cpu):
-        return "input_bound_cpu", "CPU: every core is busy and the workers get only their share of it"
+        return "input_bound_cpu", SATURATED_CAUSE
     if workers == 0:
         return "input_bound_workers", "batches are loaded in the training process (num_workers=0)"
     return "input_bound_workers", "too few loader workers / too little prefetch"
@@ -224,14 +225,8 @@ def _spare_cpus(evidence: Evidence) -> float | None:
     return evidence.usable_cpus * (100.0 - busy) / 100.0
 
 
-def _cause_is_saturation(evidence: Evidence) -> bool:
-    worker_cpu = evidence.system.get("System/worker_cpu_percent_mean") or 0.0
-    return worker_cpu <= WORKER_BUSY_PERCENT
-
-
-def _input_advice(evidence: Evidence) -> list[str]:
+def _input_advice(evidence: Evidence, kind: str, cause: str) -> list[str]:
     loader = evidence.loader
-    kind, _ = _input_cause(evidence)
     advice: list[str] = []
     workers = loader.num_workers
     if kind == "input_bound_storage":
@@ -239,7 +234,7 @@ def _input_advice(evidence: Evidence) -> list[str]:
             "storage is the limit: copy the dataset to local NVMe or RAM (/dev/shm), use a sequential "
             "format (WebDataset/LitData shards) and raise prefetch_factor to keep more reads in flight"
         )
-    elif kind == "input_bound_cpu" and _cause_is_saturation(evidence):
+    elif cause == SATURATED_CAUSE:
         advice.append(
             "all cores are busy: the workers compete with other work for CPU, so more workers will not help; "
             "stop competing processes (or other ranks' oversubscribed workers), make preprocessing cheaper, "

@@ -29,6 +29,7 @@ __all__ = [
     "Hardware",
     "StorageInfo",
     "block_device_of",
+    "default_start_method",
     "pcie_capacity_mbps",
     "probe_hardware",
     "usable_cpus",
@@ -303,14 +304,15 @@ def probe_hardware(data_path: str | os.PathLike[str] | None = None, accelerator:
         ram_available_mb=memory.available / 2**20,
         shm_total_mb=None if shm is None else shm[0],
         shm_free_mb=None if shm is None else shm[1],
-        start_method=multiprocessing.get_start_method(allow_none=True) or _default_start_method(),
+        start_method=default_start_method(),
         storage=None if data_path is None else probe_storage(data_path),
         notes=tuple(notes),
     )
 
 
-def _default_start_method() -> str:
-    return multiprocessing.get_context().get_start_method()
+def default_start_method() -> str:
+    """The start method new worker processes get: the one set, else the platform's default."""
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
 
 
 def _detect_accelerator(gpus: tuple[GpuInfo, ...]) -> str:

@@ -17,16 +17,16 @@ Example::
 from __future__ import annotations
 
 import math
-import multiprocessing
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lightning_dataperf.hardware import Hardware
+from lightning_dataperf.diagnosis import LoaderFacts
+from lightning_dataperf.hardware import Hardware, default_start_method
 from lightning_dataperf.transfer import iter_tensors
 
-__all__ = ["BatchFootprint", "Problem", "check_batch", "check_loader", "open_file_limit"]
+__all__ = ["BatchFootprint", "Problem", "check_batch", "check_loader", "open_file_limit", "pinned_bytes"]
 
 _MB = 2**20
 #: Share of available RAM that pinned batches may take before we warn.
@@ -54,6 +54,15 @@ class BatchFootprint:
         return cls(sum(tensor.numel() * tensor.element_size() for tensor in tensors), len(tensors))
 
 
+def pinned_bytes(batch_bytes: int, batches: int) -> int:
+    """Pinned RAM for ``batches`` batches: the CachingHostAllocator rounds each block up to a power of two."""
+    return pinned_block_bytes(batch_bytes) * batches
+
+
+def pinned_block_bytes(batch_bytes: int) -> int:
+    return 2 ** math.ceil(math.log2(max(1, batch_bytes)))
+
+
 def open_file_limit() -> int | None:
     """The soft ``RLIMIT_NOFILE`` of this process (``None`` off Unix)."""
     try:
@@ -64,21 +73,17 @@ def open_file_limit() -> int | None:
     return None if soft == resource.RLIM_INFINITY else soft
 
 
-def _loader_setting(loader: Any, name: str, default: Any) -> Any:
-    return getattr(getattr(loader, "dataloader", loader), name, default)
-
-
 def _start_method(loader: Any) -> str:
-    context = _loader_setting(loader, "multiprocessing_context", None)
+    context = getattr(getattr(loader, "dataloader", loader), "multiprocessing_context", None)
     if context is None:
-        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+        return default_start_method()
     return context if isinstance(context, str) else context.get_start_method()
 
 
 def check_loader(loader: Any, hardware: Hardware, cuda_initialized: bool | None = None) -> list[Problem]:
     """Checks that need only the loader's settings and the hardware."""
     problems = []
-    workers = int(_loader_setting(loader, "num_workers", 0) or 0)
+    workers = LoaderFacts.of(loader).num_workers or 0
     budget = hardware.cpus_per_rank
     if workers > budget:
         problems.append(
@@ -107,8 +112,9 @@ def check_loader(loader: Any, hardware: Hardware, cuda_initialized: bool | None 
 def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> list[Problem]:
     """Checks that need the size of a real batch: ``/dev/shm``, open files, pinned RAM."""
     problems = []
-    workers = int(_loader_setting(loader, "num_workers", 0) or 0)
-    prefetch = int(_loader_setting(loader, "prefetch_factor", None) or 2) if workers else 0
+    settings = LoaderFacts.of(loader)
+    workers = settings.num_workers or 0
+    prefetch = (settings.prefetch_factor or 2) if workers else 0
     in_flight = workers * prefetch
     if workers and hardware.shm_free_mb is not None:
         need = footprint.bytes * in_flight / _MB
@@ -135,10 +141,10 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
                     "torch.multiprocessing.set_sharing_strategy('file_system').",
                 )
             )
-    pinned = bool(_loader_setting(loader, "pin_memory", False))
+    pinned = bool(settings.pin_memory)
     if pinned and hardware.ram_available_mb:
-        block = 2 ** math.ceil(math.log2(max(1, footprint.bytes)))
-        need = block * (in_flight + 2) / _MB
+        block = pinned_block_bytes(footprint.bytes)
+        need = pinned_bytes(footprint.bytes, in_flight + 2) / _MB
         if need > PINNED_RAM_SHARE * hardware.ram_available_mb:
             problems.append(
                 Problem(

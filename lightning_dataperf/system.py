@@ -196,7 +196,6 @@ class CpuSource:
             column = [shares[key] for shares in per_core]
             values[f"System/cpu_{key}_percent_mean"] = sum(column) / len(column)
             values[f"System/cpu_{key}_percent_max"] = max(column)
-        values["System/cpu_iowait_mean"] = values["System/cpu_iowait_percent_mean"]
         if (runnable := _runnable_tasks()) is not None:
             values["System/runnable_tasks"] = runnable
         return values

@@ -50,8 +50,8 @@ def verdict(evidence: Evidence) -> str:
 @pytest.mark.parametrize(
     ("system", "workers", "expected"),
     [
-        ({"System/cpu_iowait_mean": 35.0}, 4, "input_bound_storage"),
-        ({"System/disk_util_percent": 97.0, "System/cpu_iowait_mean": 2.0}, 4, "input_bound_storage"),
+        ({"System/cpu_iowait_percent_mean": 35.0}, 4, "input_bound_storage"),
+        ({"System/disk_util_percent": 97.0, "System/cpu_iowait_percent_mean": 2.0}, 4, "input_bound_storage"),
         ({"System/worker_cpu_percent_mean": 98.0, "System/cpu_busy_percent_mean": 99.0}, 4, "input_bound_cpu"),
         ({"System/worker_cpu_percent_mean": 3.0, "System/cpu_busy_percent_mean": 10.0}, 2, "input_bound_workers"),
         # saturated cores: 40 runnable tasks on 16 CPUs -> a fair share is 40% of a core; workers use 35%
