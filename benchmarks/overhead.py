@@ -1,11 +1,28 @@
 """Cost of DataPerfCallback: the same run with and without it, interleaved, median step time.
 
-    python benchmarks/overhead.py --device cpu --repeats 7
-    python benchmarks/overhead.py --device cuda --repeats 7
+    python benchmarks/overhead.py --device cpu --repeats 7               # blocks (CPU default)
+    python benchmarks/overhead.py --device cuda --repeats 7              # runs (CUDA default)
 
-Each run trains ``--steps`` steps; the step time is the wall time of the steps after ``--warmup``
-divided by their number (one device synchronisation at the end, outside the measured callbacks).
-Runs alternate (without, with, without, with, ...) so drift hits both alike. Writes ``overhead_<device>.json``.
+``--interleave blocks`` (default on the CPU): each run trains ``--steps`` steps and, after
+``--warmup``, adds the callback to the Trainer for one block of ``--block`` steps and removes it for
+the next (a fresh ``trainer.callbacks`` list without it, and its fetch hooks taken off the loops), so
+"with" and "without" steps alternate within one process. On a shared 2-core machine whole runs of the
+same configuration differ by +-20% and the speed drifts within a run over tenths of a second, far
+more than the 1% being measured; short blocks (default 4 steps, ~16 ms) put each "with" block next to
+two "without" blocks that ran at the same speed. A step's time is the host time between two step
+ends; the first step of each block (which holds the swap) is left out; each "with" block's median
+step is divided by the mean of its two neighbours' medians; a run's ratio is the median of those, and
+the result the median over runs. The median is a user's
+steady-state step: the one step in ``log_every_n_steps`` that writes the logs is outside it (its cost
+is in ``self_time.py``), and so is the telemetry thread, which runs through both kinds of block (its
+CPU share is in ``self_time.py`` too).
+
+``--interleave runs`` (default on CUDA, where the host runs ahead of the GPU and per-step host times
+mean little): whole runs alternate (without, with, without, ...); a run's step time is the wall time
+of its steps after the warm-up divided by their number, with one device synchronisation at each end,
+outside the measured callbacks; the ratio is the median of the per-pair ratios.
+
+Writes ``overhead_<device>.json``.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from lightning_dataperf import DataPerfCallback
 class WallClock(pl.Callback):
     def __init__(self, warmup: int) -> None:
         self.warmup, self.start, self.end, self.steps = warmup, 0.0, 0.0, 0
+        self.step_ends: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx + 1 == self.warmup:
@@ -32,6 +50,7 @@ class WallClock(pl.Callback):
             self.start = time.perf_counter()
         elif batch_idx + 1 > self.warmup:
             self.steps += 1
+        self.step_ends.append(time.perf_counter())
 
     def on_train_epoch_end(self, trainer, pl_module):
         _synchronize(pl_module.device)
@@ -39,7 +58,67 @@ class WallClock(pl.Callback):
 
     @property
     def step_time(self) -> float:
+        """Mean step time over the measured steps (wall time between two device synchronisations)."""
         return (self.end - self.start) / self.steps
+
+
+class BlockToggle(pl.Callback):
+    """Takes ``perf`` out of the Trainer for every other block of ``block`` steps after the warm-up.
+
+    Place it last: it reads the clock after every other callback's ``on_train_batch_end``.
+    """
+
+    def __init__(self, perf: DataPerfCallback, block: int, warmup: int) -> None:
+        self.perf, self.block, self.warmup = perf, block, warmup
+        self.enabled = True  # on during the warm-up, so that it sets up like in any run
+        self.step_ends: list[float] = []
+        self.enabled_in_step: list[bool] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.step_ends.append(time.perf_counter())
+        self.enabled_in_step.append(self.enabled)
+        done = batch_idx + 1 - self.warmup
+        if done >= 0 and done % self.block == 0:
+            self._switch(trainer, not self.enabled)
+
+    def on_train_end(self, trainer, pl_module):
+        self._switch(trainer, True)  # so that Lightning tears it down (telemetry thread, hooks)
+
+    def _switch(self, trainer: pl.Trainer, enabled: bool) -> None:
+        if enabled == self.enabled:
+            return
+        others = [callback for callback in trainer.callbacks if callback is not self.perf]
+        # A new list, not an edit: the loop that is calling this hook keeps iterating the old one.
+        trainer.callbacks = [*others[:-1], self.perf, others[-1]] if enabled else others
+        if enabled:
+            self.perf._hooks.install(trainer)
+        else:
+            self.perf._hooks.uninstall()
+        self.enabled = enabled
+
+    def block_medians(self) -> list[tuple[bool, float]]:
+        """(callback on?, median step time) of each block after the warm-up, its first step left out."""
+        blocks: list[tuple[bool, float]] = []
+        current: list[float] = []
+        for index in range(self.warmup + 1, len(self.step_ends)):
+            enabled = self.enabled_in_step[index]
+            if enabled != self.enabled_in_step[index - 1]:  # first step of a block: holds the swap
+                current = []
+                continue
+            current.append(self.step_ends[index] - self.step_ends[index - 1])
+            last = index + 1 == len(self.step_ends) or self.enabled_in_step[index + 1] != enabled
+            if last:
+                blocks.append((enabled, statistics.median(current)))
+        return blocks
+
+    def neighbour_ratios(self) -> list[float]:
+        """Each "with" block over the mean of the "without" blocks on either side (cancels drift)."""
+        blocks = self.block_medians()
+        return [
+            blocks[i][1] / ((blocks[i - 1][1] + blocks[i + 1][1]) / 2)
+            for i in range(1, len(blocks) - 1)
+            if blocks[i][0] and not blocks[i - 1][0] and not blocks[i + 1][0]
+        ]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -98,6 +177,38 @@ def one_run(device: str, with_callback: bool, steps: int, warmup: int) -> float:
     return clock.step_time
 
 
+def one_block_run(device: str, steps: int, warmup: int, block: int) -> dict[str, float]:
+    perf = DataPerfCallback(print_summary=False, write_json=False)
+    toggle = BlockToggle(perf, block, warmup)
+    fit_workload(device, steps, [perf, toggle])
+    blocks = toggle.block_medians()
+    return {
+        "with": statistics.median(time for enabled, time in blocks if enabled),
+        "without": statistics.median(time for enabled, time in blocks if not enabled),
+        "ratio": statistics.median(toggle.neighbour_ratios()),
+    }
+
+
+def compare_runs(args: argparse.Namespace) -> dict:
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    for repeat in range(args.repeats + 1):  # the first pair is a warm-up and is discarded
+        for variant in ("without", "with"):
+            step = one_run(args.device, variant == "with", args.steps, args.warmup)
+            if repeat:
+                times[variant].append(step)
+    ratios = [after / before for before, after in zip(times["without"], times["with"], strict=True)]
+    return {"without": times["without"], "with": times["with"], "ratios": ratios}
+
+
+def compare_blocks(args: argparse.Namespace) -> dict:
+    runs = [one_block_run(args.device, args.steps, args.warmup, args.block) for _ in range(args.repeats)]
+    return {
+        "without": [run["without"] for run in runs],
+        "with": [run["with"] for run in runs],
+        "ratios": [run["ratio"] for run in runs],
+    }
+
+
 class _Repeat:
     """Cycles a loader so that one epoch holds ``steps`` batches."""
 
@@ -118,34 +229,32 @@ class _Repeat:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--interleave", choices=("blocks", "runs"), default=None)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (blocks: 1500, runs: 300)")
+    parser.add_argument("--block", type=int, default=4, help="steps per block (--interleave blocks)")
     parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args()
+    args.interleave = args.interleave or ("runs" if args.device == "cuda" else "blocks")
+    args.steps = args.steps or (1500 if args.interleave == "blocks" else 300)
     if args.device == "cpu":
         torch.set_num_threads(1)
     width, depth, batch = WORKLOADS[args.device]
-    times: dict[str, list[float]] = {"without": [], "with": []}
-    for repeat in range(args.repeats + 1):  # the first pair is a warm-up and is discarded
-        for variant in ("without", "with"):
-            step = one_run(args.device, variant == "with", args.steps, args.warmup)
-            if repeat:
-                times[variant].append(step)
-    without, with_ = statistics.median(times["without"]), statistics.median(times["with"])
-    ratio = with_ / without
-    spread = {name: (min(values) * 1e3, max(values) * 1e3) for name, values in times.items()}
+    result = compare_blocks(args) if args.interleave == "blocks" else compare_runs(args)
+    without, with_ = statistics.median(result["without"]), statistics.median(result["with"])
+    ratios = result["ratios"]
     _common.print_table(
-        ["device", "median step without (ms)", "median step with (ms)", "ratio", "range without", "range with"],
+        ["device", "interleave", "step without (ms)", "step with (ms)", "ratio", "ratios of repeats"],
         [
             [
                 args.device,
+                args.interleave,
                 without * 1e3,
                 with_ * 1e3,
-                ratio,
-                "{:.3f}-{:.3f}".format(*spread["without"]),
-                "{:.3f}-{:.3f}".format(*spread["with"]),
+                statistics.median(ratios),
+                f"{min(ratios):.3f}-{max(ratios):.3f}",
             ]
         ],
     )
@@ -153,8 +262,9 @@ def main() -> None:
         f"overhead_{args.device}",
         {
             "args": vars(args),
-            "times_s": times,
-            "ratio": ratio,
+            "times_s": {"without": result["without"], "with": result["with"]},
+            "ratios": ratios,
+            "ratio": statistics.median(ratios),
             "workload": {"width": width, "depth": depth, "batch": batch},
         },
     )

@@ -10,17 +10,29 @@ teardown. ``tests/test_lightning_hooks.py`` fails loudly if a Lightning release 
 :func:`resume_position` reads the fit loop's progress counters (``epoch_progress``,
 ``batch_progress``, ``restarting``) so that samplers can produce the order an uninterrupted run
 would have; ``tests/test_datamodule.py`` checks the resumed order end to end.
+
+:func:`tensorboard_prefixed` applies a ``TensorBoardLogger``'s ``prefix`` the way its
+``log_metrics`` does, for the one-event TensorBoard writer in ``loggers.py``;
+``tests/test_loggers.py`` checks the tags against ``log_metrics``' own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.loggers import TensorBoardLogger
 
-__all__ = ["FETCH_HOOKS", "FetchHooks", "check_lightning_compatibility", "loops_by_stage", "resume_position"]
+__all__ = [
+    "FETCH_HOOKS",
+    "FetchHooks",
+    "check_lightning_compatibility",
+    "loops_by_stage",
+    "resume_position",
+    "tensorboard_prefixed",
+]
 
 FETCH_HOOKS = ("_on_before_fetch", "_on_after_fetch")
 
@@ -56,6 +68,14 @@ def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
     if batches.is_last_batch:
         return epoch + 1, 0
     return epoch, int(batches.current.processed)
+
+
+def tensorboard_prefixed(logger: TensorBoardLogger, metrics: Mapping[str, float]) -> dict[str, float]:
+    """``metrics`` with the tags ``logger.log_metrics`` would write (its ``prefix`` joined on)."""
+    prefix = logger._prefix
+    if not prefix:
+        return dict(metrics)
+    return {f"{prefix}{logger.LOGGER_JOIN_CHAR}{tag}": value for tag, value in metrics.items()}
 
 
 def check_lightning_compatibility(trainer: pl.Trainer) -> None:

@@ -111,35 +111,37 @@ class StepClock:
 
     def fetch_finished(self) -> None:
         self._fetch_end = self._clock()
-        self._ready_event = self._record_event()
+        if self.uses_cuda_events:
+            self._ready_event = self._record_event()
 
     def step_started(self) -> None:
         self._step_start = self._clock()
-        self._start_event = self._record_event()
+        if self.uses_cuda_events:
+            self._start_event = self._record_event()
 
     def step_finished(self, step: int, samples: int | None = None) -> None:
         """Close the step begun by :meth:`step_started`. Unmatched calls are ignored."""
         if self._step_start is None:
             return
         now = self._clock()
-        end_event = self._record_event()
+        end_event = self._record_event() if self.uses_cuda_events else None
         fetched = self._fetch_start is not None and self._fetch_end is not None
         fetch_start = self._fetch_start if fetched else self._step_start
         fetch_end = self._fetch_end if fetched else self._step_start
         assert fetch_start is not None and fetch_end is not None
         self._pending.append(
-            _PendingStep(
-                step=step,
-                data_wait=fetch_end - fetch_start,
-                host_transfer=max(0.0, self._step_start - fetch_end),
-                host_compute=now - self._step_start,
-                step_time=None if self._previous_end is None else now - self._previous_end,
-                samples=samples,
-                first_of_epoch=self._first_of_epoch,
-                ready=self._ready_event if fetched else self._start_event,
-                start=self._start_event,
-                end=end_event,
-                previous_end=self._previous_end_event,
+            _PendingStep(  # positional: this runs every step
+                step,
+                fetch_end - fetch_start,
+                max(0.0, self._step_start - fetch_end),
+                now - self._step_start,
+                None if self._previous_end is None else now - self._previous_end,
+                samples,
+                self._first_of_epoch,
+                self._ready_event if fetched else self._start_event,
+                self._start_event,
+                end_event,
+                self._previous_end_event,
             )
         )
         self._previous_end, self._previous_end_event = now, end_event
@@ -184,9 +186,7 @@ class StepClock:
         return len(self._pending)
 
     # -- internals ----------------------------------------------------------------------------
-    def _record_event(self) -> torch.cuda.Event | None:
-        if not self.uses_cuda_events:
-            return None
+    def _record_event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record(torch.cuda.current_stream(self.device))
         return event

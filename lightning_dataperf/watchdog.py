@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -82,33 +81,35 @@ class HangWatchdog:
         self.report = report
         self.workers = workers
         self.reports: list[HangReport] = []
-        self._lock = threading.Lock()
+        # Written by the training thread only (one attribute store each, atomic under the GIL) ...
         self._waiting_since: float | None = None
-        self._next_report: float | None = None
         self._last_batch_index: int | None = None
+        # ... and these by the watchdog thread only: no lock on the per-batch path.
+        self._wait_seen: float | None = None
+        self._next_report = 0.0
 
     def fetch_started(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._waiting_since, self._next_report = now, now + self.timeout
+        self._waiting_since = time.monotonic()
 
     def batch_arrived(self, batch_index: int | None = None) -> None:
-        with self._lock:
-            self._waiting_since = self._next_report = None
-            if batch_index is not None:
-                self._last_batch_index = batch_index
+        self._waiting_since = None
+        if batch_index is not None:
+            self._last_batch_index = batch_index
 
     def idle(self) -> None:
         """Not waiting for data (between epochs, validation, teardown)."""
         self.batch_arrived()
 
     def check(self, now: float) -> HangReport | None:
-        with self._lock:
-            if self._waiting_since is None or self._next_report is None or now < self._next_report:
-                return None
-            waited = now - self._waiting_since
-            self._next_report = now + self.timeout
-            last = self._last_batch_index
+        since = self._waiting_since
+        if since is None:
+            return None
+        if since != self._wait_seen:  # a new wait: its first report is due ``timeout`` after it began
+            self._wait_seen, self._next_report = since, since + self.timeout
+        if now < self._next_report:
+            return None
+        self._next_report = now + self.timeout
+        waited, last = now - since, self._last_batch_index
         report = HangReport(waited, last, tuple(_worker_states(self.workers())))
         self.reports.append(report)
         self.report(report)

@@ -31,7 +31,11 @@ def test_reports_once_per_timeout_and_stops_when_a_batch_arrives():
     assert watchdog.check(start + 22) is not None
     watchdog.batch_arrived(batch_index=5)
     assert watchdog.check(start + 100) is None
-    assert len(reports) == 2
+    watchdog.fetch_started()  # a new wait is timed from its own start, not the previous one's
+    again = time.monotonic()
+    assert watchdog.check(again + 5) is None
+    assert watchdog.check(again + 11).last_batch_index == 5
+    assert len(reports) == 3
     with pytest.raises(ValueError, match="timeout"):
         HangWatchdog(timeout=0, report=print)
 
