@@ -101,12 +101,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--sizes", type=float, nargs="+", default=[32, 128, 256], help="batch sizes in MB")
+    parser.add_argument("--factors", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="compute / copy time")
+    parser.add_argument("--tiny", type=float, nargs="*", default=[0.0625], help="tiny batch MB, compute 1x")
+    parser.add_argument("--skip-article", action="store_true", help="leave out the article's pin_memory table")
     args = parser.parse_args()
     cycles_per_ms = calibrate_cuda_sleep()
     bandwidth = pinned_bandwidth(256 * MB)
     print(f"pinned H2D bandwidth: {bandwidth / 1e9:.1f} GB/s; _sleep cycles/ms: {cycles_per_ms:.0f}")
     rows, results = [], []
-    cases = [(size, factor) for size in (32, 128, 256) for factor in (0.5, 1.0, 2.0)] + [(0.0625, 1.0)]
+    cases = [(size, factor) for size in args.sizes for factor in args.factors] + [(size, 1.0) for size in args.tiny]
     for size_mb, factor in cases:
         nbytes = int(size_mb * MB)
         copy_ms = nbytes / bandwidth * 1e3
@@ -156,7 +160,7 @@ def main() -> None:
 
     article_rows, article = [], []
     image_bytes = 3 * 224 * 224 * 4
-    for batch in (8, 16, 32, 128):
+    for batch in () if args.skip_article else (8, 16, 32, 128):
         nbytes = batch * image_bytes
         compute_ms = 2.0
         runs = measure(nbytes, int(compute_ms * cycles_per_ms), args.steps, max(args.repeats, 5))
@@ -171,9 +175,10 @@ def main() -> None:
                 spread(runs["side_stream"]),
             ]
         )
-    _common.print_table(
-        ["batch", "MB", "data on GPU ms", "pin off ms", "pin on ms", "pin on + side stream ms"], article_rows
-    )
+    if article_rows:
+        _common.print_table(
+            ["batch", "MB", "data on GPU ms", "pin off ms", "pin on ms", "pin on + side stream ms"], article_rows
+        )
     _common.write_json(
         "transfer", {"pinned_bandwidth_Bps": bandwidth, "cases": results, "article": article, "args": vars(args)}
     )

@@ -110,12 +110,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=10_000)
     parser.add_argument("--lookahead", type=int, default=2)
+    parser.add_argument("--min-bytes", type=int, default=0, help="0: every batch through the side stream")
     args = parser.parse_args()
     model = StressModel()
     loader = DataLoader(StressData(args.batches), batch_size=None, num_workers=4, pin_memory=True)
-    _common.fit_quietly(
-        model, loader, accelerator="cuda", strategy=SideStreamStrategy(lookahead=args.lookahead), logger=False
-    )
+    strategy = SideStreamStrategy(lookahead=args.lookahead, min_bytes=args.min_bytes)
+    _common.fit_quietly(model, loader, accelerator="cuda", strategy=strategy, logger=False)
     mismatches = int(model.mismatches.item())
     rows = [[args.batches, args.lookahead, mismatches, model.bitwise_checked, model.bitwise_failures]]
     _common.print_table(["batches", "lookahead", "checksum mismatches", "bitwise checks", "bitwise failures"], rows)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from pathlib import Path
@@ -25,6 +26,13 @@ def no_leaked_threads():
     yield
     leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and "dataperf" in t.name]
     assert not leaked, f"threads left behind: {leaked}"
+
+
+def ddp_kwargs(tmp_path, **overrides):
+    """Two-rank DDP options for the torch.distributed.run scripts: gloo on the CPU by default, or NCCL on
+    two GPUs with ``DATAPERF_DDP_ACCELERATOR=cuda`` (the multi-GPU validation in benchmarks/README.md)."""
+    accelerator = os.environ.get("DATAPERF_DDP_ACCELERATOR", "cpu")
+    return trainer_kwargs(tmp_path, accelerator=accelerator, devices=2, strategy="ddp", **overrides)
 
 
 def trainer_kwargs(tmp_path, **overrides):

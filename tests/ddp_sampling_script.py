@@ -1,8 +1,8 @@
 """Run under ``torch.distributed.run --nproc_per_node=2``: record which samples each rank saw.
 
-Usage: ddp_sampling_script.py OUT_DIR MODE [CKPT]; MODE is ``pad`` (drop_last=False, Lightning's padded
-evaluation), ``drop`` (shard_drop_last=True, unpadded evaluation), ``resume`` (pad, from CKPT) or
-``autotune`` (rank zero searches, every rank receives the result).
+Usage: ddp_sampling_script.py OUT_DIR MODE [CKPT]. MODE: ``pad`` (drop_last=False, Lightning's padded
+evaluation), ``rerun`` (``pad`` again, without checkpoints), ``drop`` (shard_drop_last=True, unpadded
+evaluation), ``resume`` (pad, from CKPT) or ``autotune`` (rank zero searches, every rank receives it).
 """
 
 import json
@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import trainer_kwargs
+from conftest import ddp_kwargs
 from datamodule_helpers import IndexData, RecordingModel
 
 TRAIN_LENGTH, VAL_LENGTH = 31, 11  # not divisible by 2 ranks
@@ -28,17 +28,16 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
         val_length=VAL_LENGTH,
         workers=1,
         seed=21,
-        shard_drop_last=mode == "drop",
+        shard_drop_last=mode == "drop",  # rerun and resume are "pad" runs
         unpadded_eval=mode == "drop",
         verbose=False,
     )
     model = RecordingModel()
+    checkpointing = mode in ("pad", "drop")
     callbacks = (
-        []
-        if mode == "resume"
-        else [ModelCheckpoint(os.path.join(out_dir, "ckpt"), every_n_train_steps=1, save_top_k=-1)]
+        [ModelCheckpoint(os.path.join(out_dir, "ckpt"), every_n_train_steps=1, save_top_k=-1)] if checkpointing else []
     )
-    options = trainer_kwargs(out_dir, devices=2, strategy="ddp", enable_checkpointing=mode != "resume")
+    options = ddp_kwargs(out_dir, enable_checkpointing=checkpointing)
     trainer = pl.Trainer(max_epochs=3, callbacks=callbacks, logger=False, **options)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt)
     (plan,) = datamodule.loader_plans["train"]
@@ -69,7 +68,7 @@ def autotune(out_dir: str, rank: int) -> None:
     os.environ["LIGHTNING_DATAPERF_CACHE"] = os.path.join(out_dir, "cache.json")
     options = {"time_budget": 2.0, "batch_budget": 10}
     datamodule = IndexData(length=64, seed=3, autotune=True, autotune_options=options, verbose=False)
-    trainer = pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(out_dir, devices=2, strategy="ddp"))
+    trainer = pl.Trainer(max_epochs=1, logger=False, **ddp_kwargs(out_dir))
     trainer.fit(RecordingModel(), datamodule=datamodule)
     (plan,) = datamodule.loader_plans["train"]
     record = {"searches": len(searches), "autotune": datamodule.autotune_result.to_dict(), "chosen": plan.chosen}

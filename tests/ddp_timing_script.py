@@ -7,7 +7,7 @@ import sys
 import lightning.pytorch as pl
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import trainer_kwargs
+from conftest import ddp_kwargs
 from helpers import SleepyModel, sleepy_loader
 
 from lightning_dataperf import DataPerfCallback
@@ -17,11 +17,13 @@ def main(out_dir: str) -> None:
     rank = int(os.environ["RANK"])
     loader_s = 0.040 if rank == 1 else 0.002
     perf = DataPerfCallback(print_summary=False)
-    options = trainer_kwargs(out_dir, devices=2, strategy="ddp", use_distributed_sampler=True)
+    options = ddp_kwargs(out_dir, use_distributed_sampler=True)
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **options)
     trainer.fit(SleepyModel(step_s=0.005), sleepy_loader(2 * 12 * 4, 4, loader_s))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(perf.summaries[-1].to_dict(), handle)
+    with open(os.path.join(out_dir, f"rank{rank}_verdict.json"), "w", encoding="utf-8") as handle:
+        json.dump(perf.diagnoses[-1].to_dict(), handle, default=str)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from conftest import trainer_kwargs
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
+from lightning_dataperf.transfer import SideStreamCopier
 
 pytestmark = pytest.mark.cuda
 
@@ -46,7 +47,7 @@ def test_side_stream_batches_are_exact_and_complete(tmp_path, lookahead, pin_mem
     perf = DataPerfCallback(print_summary=False)
     trainer = pl.Trainer(
         max_epochs=2,
-        strategy=SideStreamStrategy(lookahead=lookahead),
+        strategy=SideStreamStrategy(lookahead=lookahead, min_bytes=0),  # 96 KiB batches: side stream forced
         callbacks=[perf],
         log_every_n_steps=2,
         **trainer_kwargs(tmp_path, accelerator="cuda"),
@@ -58,6 +59,29 @@ def test_side_stream_batches_are_exact_and_complete(tmp_path, lookahead, pin_mem
     assert per_epoch == [list(range(64))] * 2
     overlap = perf.summaries[-1].transfer_overlap
     assert overlap["Transfer/GBps"] > 0 and 0.0 <= overlap["Transfer/hidden_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_small_batches_take_the_stock_copy_exactly(tmp_path, lookahead):
+    model = ChecksumModel()
+    perf = DataPerfCallback(print_summary=False)
+    strategy = SideStreamStrategy(lookahead=lookahead, timing_every=2)  # 96 KiB < the 1 MiB default
+    kwargs = trainer_kwargs(tmp_path, accelerator="cuda")
+    trainer = pl.Trainer(max_epochs=1, strategy=strategy, callbacks=[perf], **kwargs)
+    trainer.fit(model, DataLoader(Checksummed(), batch_size=8, shuffle=True))
+    assert int(torch.stack(model.mismatches).sum()) == 0
+    assert torch.cat(model.seen).sort().values.tolist() == list(range(64))
+    assert strategy.copier._side_copies == 0 and perf.summaries[-1].transfer_overlap == {}
+
+
+def test_one_copy_in_timing_every_is_timed():
+    copier = SideStreamCopier(torch.device("cuda", 0), min_bytes=0, timing_every=3)
+    host = torch.arange(1 << 16, dtype=torch.float32).pin_memory()
+    results = [copier.hand_over(copier.issue({"x": host, "n": 3})) for _ in range(7)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(result["x"].cpu(), host) and result["n"] == 3 for result in results)
+    timings = copier.completed()
+    assert len(timings) == 3 and all(timing.bytes == host.nbytes and timing.copy > 0 for timing in timings)
 
 
 def test_registered_name_picks_the_gpu(tmp_path):

@@ -39,3 +39,6 @@ def test_cross_rank_summary_names_the_straggler(tmp_path):
     # the gathered distribution holds both ranks' waits: p90 is rank 1's, p50 sits between
     assert rank0["timings"]["DataLoading"]["max"] >= 0.040 * 0.9
     assert rank0["timings"]["DataLoading"]["count"] == 22  # the first step of each rank is start-up
+    verdict = json.loads((tmp_path / "rank0_verdict.json").read_text())
+    straggler = [finding for finding in verdict["findings"] if finding["kind"] == "straggler"]
+    assert straggler and "rank 1" in straggler[0]["headline"]

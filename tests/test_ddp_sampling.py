@@ -20,6 +20,7 @@ def epoch_indices(record, epoch):
 def runs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ddp_sampling")
     run_two_ranks("ddp_sampling_script.py", out_dir, "pad")
+    run_two_ranks("ddp_sampling_script.py", out_dir, "rerun")
     run_two_ranks("ddp_sampling_script.py", out_dir, "drop")
     # 31 samples / 2 ranks = 16 per rank = 4 steps per epoch; step 6 is mid-epoch 1 (2 of its 4 batches done)
     run_two_ranks("ddp_sampling_script.py", out_dir, "resume", str(out_dir / "ckpt" / "epoch=1-step=6.ckpt"))
@@ -36,6 +37,11 @@ def test_padded_shards_are_disjoint_and_cover_the_dataset(runs):
     assert rank0["padded"] == rank1["padded"] == 1 and rank0["dropped"] == 0
     assert epoch_indices(rank0, 0) != epoch_indices(rank0, 1) != epoch_indices(rank0, 2)
     assert rank0["val_padded"] == 1, "Lightning's evaluation sampler repeats one sample; we report it"
+
+
+@pytest.mark.slow
+def test_a_rerun_sees_the_same_order(runs):
+    assert load(runs, "rerun") == load(runs, "pad")
 
 
 @pytest.mark.slow

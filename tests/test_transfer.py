@@ -121,6 +121,12 @@ def test_strategies_are_registered_and_cpu_falls_back_to_stock(tmp_path):
     assert perf.summaries[0].transfer_overlap == {}
 
 
-def test_bad_lookahead_is_refused():
+def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="lookahead=-1 must be >= 0"):
         SideStreamStrategy(lookahead=-1)
+    with pytest.raises(ValueError, match="min_bytes=-1 must be >= 0"):
+        SideStreamStrategy(min_bytes=-1)
+    with pytest.raises(ValueError, match="timing_every=0"):
+        SideStreamStrategy(timing_every=0)
+    with pytest.raises(ValueError, match="timing_every >= 1"):
+        SideStreamCopier(torch.device("cuda", 0), timing_every=0)

@@ -1,0 +1,46 @@
+"""One rank of the two-process side-stream DDP test: both ranks share the one GPU (gloo backend).
+
+Each process poses as its own node (``LOCAL_RANK=0``, ``GROUP_RANK=RANK``) so that both use ``cuda:0``;
+NCCL refuses two ranks on one GPU, gloo does not. Writes ``rank<N>.json`` with what the rank saw.
+"""
+
+import json
+import os
+import sys
+
+import lightning.pytorch as pl
+import torch
+from conftest import trainer_kwargs
+from test_cuda_transfer import Checksummed, ChecksumModel
+from torch.utils.data import DataLoader
+
+from lightning_dataperf import DataPerfCallback, SideStreamDDPStrategy
+
+
+def main(out_dir: str) -> None:
+    rank = int(os.environ["RANK"])
+    os.environ["LOCAL_RANK"], os.environ["GROUP_RANK"] = "0", str(rank)
+    model = ChecksumModel()
+    perf = DataPerfCallback(print_summary=False, write_json=False)
+    strategy = SideStreamDDPStrategy(lookahead=2, min_bytes=0, process_group_backend="gloo")
+    options = trainer_kwargs(out_dir, accelerator="cuda", devices=1, num_nodes=2, strategy=strategy)
+    trainer = pl.Trainer(max_epochs=2, callbacks=[perf], logger=False, **options)
+    trainer.fit(model, DataLoader(Checksummed(), batch_size=8, pin_memory=True))
+    copier = strategy.copier
+    record = {
+        "rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "device": str(strategy.root_device),
+        "side_stream_active": strategy.side_stream_active,
+        "side_copies": copier._side_copies,
+        "stream_is_default": copier.stream == torch.cuda.default_stream(strategy.root_device),
+        "mismatches": int(torch.stack(model.mismatches).sum()),
+        "indices": [int(index) for batch in model.seen for index in batch],
+        "transfer_overlap": perf.summaries[-1].transfer_overlap,
+    }
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump(record, handle)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
