@@ -142,7 +142,7 @@ def run_workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, 
     cuda = device is not None
     rates: dict[tuple[int, int | None, bool], float] = {}
     for config in grid(cpus, cuda, args.quick):
-        rates[config] = median_rate(dataset, batch_size, *config, args.seconds, device, repeats=args.repeats)
+        rates[config] = median_rate(dataset, batch_size, *config, args.seconds, device, repeats=args.grid_repeats)
     best_config = max(rates, key=rates.get)
     named: dict[str, LoaderSettings] = {
         "defaults (num_workers=0)": LoaderSettings(0, False, False, None),
@@ -196,12 +196,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--seconds", type=float, default=0.6, help="timed seconds per measurement")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="measurements of each named configuration")
+    parser.add_argument("--grid-repeats", type=int, default=None, help="runs per grid point (default: --repeats)")
     parser.add_argument("--budget", type=float, default=30.0, help="autotune time budget (s)")
     parser.add_argument("--quick", action="store_true", help="fewer prefetch values in the grid")
     parser.add_argument("--cache-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--cpu", action="store_true", help="do not copy to the GPU even if there is one")
     args = parser.parse_args()
+    args.grid_repeats = args.grid_repeats or args.repeats
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.cpu else None
     payload: dict[str, Any] = {"args": vars(args), "workloads": {}}
