@@ -17,6 +17,15 @@ from torch.utils.data import DataLoader
 from lightning_dataperf import DataPerfCallback, SideStreamDDPStrategy
 
 
+class CopierRecord(pl.Callback):
+    """What the strategy's copier did, read before teardown drops it."""
+
+    def on_train_end(self, trainer, pl_module):
+        copier = trainer.strategy.copier
+        self.side_copies = copier._side_copies
+        self.stream_is_default = copier.stream == torch.cuda.default_stream(trainer.strategy.root_device)
+
+
 def main(out_dir: str) -> None:
     rank = int(os.environ["RANK"])
     os.environ["LOCAL_RANK"], os.environ["GROUP_RANK"] = "0", str(rank)
@@ -24,16 +33,16 @@ def main(out_dir: str) -> None:
     perf = DataPerfCallback(print_summary=False, write_json=False)
     strategy = SideStreamDDPStrategy(lookahead=2, min_bytes=0, process_group_backend="gloo")
     options = trainer_kwargs(out_dir, accelerator="cuda", devices=1, num_nodes=2, strategy=strategy)
-    trainer = pl.Trainer(max_epochs=2, callbacks=[perf], logger=False, **options)
+    copier = CopierRecord()
+    trainer = pl.Trainer(max_epochs=2, callbacks=[perf, copier], logger=False, **options)
     trainer.fit(model, DataLoader(Checksummed(), batch_size=8, pin_memory=True))
-    copier = strategy.copier
     record = {
         "rank": trainer.global_rank,
         "world_size": trainer.world_size,
         "device": str(strategy.root_device),
         "side_stream_active": strategy.side_stream_active,
-        "side_copies": copier._side_copies,
-        "stream_is_default": copier.stream == torch.cuda.default_stream(strategy.root_device),
+        "side_copies": copier.side_copies,
+        "stream_is_default": copier.stream_is_default,
         "mismatches": int(torch.stack(model.mismatches).sum()),
         "indices": [int(index) for batch in model.seen for index in batch],
         "transfer_overlap": perf.summaries[-1].transfer_overlap,
