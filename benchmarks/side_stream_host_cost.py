@@ -40,6 +40,7 @@ def host_us(action: Callable[[], object], batches: int) -> float:
 def operations(copier: SideStreamCopier, device: torch.device, kib: int) -> dict[str, Callable[[], object]]:
     """The timed operations for a pinned (features, labels) batch of ``kib`` KiB."""
     sampled = SideStreamCopier(device, min_bytes=0, timing_every=8)
+    side_pool = SideStreamCopier(device, min_bytes=0, allocate_on_compute=False)
     direct = SideStreamCopier(device, min_bytes=1 << 40)
     features = torch.randn(kib * 256 // 2).pin_memory()
     labels = torch.zeros(kib * 256 // 2, dtype=torch.int32).pin_memory()
@@ -51,6 +52,7 @@ def operations(copier: SideStreamCopier, device: torch.device, kib: int) -> dict
         "stock .to() per tensor": lambda: tuple(t.to(device, non_blocking=True) for t in batch),
         "side stream issue+hand_over, every copy timed": lambda: copier.hand_over(copier.issue(batch)),
         "side stream issue+hand_over, 1 in 8 timed": lambda: sampled.hand_over(sampled.issue(batch)),
+        "every copy timed, side-pool memory + record_stream": lambda: side_pool.hand_over(side_pool.issue(batch)),
         "below min_bytes: stock copy at hand_over": lambda: direct.hand_over(direct.issue(batch)),
         "is_pinned() x2": lambda: (features.is_pinned(), labels.is_pinned()),
         "event record": lambda: event.record(stream),

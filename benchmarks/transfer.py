@@ -53,6 +53,16 @@ class SleepStep(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+class SideAllocStrategy(SideStreamStrategy):
+    """The side stream with device memory from the side stream's pool and ``record_stream`` (older path)."""
+
+    @property
+    def copier(self):
+        copier = super().copier
+        copier.allocate_on_compute = False
+        return copier
+
+
 def pinned_bandwidth(nbytes: int) -> float:
     host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -80,16 +90,20 @@ def step_time(batch: torch.Tensor, cycles: int, strategy, steps: int) -> float:
     return clock.step_time
 
 
-def measure(nbytes: int, cycles: int, steps: int, repeats: int) -> dict[str, list[float]]:
+def measure(nbytes: int, cycles: int, steps: int, repeats: int, side_alloc: bool = False) -> dict[str, list[float]]:
     pageable = torch.randn(nbytes // 4)
     pinned = pageable.pin_memory()
     resident = pageable.cuda()
     runs: dict[str, list[float]] = {"resident": [], "stock_pageable": [], "stock_pinned": [], "side_stream": []}
+    if side_alloc:
+        runs["side_stream_side_alloc"] = []
     for _ in range(repeats):
         runs["resident"].append(step_time(resident, cycles, "auto", steps))
         runs["stock_pageable"].append(step_time(pageable, cycles, "auto", steps))
         runs["stock_pinned"].append(step_time(pinned, cycles, "auto", steps))
         runs["side_stream"].append(step_time(pinned, cycles, SideStreamStrategy(lookahead=1), steps))
+        if side_alloc:
+            runs["side_stream_side_alloc"].append(step_time(pinned, cycles, SideAllocStrategy(lookahead=1), steps))
     return runs
 
 
@@ -105,6 +119,9 @@ def main() -> None:
     parser.add_argument("--factors", type=float, nargs="+", default=[0.5, 1.0, 2.0], help="compute / copy time")
     parser.add_argument("--tiny", type=float, nargs="*", default=[0.0625], help="tiny batch MB, compute 1x")
     parser.add_argument("--skip-article", action="store_true", help="leave out the article's pin_memory table")
+    parser.add_argument(
+        "--compare-allocation", action="store_true", help="also run the side stream with side-stream allocation"
+    )
     args = parser.parse_args()
     cycles_per_ms = calibrate_cuda_sleep()
     bandwidth = pinned_bandwidth(256 * MB)
@@ -115,7 +132,7 @@ def main() -> None:
         nbytes = int(size_mb * MB)
         copy_ms = nbytes / bandwidth * 1e3
         compute_ms = max(0.2, factor * copy_ms)
-        runs = measure(nbytes, int(compute_ms * cycles_per_ms), args.steps, args.repeats)
+        runs = measure(nbytes, int(compute_ms * cycles_per_ms), args.steps, args.repeats, args.compare_allocation)
         ideal = max(statistics.median(runs["resident"]), copy_ms / 1e3)
         ratios = {name: statistics.median(values) / ideal for name, values in runs.items() if name != "resident"}
         results.append(
@@ -158,6 +175,19 @@ def main() -> None:
         rows,
     )
 
+    if args.compare_allocation:
+        _common.print_table(
+            ["batch MB", "compute", "side (compute-pool memory) / ideal", "side (side-pool + record_stream) / ideal"],
+            [
+                [
+                    f"{r['batch_MB']:g}",
+                    f"{r['compute_factor']:g}x",
+                    r["ratio_to_ideal"]["side_stream"],
+                    r["ratio_to_ideal"]["side_stream_side_alloc"],
+                ]
+                for r in results
+            ],
+        )
     article_rows, article = [], []
     image_bytes = 3 * 224 * 224 * 4
     for batch in () if args.skip_article else (8, 16, 32, 128):

@@ -121,7 +121,7 @@ class _InFlight:
     batch: Any
     copy_done: torch.cuda.Event | None
     bytes: int
-    device_tensors: list[torch.Tensor] = field(default_factory=list)
+    side_tensors: list[torch.Tensor] = field(default_factory=list)
     copy_start: torch.cuda.Event | None = None  # only on timed copies
 
 
@@ -159,6 +159,7 @@ class SideStreamCopier:
             every step. ``0`` sends every batch through the side stream.
         timing_every: time one copy in this many with CUDA events (copy time, GB/s, hidden share for
             :meth:`completed`); the others skip the three timing events.
+        allocate_on_compute: where :meth:`issue` takes device memory from by default (see there).
 
     Example::
 
@@ -174,6 +175,7 @@ class SideStreamCopier:
         device_transform: DeviceTransform | None = None,
         min_bytes: int = DEFAULT_MIN_BYTES,
         timing_every: int = 1,
+        allocate_on_compute: bool = True,
     ) -> None:
         if min_bytes < 0 or timing_every < 1:
             raise ValueError(
@@ -185,6 +187,7 @@ class SideStreamCopier:
         self.device_transform = device_transform
         self.min_bytes = min_bytes
         self.timing_every = timing_every
+        self.allocate_on_compute = allocate_on_compute
         self._stream: torch.cuda.Stream | None = None
         self._handed_over: deque[_HandedOver] = deque(maxlen=MAX_PENDING_COPY_RECORDS)
         self._warned: set[str] = set()
@@ -197,8 +200,15 @@ class SideStreamCopier:
             self._stream = torch.cuda.Stream(self.device)
         return self._stream
 
-    def issue(self, batch: Any) -> _InFlight:
-        """Start copying ``batch`` to the device on the side stream. Returns at once."""
+    def issue(self, batch: Any, allocate_on_compute: bool | None = None) -> _InFlight:
+        """Start copying ``batch`` to the device on the side stream. Returns at once.
+
+        ``allocate_on_compute`` (default: the copier's setting) takes the device memory from the compute
+        stream's pool, where the step frees it, and has the side stream wait for the compute work queued
+        so far before copying (no ``record_stream``). ``False`` allocates on the side stream and marks
+        each tensor with ``record_stream`` instead; the copy may then also overlap compute work that is
+        already queued (what ``lookahead=0`` relies on).
+        """
         host_bytes = sum(tensor.nbytes for tensor in iter_tensors(batch) if tensor.device.type == "cpu")
         if host_bytes < self.min_bytes:
             return _InFlight(batch, None, host_bytes)
@@ -206,17 +216,28 @@ class SideStreamCopier:
         self._side_copies += 1
         start = torch.cuda.Event(enable_timing=True) if timed else None
         done = torch.cuda.Event(enable_timing=timed)
+        on_compute = self.allocate_on_compute if allocate_on_compute is None else allocate_on_compute
+        compute = torch.cuda.current_stream(self.device)
         stream = self.stream
-        device_tensors: list[torch.Tensor] = []
+        copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        objects: list[Any] = []  # leaves with .to() that are not tensors: moved on the side stream
+        if on_compute:
+            batch = map_tensors(batch, lambda value: self._allocate(value, copies, objects))
+            stream.wait_stream(compute)  # the new blocks may be ones that queued compute work still reads
+        side_tensors: list[torch.Tensor] = []  # allocated on the side stream: record_stream at hand-over
         with torch.cuda.stream(stream):
             if start is not None:
                 start.record(stream)
-            on_device = map_tensors(batch, lambda value: self._copy(value, device_tensors))
+            for target, source in copies:
+                target.copy_(source, non_blocking=True)
+            if objects or not on_compute:
+                batch = map_tensors(batch, lambda value: self._copy(value, side_tensors))
             if self.device_transform is not None:
-                on_device = self.device_transform(on_device)
-                device_tensors = [tensor for tensor in iter_tensors(on_device) if tensor.device.type == "cuda"]
+                compute_ids = {id(target) for target, _ in copies}  # alive in `copies`: ids stay unique
+                batch = self._transform(batch, stream)
+                side_tensors = [t for t in iter_tensors(batch) if t.device.type == "cuda" and id(t) not in compute_ids]
             done.record(stream)
-        return _InFlight(on_device, done, host_bytes, device_tensors, start)
+        return _InFlight(batch, done, host_bytes, side_tensors, start)
 
     def hand_over(self, inflight: _InFlight) -> Any:
         """Make the current (compute) stream wait for the copy, on the GPU, and return the batch."""
@@ -234,7 +255,7 @@ class SideStreamCopier:
             self._handed_over.append(
                 _HandedOver(inflight.copy_start, inflight.copy_done, inflight.bytes, wait_start, wait_end)
             )
-        for tensor in inflight.device_tensors:  # the allocator must not reuse them before compute is done
+        for tensor in inflight.side_tensors:  # the allocator must not reuse them before compute is done
             tensor.record_stream(compute)
         return inflight.batch
 
@@ -248,13 +269,32 @@ class SideStreamCopier:
             done.append(CopyTiming(copy=copy, bytes=record.bytes, exposed=exposed))
         return done
 
-    def _copy(self, value: Any, device_tensors: list[torch.Tensor]) -> Any:
+    def _allocate(self, value: Any, copies: list[tuple[torch.Tensor, torch.Tensor]], objects: list[Any]) -> Any:
+        """A device tensor from the current (compute) stream's pool for a host tensor; the copy comes later."""
+        if not isinstance(value, torch.Tensor):
+            objects.append(value)
+            return value
+        if value.device.type != "cpu":
+            return value
+        source = self._pinned(value)
+        target = torch.empty_like(source, device=self.device)
+        copies.append((target, source))
+        return target
+
+    def _transform(self, batch: Any, stream: torch.cuda.Stream) -> Any:
+        """``device_transform`` on the side stream; its inputs are marked as read there."""
+        inputs = [tensor for tensor in iter_tensors(batch) if tensor.device.type == "cuda"]
+        transformed = self.device_transform(batch)  # type: ignore[misc]
+        for tensor in inputs:  # the step may free them into another stream's pool while the transform runs
+            tensor.record_stream(stream)
+        return transformed
+
+    def _copy(self, value: Any, side_tensors: list[torch.Tensor]) -> Any:
+        """Move a host tensor or an object with ``.to()`` on the side stream (device tensors pass through)."""
+        if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            return value
         moved = self._to_device(self._pinned(value))
-        if isinstance(moved, torch.Tensor):
-            if moved.device.type == "cuda":
-                device_tensors.append(moved)
-        else:  # an object with .to(): its tensor attributes
-            device_tensors.extend(tensor for tensor in iter_tensors(moved) if tensor.device.type == "cuda")
+        side_tensors.extend(tensor for tensor in iter_tensors(moved) if tensor.device.type == "cuda")
         return moved
 
     def _pinned(self, value: Any) -> Any:
@@ -444,7 +484,8 @@ class SideStreamTransferMixin:
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         if self.side_stream_active and self.lookahead == 0 and (device is None or device == self.root_device):  # type: ignore[attr-defined]
-            batch = self.copier.hand_over(self.copier.issue(batch))
+            # Copied now, for this step: side-stream memory keeps the overlap with already queued work.
+            batch = self.copier.hand_over(self.copier.issue(batch, allocate_on_compute=False))
         return super().batch_to_device(batch, device, dataloader_idx)  # type: ignore[misc]
 
     @override

@@ -88,3 +88,56 @@ def test_registered_name_picks_the_gpu(tmp_path):
     trainer = pl.Trainer(max_epochs=1, strategy="side_stream", **trainer_kwargs(tmp_path, accelerator="cuda"))
     trainer.fit(ChecksumModel(), DataLoader(Checksummed(), batch_size=8))
     assert trainer.strategy.root_device.type == "cuda"
+
+
+class Boxes:
+    """A batch leaf that is not a tensor but moves with ``.to()`` (like torchvision's or detectron's)."""
+
+    def __init__(self, corners: torch.Tensor) -> None:
+        self.corners = corners
+
+    def to(self, *args, **kwargs):
+        return Boxes(self.corners.to(*args, **kwargs))
+
+
+class TransformedData(Dataset):
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, index):
+        generator = torch.Generator().manual_seed(index)
+        image = torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator)
+        corners = torch.rand(4, generator=generator)
+        expected = 2 * image.double().sum()  # what to_float_doubled gives, exactly (integers in float32)
+        return {"image": image, "boxes": Boxes(corners), "expected": expected, "corners": corners}
+
+
+def collate_with_boxes(samples):
+    batch = torch.utils.data.default_collate([{k: v for k, v in s.items() if k != "boxes"} for s in samples])
+    batch["boxes"] = Boxes(torch.stack([s["boxes"].corners for s in samples]))
+    return batch
+
+
+class TransformedModel(ChecksumModel):
+    def training_step(self, batch, batch_idx):
+        image, boxes = batch["image"], batch["boxes"]
+        assert image.is_cuda and image.dtype == torch.float32 and boxes.corners.is_cuda
+        wrong_image = image.double().sum(dim=(1, 2, 3)) != batch["expected"]
+        wrong_boxes = (boxes.corners != batch["corners"]).any(dim=1)
+        self.mismatches.append((wrong_image | wrong_boxes).sum())
+        return self.layer(image.mean(dim=(1, 2, 3), keepdim=True)[:, :1] * 0).sum()
+
+
+def to_float_doubled(batch):
+    return {**batch, "image": batch["image"].float() * 2}
+
+
+@pytest.mark.parametrize("lookahead", [0, 2])
+def test_device_transform_and_to_objects_are_exact_on_both_allocation_paths(tmp_path, lookahead):
+    model = TransformedModel()
+    strategy = SideStreamStrategy(lookahead=lookahead, min_bytes=0, device_transform=to_float_doubled)
+    kwargs = trainer_kwargs(tmp_path, accelerator="cuda")
+    trainer = pl.Trainer(max_epochs=2, strategy=strategy, **kwargs)
+    loader = DataLoader(TransformedData(), batch_size=8, shuffle=True, collate_fn=collate_with_boxes)
+    trainer.fit(model, loader)
+    assert len(model.mismatches) == 12 and int(torch.stack(model.mismatches).sum()) == 0
