@@ -140,7 +140,7 @@ class _HandedOver:
 MAX_PENDING_COPY_RECORDS = 4096
 
 #: Batches below this many bytes are copied on the compute stream (see ``SideStreamCopier``).
-DEFAULT_MIN_BYTES = 1 << 20
+DEFAULT_MIN_BYTES = 2 << 20
 
 
 class SideStreamCopier:
@@ -152,11 +152,12 @@ class SideStreamCopier:
             tensors are copied synchronously from pageable memory and a warning says so once.
         device_transform: applied to the batch on the side stream right after the copy (e.g. cast
             uint8 images to float and normalise), so it overlaps compute too.
-        min_bytes: batches smaller than this are copied the stock way, ``non_blocking`` on the
-            compute stream when handed over (``device_transform`` still applied). Their copy takes
-            less GPU time (1 MiB: ~20 us at 50 GB/s) than the side-stream bookkeeping takes host time
-            (~0.1 ms: events, ``wait_event``, ``record_stream``), which a host-bound run would pay
-            every step. ``0`` sends every batch through the side stream.
+        min_bytes: batches smaller than this (default 2 MiB) are copied the stock way,
+            ``non_blocking`` on the compute stream when handed over (``device_transform`` still
+            applied). Their copy takes about as much GPU time (2 MiB: ~40 us at 55 GB/s) as the
+            side-stream bookkeeping takes host time (~55 us more than a stock copy on an H200 host:
+            events, ``wait_stream``, ``wait_event``), which a host-bound run pays every step.
+            ``0`` sends every batch through the side stream.
         timing_every: time one copy in this many with CUDA events (copy time, GB/s, hidden share for
             :meth:`completed`); the others skip the three timing events.
         allocate_on_compute: where :meth:`issue` takes device memory from by default (see there).
@@ -409,7 +410,7 @@ class SideStreamTransferMixin:
             ``batch_to_device``) but overlaps only with work the GPU still has queued.
         pin: pin unpinned host tensors in the main process (see :class:`SideStreamCopier`).
         device_transform: runs on the side stream after each copy, e.g. uint8 -> float and normalise.
-        min_bytes: smaller batches are copied the stock way, on the compute stream (default 1 MiB; see
+        min_bytes: smaller batches are copied the stock way, on the compute stream (default 2 MiB; see
             :class:`SideStreamCopier`).
         timing_every: time one side-stream copy in this many for DataPerfCallback's figures.
 

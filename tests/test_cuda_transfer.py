@@ -65,7 +65,7 @@ def test_side_stream_batches_are_exact_and_complete(tmp_path, lookahead, pin_mem
 def test_small_batches_take_the_stock_copy_exactly(tmp_path, lookahead):
     model = ChecksumModel()
     perf = DataPerfCallback(print_summary=False)
-    strategy = SideStreamStrategy(lookahead=lookahead, timing_every=2)  # 96 KiB < the 1 MiB default
+    strategy = SideStreamStrategy(lookahead=lookahead, timing_every=2)  # 96 KiB < the 2 MiB default
     kwargs = trainer_kwargs(tmp_path, accelerator="cuda")
     trainer = pl.Trainer(max_epochs=1, strategy=strategy, callbacks=[perf], **kwargs)
     trainer.fit(model, DataLoader(Checksummed(), batch_size=8, shuffle=True))
