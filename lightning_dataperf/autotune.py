@@ -3,9 +3,10 @@
 Start from the hardware policy's recommendation, measure delivered batches per second (including the
 pinned host-to-device copy when a GPU is there), try the neighbours of the current best on each knob
 (``num_workers``, ``prefetch_factor``, ``pin_memory``), move along the knob with the largest gain, and
-stop when no knob gains more than the noise. The best three are then measured once more (a fifth of
-the budget is kept for this) so that one lucky trial cannot win. Of all configurations within noise
-of the best, the cheapest (fewest workers, least memory) wins. ``persistent_workers`` does not change steady-state
+stop when no knob gains more than the noise. The best three, and the cheapest configuration within 30%
+of the best, are then measured once more (a fifth of the budget is kept for this), so that one lucky
+trial cannot win and one unlucky trial cannot rule out the cheap choice. Of all configurations within
+noise of the best, the cheapest (fewest workers, least memory) wins. ``persistent_workers`` does not change steady-state
 throughput; it is chosen from the measured worker start-up cost and the number of epochs.
 
 The search never leaves anything behind: every trial loader is shut down, trial loaders draw from
@@ -55,6 +56,9 @@ SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
 CACHE_VERSION = 2
 #: Share of the time budget kept for re-measuring the best few configurations after the climb.
 CONFIRM_SHARE = 0.2
+#: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
+#: configuration within noise of the best, and one unlucky measurement must not rule it out.
+CONFIRM_BAND = 0.7
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,18 @@ def _rng_untouched() -> Iterator[None]:
                 numpy.random.set_state(numpy_state)
 
 
+def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:
+    """The ``count`` fastest trials, then the cheapest trial within ``band`` of the fastest if not among them."""
+    ranked = sorted(trials, key=lambda trial: trial.batches_per_sec, reverse=True)
+    chosen = ranked[:count]
+    if ranked:
+        near = [trial for trial in ranked if trial.batches_per_sec >= band * ranked[0].batches_per_sec]
+        cheapest = min(near, key=lambda trial: trial.cost)
+        if cheapest not in chosen:
+            chosen.append(cheapest)
+    return chosen
+
+
 class _Search:
     """State of one search: budgets, the measured trials, the memory guard."""
 
@@ -261,13 +277,12 @@ class _Search:
         return self.remaining - CONFIRM_SHARE * self.limits.time_budget
 
     def confirm(self, count: int = 3) -> None:
-        """Measure the best ``count`` configurations once more and keep the mean: one lucky trial must not win."""
-        ranked = sorted(
-            (trial for trial in self.trials.values() if trial.refused is None and trial.batches > 1),
-            key=lambda trial: trial.batches_per_sec,
-            reverse=True,
-        )
-        for trial in ranked[:count]:
+        """Measure the best ``count`` configurations and the cheapest near them once more, keeping the mean.
+
+        One lucky trial must not win, and one unlucky trial must not rule out the cheap choice.
+        """
+        measured = [trial for trial in self.trials.values() if trial.refused is None and trial.batches > 1]
+        for trial in confirmation_candidates(measured, count):
             if self.remaining <= 0:
                 return
             again = self._run(*trial.config)

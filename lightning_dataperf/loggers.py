@@ -35,10 +35,15 @@ def log_metrics(loggers: Iterable[Logger], metrics: Mapping[str, float], step: i
 
 def _write_one_event(logger: TensorBoardLogger, metrics: Mapping[str, float], step: int) -> bool:
     """Write all scalars as one TensorBoard event; ``False`` when this writer cannot take one."""
-    file_writer = getattr(logger.experiment, "file_writer", None)  # torch's and tensorboardX's writers
-    if file_writer is None or not callable(getattr(file_writer, "add_summary", None)):
+    try:  # torch's writer (Lightning's choice when tensorboard is installed); not tensorboardX's protos
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
         return False
-    from tensorboard.compat.proto.summary_pb2 import Summary
+    writer = logger.experiment
+    file_writer = writer.file_writer if isinstance(writer, SummaryWriter) else None
+    if file_writer is None:  # closed; log_metrics reopens it
+        return False
 
     values = [
         Summary.Value(tag=tag, simple_value=float(value))

@@ -4,9 +4,12 @@ Stock Lightning copies each batch with ``non_blocking=True`` on the compute stre
 between two steps' kernels and a step costs about compute + copy. Here every tensor of the batch is
 copied from pinned memory on one side CUDA stream per device, ``lookahead`` batches ahead, and the
 compute stream waits for the copy *on the GPU* (``wait_event``), so a step costs about
-max(compute, copy). Memory stays safe across streams: each device tensor is marked with
-``record_stream`` for the compute stream, so the caching allocator cannot reuse it while a step still
-reads it, and PyTorch's pinned-host allocator keeps a source block until its copy has finished.
+max(compute, copy). Memory stays safe across streams: the device memory for a copy comes from the
+compute stream's pool and the side stream first waits (on the GPU) for the compute work queued so far,
+so a block the step has just freed is not overwritten while queued kernels still read it; what is
+allocated on the side stream itself (``.to()`` of other objects, ``device_transform`` outputs) is
+marked with ``record_stream`` for the compute stream. PyTorch's pinned-host allocator keeps a source
+block until its copy has finished.
 
 Example::
 
@@ -272,7 +275,9 @@ class SideStreamCopier:
 
     def _allocate(self, value: Any, copies: list[tuple[torch.Tensor, torch.Tensor]], objects: list[Any]) -> Any:
         """A device tensor from the current (compute) stream's pool for a host tensor; the copy comes later."""
-        if not isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor or value.requires_grad:
+            # Objects with .to(), tensor subclasses (their .to() keeps type and metadata, empty_like
+            # would not) and tensors that require grad: moved with .to() on the side stream.
             objects.append(value)
             return value
         if value.device.type != "cpu":

@@ -15,7 +15,7 @@ from test_ddp import run_two_ranks
 from test_preflight import hardware
 
 from lightning_dataperf import autotune_loader
-from lightning_dataperf.autotune import AutotuneResult
+from lightning_dataperf.autotune import AutotuneResult, Trial, confirmation_candidates
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -118,3 +118,14 @@ def test_result_round_trips_through_dataclasses():
         chosen_batches_per_sec=4.0,
     )
     assert result.speedup_over_start == 2.0
+
+
+def test_confirmation_remeasures_the_fastest_and_the_cheapest_near_them():
+    rates = {(4, 2, False): 100.0, (8, 2, False): 98.0, (2, 2, False): 97.0, (1, 2, False): 40.0}
+    rates[(0, None, False)] = 75.0  # loading in the main process, measured once and unluckily low
+    trials = [Trial(*config, batches_per_sec=rate, batches=10) for config, rate in rates.items()]
+    chosen = [trial.config for trial in confirmation_candidates(trials, count=3, band=0.7)]
+    assert chosen == [(4, 2, False), (8, 2, False), (2, 2, False), (0, None, False)]
+    fastest_only = [trial.config for trial in confirmation_candidates(trials, count=3, band=0.9)]
+    assert fastest_only == [(4, 2, False), (8, 2, False), (2, 2, False)], "(2, 2) is already the cheapest near"
+    assert confirmation_candidates([], count=3) == []

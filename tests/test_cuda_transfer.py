@@ -141,3 +141,31 @@ def test_device_transform_and_to_objects_are_exact_on_both_allocation_paths(tmp_
     loader = DataLoader(TransformedData(), batch_size=8, shuffle=True, collate_fn=collate_with_boxes)
     trainer.fit(model, loader)
     assert len(model.mismatches) == 12 and int(torch.stack(model.mismatches).sum()) == 0
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass whose ``.to()`` and ``.pin_memory()`` carry metadata (as torchvision's tv_tensors do)."""
+
+    def to(self, *args, **kwargs):
+        moved = super().to(*args, **kwargs)
+        moved.tag = self.tag
+        return moved
+
+    def pin_memory(self, *args, **kwargs):
+        pinned = super().pin_memory(*args, **kwargs)
+        pinned.tag = self.tag
+        return pinned
+
+
+def test_tensor_subclasses_and_grad_tensors_move_with_their_own_to():
+    copier = SideStreamCopier(torch.device("cuda", 0), min_bytes=0)
+    boxes = torch.arange(1024.0).as_subclass(Tagged)
+    boxes.tag = "xyxy"
+    weights = torch.ones(8, requires_grad=True)
+    plain = torch.arange(1 << 16, dtype=torch.float32)
+    moved = copier.hand_over(copier.issue({"boxes": boxes, "weights": weights, "plain": plain}))
+    torch.cuda.synchronize()
+    assert type(moved["boxes"]) is Tagged and moved["boxes"].tag == "xyxy" and moved["boxes"].is_cuda
+    assert torch.equal(moved["boxes"].as_subclass(torch.Tensor).cpu(), boxes.as_subclass(torch.Tensor))
+    assert moved["weights"].requires_grad and moved["weights"].is_cuda
+    assert torch.equal(moved["plain"].cpu(), plain)
