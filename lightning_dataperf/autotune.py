@@ -4,8 +4,9 @@ Start from the hardware policy's recommendation, measure delivered batches per s
 pinned host-to-device copy when a GPU is there), try the neighbours of the current best on each knob
 (``num_workers``, ``prefetch_factor``, ``pin_memory``), move along the knob with the largest gain, and
 stop when no knob gains more than the noise. The best three, and the cheapest configuration within 30%
-of the best, are then measured once more (a fifth of the budget is kept for this), so that one lucky
-trial cannot win and one unlucky trial cannot rule out the cheap choice. Of all configurations within
+of the best, are then measured again in rounds (at least a fifth of the budget is kept for this, and
+rounds repeat while the budget holds one), so that one lucky trial cannot win and one unlucky trial
+cannot rule out the cheap choice. Of all configurations within
 noise of the best, the cheapest (fewest workers, least memory) wins. ``persistent_workers`` does not change steady-state
 throughput; it is chosen from the measured worker start-up cost and the number of epochs.
 
@@ -59,6 +60,8 @@ CONFIRM_SHARE = 0.2
 #: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
 #: configuration within noise of the best, and one unlucky measurement must not rule it out.
 CONFIRM_BAND = 0.7
+#: Confirmation rounds at most; more run only while the budget holds another round.
+MAX_CONFIRM_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -277,14 +280,25 @@ class _Search:
         return self.remaining - CONFIRM_SHARE * self.limits.time_budget
 
     def confirm(self, count: int = 3) -> None:
-        """Measure the best ``count`` configurations and the cheapest near them once more, keeping the mean.
+        """Re-measure the best ``count`` configurations and the cheapest near them, in rounds, keeping means.
 
-        One lucky trial must not win, and one unlucky trial must not rule out the cheap choice.
+        One lucky trial must not win, and one unlucky trial must not rule out the cheap choice. Each
+        round measures its candidates back to back (so drift on a busy machine hits them alike); rounds
+        repeat, up to ``MAX_CONFIRM_ROUNDS``, while the budget holds another one.
         """
+        for _ in range(MAX_CONFIRM_ROUNDS):
+            started = time.perf_counter()
+            if not self._confirm_round(count):
+                return
+            if self.remaining < time.perf_counter() - started:
+                return
+
+    def _confirm_round(self, count: int) -> bool:
+        """One measurement more of each candidate; ``False`` when the budget ran out on the way."""
         measured = [trial for trial in self.trials.values() if trial.refused is None and trial.batches > 1]
         for trial in confirmation_candidates(measured, count):
             if self.remaining <= 0:
-                return
+                return False
             again = self._run(*trial.config)
             if again.batches > 1:
                 rate = (trial.batches_per_sec * trial.measurements + again.batches_per_sec) / (trial.measurements + 1)
@@ -294,6 +308,7 @@ class _Search:
                     batches=trial.batches + again.batches,
                     measurements=trial.measurements + 1,
                 )
+        return True
 
     def learn_batch_size(self) -> None:
         """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
