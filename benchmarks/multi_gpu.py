@@ -23,8 +23,7 @@ import torch
 import torch.distributed as dist
 from autotune import DecodedImages, measure
 from lightning.pytorch.strategies import DDPStrategy
-from overhead import WallClock
-from transfer import MB, ReadyBatches, SleepStep, pinned_bandwidth
+from transfer import MB, pinned_bandwidth, step_time
 
 from lightning_dataperf import SideStreamDDPStrategy, probe_hardware, recommend_loader_settings
 from lightning_dataperf.testing import calibrate_cuda_sleep
@@ -42,20 +41,6 @@ def loader_rates(device: torch.device, seconds: float) -> dict:
     return {"cpus_per_rank": hardware.cpus_per_rank, "usable_cpus": hardware.usable_cpus, "rates": rates}
 
 
-def step_time(batch: torch.Tensor, cycles: int, strategy, steps: int) -> float:
-    clock = WallClock(warmup=5)
-    _common.fit_quietly(
-        SleepStep(cycles),
-        ReadyBatches(batch, steps),
-        accelerator="cuda",
-        devices=int(os.environ["LOCAL_WORLD_SIZE"]),
-        strategy=strategy,
-        callbacks=[clock],
-        logger=False,
-    )
-    return clock.step_time
-
-
 def transfer_ratios(device: torch.device, size_mb: int, steps: int, repeats: int) -> dict:
     cycles_per_ms = calibrate_cuda_sleep()
     bandwidth = pinned_bandwidth(size_mb * MB)
@@ -63,11 +48,12 @@ def transfer_ratios(device: torch.device, size_mb: int, steps: int, repeats: int
     cycles = int(copy_s * 1e3 * cycles_per_ms)
     pinned = torch.randn(size_mb * MB // 4).pin_memory()
     resident = pinned.to(device)
+    devices = int(os.environ["LOCAL_WORLD_SIZE"])
     runs: dict[str, list[float]] = {"resident": [], "stock_pinned": [], "side_stream": []}
     for _ in range(repeats):
-        runs["resident"].append(step_time(resident, cycles, DDPStrategy(), steps))
-        runs["stock_pinned"].append(step_time(pinned, cycles, DDPStrategy(), steps))
-        runs["side_stream"].append(step_time(pinned, cycles, SideStreamDDPStrategy(lookahead=1), steps))
+        runs["resident"].append(step_time(resident, cycles, DDPStrategy(), steps, devices))
+        runs["stock_pinned"].append(step_time(pinned, cycles, DDPStrategy(), steps, devices))
+        runs["side_stream"].append(step_time(pinned, cycles, SideStreamDDPStrategy(lookahead=1), steps, devices))
     ideal = max(statistics.median(runs["resident"]), copy_s)
     return {
         "pinned_GBps": bandwidth / 1e9,

@@ -77,12 +77,14 @@ def pinned_bandwidth(nbytes: int) -> float:
     return nbytes * 10 / (start.elapsed_time(end) / 1e3)
 
 
-def step_time(batch: torch.Tensor, cycles: int, strategy, steps: int) -> float:
+def step_time(batch: torch.Tensor, cycles: int, strategy, steps: int, devices: int = 1) -> float:
+    """Mean step time after 5 warm-up steps of ``SleepStep`` on ``steps`` copies of ``batch``."""
     clock = WallClock(warmup=5)
     _common.fit_quietly(
         SleepStep(cycles),
         ReadyBatches(batch, steps),
         accelerator="cuda",
+        devices=devices,
         strategy=strategy,
         callbacks=[clock],
         logger=False,
