@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import FetchHooks
+from lightning_dataperf.datamodule import TunedDataModule
 from lightning_dataperf.diagnosis import Diagnosis, Evidence, LoaderFacts, diagnose
 from lightning_dataperf.hardware import Hardware, pcie_capacity_mbps, probe_hardware
 from lightning_dataperf.loggers import log_metrics
@@ -258,7 +259,9 @@ class DataPerfCallback(Callback):
         loader = _first_loader(trainer.train_dataloader)
         if self.preflight and self.hardware is not None and loader is not None:
             problems = check_loader(loader, self.hardware)
-            if getattr(trainer.datamodule, "autotune_result", None) is not None:  # measured beats the CPU count
+            if isinstance(trainer.datamodule, TunedDataModule):
+                # It warned about an explicit num_workers when it built the loader, and autotune's
+                # choice is measured: saying it again here would only repeat or contradict that.
                 problems = [problem for problem in problems if problem.check != "workers_exceed_cpus"]
             self._warn(trainer, problems)
 

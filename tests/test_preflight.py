@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import lightning.pytorch as pl
 import pytest
 import torch
 from conftest import trainer_kwargs
+from datamodule_helpers import IndexData, RecordingModel
 from helpers import SleepyModel, sleepy_loader
 from torch.utils.data import DataLoader
 
@@ -147,3 +149,18 @@ def test_callback_warns_at_fit_start(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match=r"pre-flight \[workers_exceed_cpus\]"):
         trainer.fit(SleepyModel(), sleepy_loader(8, 4, 0.0, num_workers=2))
     assert [problem.check for problem in perf.preflight_problems] == ["workers_exceed_cpus"]
+
+
+def test_explicit_workers_over_budget_are_warned_about_once_with_tuned_datamodule(tmp_path, monkeypatch):
+    cramped = hardware(usable_cpus=1)
+    monkeypatch.setattr("lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: cramped)
+    monkeypatch.setattr("lightning_dataperf.datamodule.probe_hardware", lambda *args, **kwargs: cramped)
+    perf = DataPerfCallback(print_summary=False)
+    datamodule = IndexData(length=16, workers=2, verbose=False)  # num_workers=2 passed explicitly, 1 CPU
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], logger=False, **trainer_kwargs(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(RecordingModel(), datamodule=datamodule)
+    over_budget = [str(w.message) for w in caught if "num_workers=2" in str(w.message) and "CPUs" in str(w.message)]
+    assert len(over_budget) == 1 and over_budget[0].startswith("DataLoader(num_workers=2)")
+    assert "workers_exceed_cpus" not in [problem.check for problem in perf.preflight_problems]
