@@ -42,7 +42,6 @@ from lightning_dataperf import DataPerfCallback
 class WallClock(pl.Callback):
     def __init__(self, warmup: int) -> None:
         self.warmup, self.start, self.end, self.steps = warmup, 0.0, 0.0, 0
-        self.step_ends: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx + 1 == self.warmup:
@@ -50,7 +49,6 @@ class WallClock(pl.Callback):
             self.start = time.perf_counter()
         elif batch_idx + 1 > self.warmup:
             self.steps += 1
-        self.step_ends.append(time.perf_counter())
 
     def on_train_epoch_end(self, trainer, pl_module):
         _synchronize(pl_module.device)

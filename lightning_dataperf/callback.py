@@ -317,13 +317,14 @@ class DataPerfCallback(Callback):
         timer.clock.step_started()
 
     def _batch_finished(self, trainer: pl.Trainer, stage: str, batch: Any) -> None:
+        """An evaluation batch ended (training's on_train_batch_end does the same inline, plus logging)."""
         timer = self._timers.get(stage)
         if timer is None or not timer.active:
             return
         timer.clock.step_finished(timer.batches, samples=self._batch_size(batch))
         timer.batches += 1
-        if stage != "train" and timer.batches % _EVAL_COLLECT_EVERY == 0:
-            timer.collect()  # training collects at its log points; evaluation only needs a bounded queue
+        if timer.batches % _EVAL_COLLECT_EVERY == 0:
+            timer.collect()  # evaluation has no log points, only a queue to keep bounded
 
     def _epoch_finished(self, trainer: pl.Trainer, stage: str) -> None:
         if self._watchdog is not None:

@@ -221,13 +221,13 @@ class SideStreamCopier:
         start = torch.cuda.Event(enable_timing=True) if timed else None
         done = torch.cuda.Event(enable_timing=timed)
         on_compute = self.allocate_on_compute if allocate_on_compute is None else allocate_on_compute
-        compute = torch.cuda.current_stream(self.device)
         stream = self.stream
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         objects: list[Any] = []  # leaves with .to() that are not tensors: moved on the side stream
         if on_compute:
             batch = map_tensors(batch, lambda value: self._allocate(value, copies, objects))
-            stream.wait_stream(compute)  # the new blocks may be ones that queued compute work still reads
+            # The new blocks may be ones that queued compute work still reads.
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         side_tensors: list[torch.Tensor] = []  # allocated on the side stream: record_stream at hand-over
         with torch.cuda.stream(stream):
             if start is not None:
