@@ -57,7 +57,7 @@ def fit(datamodule: TunedDataModule, logdir: str, name: str) -> DataPerfCallback
     return perf
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
+def main(argv: list[str] | None = None) -> dict[str, float | int]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=768)
     parser.add_argument("--sleep-ms", type=float, default=1.0, help="I/O wait per sample")
@@ -80,12 +80,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "after_samples_per_sec": after.last_summary.samples_per_sec or 0.0,
         "before_input_stall": before.last_summary.input_stall_fraction or 0.0,
         "after_input_stall": after.last_summary.input_stall_fraction or 0.0,
+        "after_num_workers": fixed.loader_settings.num_workers,
     }
     print(
         f"\nbefore: {results['before_samples_per_sec']:.0f} samples/s, input stall "
         f"{100 * results['before_input_stall']:.0f}% (num_workers=0)\n"
         f"after:  {results['after_samples_per_sec']:.0f} samples/s, input stall "
-        f"{100 * results['after_input_stall']:.0f}% (num_workers={fixed.loader_settings.num_workers}, autotuned)"
+        f"{100 * results['after_input_stall']:.0f}% (num_workers={results['after_num_workers']}, autotuned)"
     )
     return results
 

@@ -84,18 +84,30 @@ def _rebuild_mapping(original: Mapping, values: dict) -> Mapping:
 
 
 def iter_tensors(batch: Any) -> list[torch.Tensor]:
-    """Every tensor in a nested batch (including tensor attributes of objects with ``.to()``)."""
+    """Every tensor in a nested batch (including tensor attributes of objects with ``.to()``).
+
+    Walks the same structures as :func:`map_tensors` without rebuilding them.
+    """
     found: list[torch.Tensor] = []
-
-    def collect(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif hasattr(value, "__dict__"):
-            found.extend(attribute for attribute in vars(value).values() if isinstance(attribute, torch.Tensor))
-        return value
-
-    map_tensors(batch, collect)
+    _collect_tensors(batch, found)
     return found
+
+
+def _collect_tensors(value: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _collect_tensors(item, found)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_tensors(item, found)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for member in dataclasses.fields(value):
+            if member.init:
+                _collect_tensors(getattr(value, member.name), found)
+    elif callable(getattr(value, "to", None)) and not isinstance(value, (str, bytes)) and hasattr(value, "__dict__"):
+        found.extend(attribute for attribute in vars(value).values() if isinstance(attribute, torch.Tensor))
 
 
 @dataclass(frozen=True)

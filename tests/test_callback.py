@@ -23,7 +23,7 @@ def scalar_tags(log_dir):
 
 
 def test_ground_truth_medians_on_cpu(tmp_path):
-    loader_s, step_s = 0.030, 0.040
+    loader_s, step_s = 0.050, 0.060  # long enough that scheduling noise on a loaded machine stays < 15%
     perf = DataPerfCallback(print_summary=False)
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], log_every_n_steps=4, **trainer_kwargs(tmp_path))
     trainer.fit(SleepyModel(step_s=step_s), sleepy_loader(15 * 4, 4, loader_s))
@@ -48,10 +48,13 @@ def test_ground_truth_medians_on_cpu(tmp_path):
 def test_workers_hide_the_loader(tmp_path):
     perf = DataPerfCallback(print_summary=False)
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path))
-    loader = sleepy_loader(24 * 2, 2, 0.010, num_workers=2, prefetch_factor=4)
-    trainer.fit(SleepyModel(step_s=0.040), loader)
+    loader_s = 0.040
+    loader = sleepy_loader(20 * 2, 2, loader_s, num_workers=2, prefetch_factor=4)
+    trainer.fit(SleepyModel(step_s=0.100), loader)
     (summary,) = perf.summaries
-    assert summary.timings["DataLoading"].p50 < 0.005  # well under the 10 ms the loader costs per batch
+    # well under what the loader costs per batch; the margin absorbs a fully loaded 2-core machine,
+    # where handing a batch over from a worker alone took ~5 ms
+    assert summary.timings["DataLoading"].p50 < loader_s / 4
     assert summary.epoch_start > summary.timings["DataLoading"].p50  # worker start-up is kept apart
     assert perf.last_diagnosis.bottleneck == "compute_bound"
 

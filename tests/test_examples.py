@@ -25,8 +25,11 @@ def test_input_bound_example_fixes_what_it_diagnoses(tmp_path, capsys):
     results = input_bound.main(["--samples", "384", "--autotune-seconds", "4", "--logdir", str(tmp_path)])
     out = capsys.readouterr().out
     assert "input-bound" in out and "num_workers=0 loads every batch" in out
+    assert results["after_num_workers"] > 0, "the fix the verdict names (loader workers) was applied"
+    # a 1 ms sleep per sample dominates: workers overlap the sleeps, whatever else loads the machine
     assert results["after_samples_per_sec"] > 1.5 * results["before_samples_per_sec"]
-    assert results["after_input_stall"] < results["before_input_stall"]
+    # the stall *fraction* is not compared: with a tiny model the fixed pipeline can stay input-bound,
+    # and on a loaded 2-core machine its fraction moves either way by a few points (CI saw 79.0 -> 79.4%)
 
 
 @pytest.mark.slow

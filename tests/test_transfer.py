@@ -10,7 +10,14 @@ from helpers import SleepyModel, sleepy_loader
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
-from lightning_dataperf.transfer import CopyTiming, SideStreamCopier, _LookaheadIterator, copy_metrics, map_tensors
+from lightning_dataperf.transfer import (
+    CopyTiming,
+    SideStreamCopier,
+    _LookaheadIterator,
+    copy_metrics,
+    iter_tensors,
+    map_tensors,
+)
 
 Pair = namedtuple("Pair", ["image", "label"])
 
@@ -46,6 +53,21 @@ def test_map_tensors_keeps_every_structure():
     assert isinstance(doubled["sample"], Sample) and doubled["sample"].meta["k"].dtype == torch.float64
     assert isinstance(doubled["movable"], Movable) and doubled["movable"].tensor.dtype == torch.float64
     assert batch["pair"].image.dtype == torch.float32  # the input is untouched
+
+
+def test_iter_tensors_finds_what_map_tensors_moves():
+    movable = Movable(torch.ones(1))
+    batch = {
+        "pair": Pair(torch.ones(2), 3),
+        "list": [torch.zeros(1), (torch.ones(1), "text")],
+        "ordered": OrderedDict(a=torch.ones(3)),
+        "sample": Sample(torch.ones(2), {"k": torch.zeros(2)}),
+        "movable": movable,
+    }
+    visited = []
+    map_tensors(batch, lambda value: visited.append(value) or value)
+    expected = [value for value in visited if isinstance(value, torch.Tensor)] + [movable.tensor]
+    assert [id(tensor) for tensor in iter_tensors(batch)] == [id(tensor) for tensor in expected]
 
 
 class FakeCopier:
