@@ -37,14 +37,18 @@ class Movable:
         return Movable(self.tensor.to(*args, **kwargs))
 
 
-def test_map_tensors_keeps_every_structure():
-    batch = {
+def nested_batch() -> dict:
+    return {
         "pair": Pair(torch.ones(2), 3),
         "list": [torch.zeros(1), (torch.ones(1), "text")],
         "ordered": OrderedDict(a=torch.ones(3)),
         "sample": Sample(torch.ones(2), {"k": torch.zeros(2)}),
         "movable": Movable(torch.ones(1)),
     }
+
+
+def test_map_tensors_keeps_every_structure():
+    batch = nested_batch()
     doubled = map_tensors(batch, lambda value: value.to(torch.float64))
     assert isinstance(doubled["pair"], Pair) and doubled["pair"].label == 3
     assert doubled["pair"].image.dtype == torch.float64
@@ -56,17 +60,11 @@ def test_map_tensors_keeps_every_structure():
 
 
 def test_iter_tensors_finds_what_map_tensors_moves():
-    movable = Movable(torch.ones(1))
-    batch = {
-        "pair": Pair(torch.ones(2), 3),
-        "list": [torch.zeros(1), (torch.ones(1), "text")],
-        "ordered": OrderedDict(a=torch.ones(3)),
-        "sample": Sample(torch.ones(2), {"k": torch.zeros(2)}),
-        "movable": movable,
-    }
+    batch = nested_batch()
     visited = []
     map_tensors(batch, lambda value: visited.append(value) or value)
-    expected = [value for value in visited if isinstance(value, torch.Tensor)] + [movable.tensor]
+    # the object with .to() is the last leaf: its tensor attribute comes last
+    expected = [value for value in visited if isinstance(value, torch.Tensor)] + [batch["movable"].tensor]
     assert [id(tensor) for tensor in iter_tensors(batch)] == [id(tensor) for tensor in expected]
 
 
