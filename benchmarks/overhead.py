@@ -22,6 +22,9 @@ mean little): whole runs alternate (without, with, without, ...); a run's step t
 of its steps after the warm-up divided by their number, with one device synchronisation at each end,
 outside the measured callbacks; the ratio is the median of the per-pair ratios.
 
+``--floor`` (blocks) also measures an empty ``Callback`` the same way, in runs alternating with
+DataPerf's: the cost of Lightning's per-step dispatch to one more callback, which any callback pays.
+
 Writes ``overhead_<device>.json``.
 """
 
@@ -175,8 +178,22 @@ def one_run(device: str, with_callback: bool, steps: int, warmup: int) -> float:
     return clock.step_time
 
 
-def one_block_run(device: str, steps: int, warmup: int, block: int) -> dict[str, float]:
-    perf = DataPerfCallback(print_summary=False, write_json=False)
+class _NoFetchHooks:
+    def install(self, trainer: pl.Trainer) -> None:
+        pass
+
+    def uninstall(self) -> None:
+        pass
+
+
+class EmptyCallback(pl.Callback):
+    """Overrides nothing: what Lightning's per-step dispatch to one more callback costs (``--floor``)."""
+
+    _hooks = _NoFetchHooks()  # BlockToggle takes a callback's fetch hooks on and off
+
+
+def one_block_run(device: str, steps: int, warmup: int, block: int, empty: bool = False) -> dict[str, float]:
+    perf = EmptyCallback() if empty else DataPerfCallback(print_summary=False, write_json=False)
     toggle = BlockToggle(perf, block, warmup)
     fit_workload(device, steps, [perf, toggle])
     blocks = toggle.block_medians()
@@ -199,11 +216,16 @@ def compare_runs(args: argparse.Namespace) -> dict:
 
 
 def compare_blocks(args: argparse.Namespace) -> dict:
-    runs = [one_block_run(args.device, args.steps, args.warmup, args.block) for _ in range(args.repeats)]
+    runs, floor = [], []
+    for _ in range(args.repeats):
+        runs.append(one_block_run(args.device, args.steps, args.warmup, args.block))
+        if args.floor:
+            floor.append(one_block_run(args.device, args.steps, args.warmup, args.block, empty=True)["ratio"])
     return {
         "without": [run["without"] for run in runs],
         "with": [run["with"] for run in runs],
         "ratios": [run["ratio"] for run in runs],
+        "floor_ratios": floor,
     }
 
 
@@ -234,8 +256,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (blocks: 1500, runs: 300)")
     parser.add_argument("--block", type=int, default=4, help="steps per block (--interleave blocks)")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument(
+        "--floor", action="store_true", help="blocks: also measure an empty Callback, alternating runs with DataPerf's"
+    )
     args = parser.parse_args()
     args.interleave = args.interleave or ("runs" if args.device == "cuda" else "blocks")
+    if args.floor and args.interleave == "runs":
+        parser.error("--floor needs --interleave blocks")
     args.steps = args.steps or (1500 if args.interleave == "blocks" else 300)
     if args.device == "cpu":
         torch.set_num_threads(1)
@@ -243,18 +270,22 @@ def main() -> None:
     result = compare_blocks(args) if args.interleave == "blocks" else compare_runs(args)
     without, with_ = statistics.median(result["without"]), statistics.median(result["with"])
     ratios = result["ratios"]
-    _common.print_table(
-        ["device", "interleave", "step without (ms)", "step with (ms)", "ratio", "ratios of repeats"],
+    rows = [
         [
-            [
-                args.device,
-                args.interleave,
-                without * 1e3,
-                with_ * 1e3,
-                statistics.median(ratios),
-                f"{min(ratios):.3f}-{max(ratios):.3f}",
-            ]
-        ],
+            args.device,
+            args.interleave,
+            without * 1e3,
+            with_ * 1e3,
+            statistics.median(ratios),
+            f"{min(ratios):.3f}-{max(ratios):.3f}",
+        ]
+    ]
+    floor = result.get("floor_ratios")
+    if floor:
+        spread = f"{min(floor):.3f}-{max(floor):.3f}"
+        rows.append(["empty Callback", args.interleave, "", "", statistics.median(floor), spread])
+    _common.print_table(
+        ["device", "interleave", "step without (ms)", "step with (ms)", "ratio", "ratios of repeats"], rows
     )
     _common.write_json(
         f"overhead_{args.device}",
@@ -263,6 +294,7 @@ def main() -> None:
             "times_s": {"without": result["without"], "with": result["with"]},
             "ratios": ratios,
             "ratio": statistics.median(ratios),
+            "floor_ratios": floor or None,
             "workload": {"width": width, "depth": depth, "batch": batch},
         },
     )
