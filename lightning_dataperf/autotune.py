@@ -240,12 +240,18 @@ def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = C
     """The ``count`` fastest trials, then the cheapest trial within ``band`` of the fastest if not among them."""
     ranked = sorted(trials, key=lambda trial: trial.batches_per_sec, reverse=True)
     chosen = ranked[:count]
-    if ranked:
-        near = [trial for trial in ranked if trial.batches_per_sec >= band * ranked[0].batches_per_sec]
-        cheapest = min(near, key=lambda trial: trial.cost)
-        if cheapest not in chosen:
-            chosen.append(cheapest)
+    cheapest = _cheapest_near(ranked, band)
+    if cheapest is not None and cheapest not in chosen:
+        chosen.append(cheapest)
     return chosen
+
+
+def _cheapest_near(trials: list[Trial], share: float) -> Trial | None:
+    """The cheapest trial at least ``share`` times as fast as the fastest (``None`` without trials)."""
+    if not trials:
+        return None
+    top = max(trial.batches_per_sec for trial in trials)
+    return min((trial for trial in trials if trial.batches_per_sec >= share * top), key=lambda trial: trial.cost)
 
 
 class _Search:
@@ -534,8 +540,7 @@ def _search(
     baseline = search.trials[baseline.config]
     measured = [trial for trial in search.trials.values() if trial.refused is None and trial.batches > 1]
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
-    within_noise = [trial for trial in measured if trial.batches_per_sec >= (1 - noise) * top]
-    cheapest = min(within_noise, key=lambda trial: trial.cost) if within_noise else baseline
+    cheapest = _cheapest_near(measured, 1 - noise) or baseline
     settings = _settings_from(cheapest, policy, max_epochs)
     return AutotuneResult(
         settings=settings,

@@ -158,6 +158,13 @@ MAX_PENDING_COPY_RECORDS = 4096
 DEFAULT_MIN_BYTES = 2 << 20
 
 
+def _check_copy_options(min_bytes: int, timing_every: int) -> None:
+    if min_bytes < 0:
+        raise ValueError(f"min_bytes={min_bytes} must be >= 0 (0 sends every batch through the side stream).")
+    if timing_every < 1:
+        raise ValueError(f"timing_every={timing_every}: one copy in N is timed, so timing_every >= 1.")
+
+
 class SideStreamCopier:
     """Copies batches on one side stream of ``device`` and hands them to the compute stream.
 
@@ -193,11 +200,7 @@ class SideStreamCopier:
         timing_every: int = 1,
         allocate_on_compute: bool = True,
     ) -> None:
-        if min_bytes < 0 or timing_every < 1:
-            raise ValueError(
-                f"SideStreamCopier(min_bytes={min_bytes}, timing_every={timing_every}): min_bytes must be >= 0 "
-                "and timing_every >= 1."
-            )
+        _check_copy_options(min_bytes, timing_every)
         self.device = device
         self.pin = pin
         self.device_transform = device_transform
@@ -451,8 +454,7 @@ class SideStreamTransferMixin:
     ) -> None:
         if lookahead < 0:
             raise ValueError(f"lookahead={lookahead} must be >= 0 (0 copies in batch_to_device, 1+ copies ahead).")
-        if min_bytes < 0 or timing_every < 1:
-            raise ValueError(f"min_bytes={min_bytes} must be >= 0 and timing_every={timing_every} >= 1.")
+        _check_copy_options(min_bytes, timing_every)  # here too: the copier itself is created on first use
         super().__init__(*args, **kwargs)
         self.lookahead = lookahead
         self.pin = pin
