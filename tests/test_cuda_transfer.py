@@ -12,13 +12,18 @@ from lightning_dataperf.transfer import SideStreamCopier
 pytestmark = pytest.mark.cuda
 
 
+def seeded_image(index):
+    """The same uint8 image for an index every time, and the generator to draw more from."""
+    generator = torch.Generator().manual_seed(index)
+    return torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator), generator
+
+
 class Checksummed(Dataset):
     def __len__(self):
         return 64
 
     def __getitem__(self, index):
-        generator = torch.Generator().manual_seed(index)
-        image = torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator)
+        image, _ = seeded_image(index)
         return {"image": image, "index": index, "checksum": image.double().sum()}
 
 
@@ -105,8 +110,7 @@ class TransformedData(Dataset):
         return 48
 
     def __getitem__(self, index):
-        generator = torch.Generator().manual_seed(index)
-        image = torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator)
+        image, generator = seeded_image(index)
         corners = torch.rand(4, generator=generator)
         expected = 2 * image.double().sum()  # what to_float_doubled gives, exactly (integers in float32)
         return {"image": image, "boxes": Boxes(corners), "expected": expected, "corners": corners}
