@@ -92,13 +92,18 @@ def step_time(batch: torch.Tensor, cycles: int, strategy, steps: int, devices: i
     return clock.step_time
 
 
-def measure(nbytes: int, cycles: int, steps: int, repeats: int, side_alloc: bool = False) -> dict[str, list[float]]:
+def measure(
+    nbytes: int, cycles: int, steps: int, repeats: int, side_alloc: bool = False, timing_every: int | None = None
+) -> dict[str, list[float]]:
     pageable = torch.randn(nbytes // 4)
     pinned = pageable.pin_memory()
     resident = pageable.cuda()
     runs: dict[str, list[float]] = {"resident": [], "stock_pageable": [], "stock_pinned": [], "side_stream": []}
     if side_alloc:
         runs["side_stream_side_alloc"] = []
+    sampled = f"side_stream_timing_every_{timing_every}"
+    if timing_every:
+        runs[sampled] = []
     for _ in range(repeats):
         runs["resident"].append(step_time(resident, cycles, "auto", steps))
         runs["stock_pageable"].append(step_time(pageable, cycles, "auto", steps))
@@ -106,6 +111,9 @@ def measure(nbytes: int, cycles: int, steps: int, repeats: int, side_alloc: bool
         runs["side_stream"].append(step_time(pinned, cycles, SideStreamStrategy(lookahead=1), steps))
         if side_alloc:
             runs["side_stream_side_alloc"].append(step_time(pinned, cycles, SideAllocStrategy(lookahead=1), steps))
+        if timing_every:
+            strategy = SideStreamStrategy(lookahead=1, timing_every=timing_every)
+            runs[sampled].append(step_time(pinned, cycles, strategy, steps))
     return runs
 
 
@@ -124,6 +132,9 @@ def main() -> None:
     parser.add_argument(
         "--compare-allocation", action="store_true", help="also run the side stream with side-stream allocation"
     )
+    parser.add_argument(
+        "--also-timing-every", type=int, help="also run the side stream timing one copy in N (default: every copy)"
+    )
     args = parser.parse_args()
     cycles_per_ms = calibrate_cuda_sleep()
     bandwidth = pinned_bandwidth(256 * MB)
@@ -134,7 +145,8 @@ def main() -> None:
         nbytes = int(size_mb * MB)
         copy_ms = nbytes / bandwidth * 1e3
         compute_ms = max(0.2, factor * copy_ms)
-        runs = measure(nbytes, int(compute_ms * cycles_per_ms), args.steps, args.repeats, args.compare_allocation)
+        cycles = int(compute_ms * cycles_per_ms)
+        runs = measure(nbytes, cycles, args.steps, args.repeats, args.compare_allocation, args.also_timing_every)
         ideal = max(statistics.median(runs["resident"]), copy_ms / 1e3)
         ratios = {name: statistics.median(values) / ideal for name, values in runs.items() if name != "resident"}
         results.append(
@@ -177,6 +189,21 @@ def main() -> None:
         rows,
     )
 
+    if args.also_timing_every:
+        sampled = f"side_stream_timing_every_{args.also_timing_every}"
+        _common.print_table(
+            ["batch MB", "compute", "side ms", f"side, 1 in {args.also_timing_every} timed ms", "ratios to ideal"],
+            [
+                [
+                    f"{r['batch_MB']:g}",
+                    f"{r['compute_factor']:g}x",
+                    spread(r["runs_s"]["side_stream"]),
+                    spread(r["runs_s"][sampled]),
+                    f"{r['ratio_to_ideal']['side_stream']:.2f} / {r['ratio_to_ideal'][sampled]:.2f}",
+                ]
+                for r in results
+            ],
+        )
     if args.compare_allocation:
         _common.print_table(
             ["batch MB", "compute", "side (compute-pool memory) / ideal", "side (side-pool + record_stream) / ideal"],

@@ -89,6 +89,31 @@ def test_one_copy_in_timing_every_is_timed():
     assert len(timings) == 3 and all(timing.bytes == host.nbytes and timing.copy > 0 for timing in timings)
 
 
+def test_reused_events_keep_every_copy_exact_and_the_compute_stream_current():
+    device = torch.device("cuda", 0)
+    copier = SideStreamCopier(device, min_bytes=0, timing_every=2)
+    compute = torch.cuda.current_stream(device)
+    sources = [torch.full((1 << 18,), float(value)).pin_memory() for value in range(5)]
+    queue, sums, untimed_events, timings = [], [], set(), []
+    for index in range(200):
+        queue.append(copier.issue(sources[index % 5]))
+        assert torch.cuda.current_stream(device) == compute
+        if len(queue) > 2:  # two copies ahead of the one handed over
+            inflight = queue.pop(0)
+            if inflight.copy_start is None:
+                untimed_events.add(id(inflight.copy_done))
+            torch.cuda._sleep(200_000)  # the GPU lags behind the host, so events are re-recorded early
+            sums.append(copier.hand_over(inflight).sum())
+        if index % 10 == 0:
+            timings += copier.completed()
+    torch.cuda.synchronize()
+    timings += copier.completed()
+    expected = [float(index % 5) * (1 << 18) for index in range(len(sums))]
+    assert torch.stack(sums).tolist() == expected
+    assert len(timings) == 99 and all(timing.copy > 0 for timing in timings)  # timed copies handed over
+    assert len(untimed_events) <= 4, "untimed copy events are taken from the pool again"
+
+
 def test_registered_name_picks_the_gpu(tmp_path):
     trainer = pl.Trainer(max_epochs=1, strategy="side_stream", **trainer_kwargs(tmp_path, accelerator="cuda"))
     trainer.fit(ChecksumModel(), DataLoader(Checksummed(), batch_size=8))

@@ -150,3 +150,49 @@ def test_bad_arguments_are_refused():
         SideStreamStrategy(timing_every=0)
     with pytest.raises(ValueError, match="timing_every >= 1"):
         SideStreamCopier(torch.device("cuda", 0), timing_every=0)
+
+
+@pytest.mark.parametrize("current_device", [0, 1])
+def test_stream_switch_restores_the_compute_stream_even_on_error(monkeypatch, current_device):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current_device)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: calls.append(("set", stream)))
+
+    class FakeContext:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            calls.append(("enter", self.stream))
+
+        def __exit__(self, *exc):
+            calls.append(("exit", self.stream))
+
+    monkeypatch.setattr(torch.cuda, "stream", FakeContext)
+    copier = SideStreamCopier(torch.device("cuda", 0))
+    with pytest.raises(RuntimeError, match="copy failed"), copier._switched_to("side", "compute"):
+        raise RuntimeError("copy failed")
+    if current_device == 0:  # the copier's device is current: two bare set_stream calls
+        assert calls == [("set", "side"), ("set", "compute")]
+    else:  # another device is current: torch.cuda.stream saves and restores device and stream
+        assert calls == [("enter", "side"), ("exit", "side")]
+
+
+def test_event_pool_hands_back_what_it_was_given(monkeypatch):
+    from lightning_dataperf.transfer import _EventPool
+
+    created = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            self.timing = enable_timing
+            created.append(self)
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    pool = _EventPool()
+    plain, timed = pool.take(timing=False), pool.take(timing=True)
+    assert (plain.timing, timed.timing) == (False, True) and len(created) == 2
+    pool.give(plain, timing=False)
+    pool.give(timed, timing=True)
+    assert pool.take(timing=True) is timed and pool.take(timing=False) is plain and len(created) == 2
+    assert pool.take(timing=False) is not plain and len(created) == 3  # empty again: a new one
