@@ -26,7 +26,7 @@ from collections.abc import Callable
 import _common
 import torch
 
-from lightning_dataperf.transfer import SideStreamCopier
+from lightning_dataperf.transfer import SideStreamCopier, _EventPool, iter_tensors
 
 
 def host_us(action: Callable[[], object], batches: int, between: Callable[[], object] = lambda: None) -> float:
@@ -69,6 +69,8 @@ def operations(
     event = torch.cuda.Event()
     device_tensor = features.to(device)
     compute = torch.cuda.current_stream(device)
+    targets = [(torch.empty_like(tensor, device=device), tensor) for tensor in batch]
+    pool = _EventPool()
 
     def stream_context() -> None:
         with torch.cuda.stream(stream):
@@ -103,6 +105,9 @@ def operations(
         "reused event record + wait_event": mark_and_wait,
         "current_stream(device)": lambda: torch.cuda.current_stream(device),
         "empty_like x2 (compute pool)": lambda: [torch.empty_like(tensor, device=device) for tensor in batch],
+        "copy_ x2 into device tensors": lambda: [target.copy_(source, non_blocking=True) for target, source in targets],
+        "host bytes of the batch (iter_tensors)": lambda: sum(t.nbytes for t in iter_tensors(batch)),
+        "event pool take+give x4": lambda: pool.give(*[pool.take(timing=True) for _ in range(4)], timing=True),
     }
     copiers = [copier, sampled, side_pool]
     if baseline is not None:
