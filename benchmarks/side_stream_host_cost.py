@@ -20,6 +20,7 @@ import argparse
 import functools
 import importlib.util
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -51,6 +52,7 @@ def read_copy_timings(copiers: list) -> None:
 def load_copier_class(path: str) -> type:
     spec = importlib.util.spec_from_file_location("baseline_transfer", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module.SideStreamCopier
 
