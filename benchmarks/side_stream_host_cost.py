@@ -83,8 +83,7 @@ def operations(
         torch.cuda.set_stream(compute)
 
     def switched() -> None:
-        with copier._switched_to(stream, compute):
-            pass
+        copier._run_on(stream, compute, lambda: None)
 
     def mark_and_wait() -> None:
         stream.wait_event(copier._mark(compute))
@@ -102,7 +101,7 @@ def operations(
         "record_stream": lambda: device_tensor.record_stream(torch.cuda.current_stream(device)),
         "torch.cuda.stream() enter+exit": stream_context,
         "set_stream(side) + set_stream(compute)": set_stream_pair,
-        "copier._switched_to enter+exit": switched,
+        "copier._run_on (no work)": switched,
         "Stream.wait_stream": lambda: stream.wait_stream(compute),
         "reused event record + wait_event": mark_and_wait,
         "current_stream(device)": lambda: torch.cuda.current_stream(device),

@@ -26,12 +26,12 @@ CPU and MPS runs fall back to Lightning's stock behaviour.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 DeviceTransform = Callable[[Any], Any]
+_T = TypeVar("_T")
 
 
 def map_tensors(batch: Any, function: Callable[[Any], Any]) -> Any:
@@ -176,6 +177,9 @@ MAX_PENDING_COPY_RECORDS = 4096
 #: Batches below this many bytes are copied on the compute stream (see ``SideStreamCopier``).
 DEFAULT_MIN_BYTES = 2 << 20
 
+#: One side-stream copy in this many is timed with CUDA events (see ``SideStreamCopier``).
+DEFAULT_TIMING_EVERY = 4
+
 
 def _check_copy_options(min_bytes: int, timing_every: int) -> None:
     if min_bytes < 0:
@@ -196,11 +200,11 @@ class SideStreamCopier:
         min_bytes: batches smaller than this (default 2 MiB) are copied the stock way,
             ``non_blocking`` on the compute stream when handed over (``device_transform`` still
             applied). Their copy takes about as much GPU time (2 MiB: ~40 us at 55 GB/s) as the
-            side-stream bookkeeping takes host time (~55 us more than a stock copy on an H200 host:
-            events, ``wait_stream``, ``wait_event``), which a host-bound run pays every step.
+            side-stream bookkeeping takes host time (events, two ``wait_event``, allocating before
+            copying; see ``benchmarks/side_stream_host_cost.py``), which a host-bound run pays every step.
             ``0`` sends every batch through the side stream.
-        timing_every: time one copy in this many with CUDA events (copy time, GB/s, hidden share for
-            :meth:`completed`); the others skip the three timing events.
+        timing_every: time one copy in this many (default 4) with CUDA events (copy time, GB/s, hidden
+            share for :meth:`completed`); the others skip the timing events and their read-back.
         allocate_on_compute: where :meth:`issue` takes device memory from by default (see there).
 
     Example::
@@ -216,11 +220,12 @@ class SideStreamCopier:
         pin: bool = True,
         device_transform: DeviceTransform | None = None,
         min_bytes: int = DEFAULT_MIN_BYTES,
-        timing_every: int = 1,
+        timing_every: int = DEFAULT_TIMING_EVERY,
         allocate_on_compute: bool = True,
     ) -> None:
         _check_copy_options(min_bytes, timing_every)
         self.device = device
+        self._device_index = device.index  # an int is parsed faster than a torch.device on every lookup
         self.pin = pin
         self.device_transform = device_transform
         self.min_bytes = min_bytes
@@ -257,7 +262,7 @@ class SideStreamCopier:
         start = self._events.take(timing=True) if timed else None
         done = self._events.take(timing=timed)
         on_compute = self.allocate_on_compute if allocate_on_compute is None else allocate_on_compute
-        compute = torch.cuda.current_stream(self.device)
+        compute = torch.cuda.current_stream(self._device_index)
         stream = self.stream
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         objects: list[Any] = []  # leaves with .to() that are not tensors: moved on the side stream
@@ -265,19 +270,10 @@ class SideStreamCopier:
             batch = map_tensors(batch, lambda value: self._allocate(value, copies, objects))
             # The new blocks may be ones that queued compute work still reads.
             stream.wait_event(self._mark(compute))
-        side_tensors: list[torch.Tensor] = []  # allocated on the side stream: record_stream at hand-over
-        with self._switched_to(stream, compute):
-            if start is not None:
-                start.record(stream)
-            for target, source in copies:
-                target.copy_(source, non_blocking=True)
-            if objects or not on_compute:
-                batch = map_tensors(batch, lambda value: self._copy(value, side_tensors))
-            if self.device_transform is not None:
-                compute_ids = {id(target) for target, _ in copies}  # alive in `copies`: ids stay unique
-                batch = self._transform(batch, stream)
-                side_tensors = [t for t in iter_tensors(batch) if t.device.type == "cuda" and id(t) not in compute_ids]
-            done.record(stream)
+        move_the_rest = bool(objects) or not on_compute
+        batch, side_tensors = self._run_on(
+            stream, compute, functools.partial(self._enqueue, stream, batch, copies, move_the_rest, start, done)
+        )
         return _InFlight(batch, done, host_bytes, side_tensors, start)
 
     def hand_over(self, inflight: _InFlight) -> Any:
@@ -285,7 +281,7 @@ class SideStreamCopier:
         if inflight.copy_done is None:  # a small batch: the stock copy, on the compute stream
             batch = map_tensors(inflight.batch, self._to_device)
             return batch if self.device_transform is None else self.device_transform(batch)
-        compute = torch.cuda.current_stream(self.device)
+        compute = torch.cuda.current_stream(self._device_index)
         if inflight.copy_start is None:
             compute.wait_event(inflight.copy_done)
             self._events.give(inflight.copy_done, timing=False)
@@ -319,23 +315,48 @@ class SideStreamCopier:
         self._compute_mark.record(compute)
         return self._compute_mark
 
-    @contextmanager
-    def _switched_to(self, stream: torch.cuda.Stream, compute: torch.cuda.Stream) -> Iterator[None]:
-        """Make ``stream`` current; a bare ``set_stream`` when the current device is already ours.
+    def _run_on(self, stream: torch.cuda.Stream, compute: torch.cuda.Stream, work: Callable[[], _T]) -> _T:
+        """``work()`` with ``stream`` current; a bare ``set_stream`` pair when the current device is ours.
 
         ``torch.cuda.stream`` saves and restores the current device and stream on every entry, which is
         most of its host cost; in training the current device is the copier's, so setting the side
         stream and then the compute stream back is enough.
         """
-        if torch.cuda.current_device() != self.device.index:
+        if torch.cuda.current_device() != self._device_index:
             with torch.cuda.stream(stream):
-                yield
-            return
+                return work()
         torch.cuda.set_stream(stream)
         try:
-            yield
+            return work()
         finally:
             torch.cuda.set_stream(compute)
+
+    def _enqueue(
+        self,
+        stream: torch.cuda.Stream,
+        batch: Any,
+        copies: list[tuple[torch.Tensor, torch.Tensor]],
+        move_the_rest: bool,
+        start: torch.cuda.Event | None,
+        done: torch.cuda.Event,
+    ) -> tuple[Any, list[torch.Tensor]]:
+        """The side stream's work for one batch (``stream`` is current): copies, other moves, the transform.
+
+        Returns the batch and the tensors allocated on the side stream (``record_stream`` at hand-over).
+        """
+        side_tensors: list[torch.Tensor] = []
+        if start is not None:
+            start.record(stream)
+        for target, source in copies:
+            target.copy_(source, non_blocking=True)
+        if move_the_rest:  # objects with .to(), or every tensor when memory comes from the side stream
+            batch = map_tensors(batch, lambda value: self._copy(value, side_tensors))
+        if self.device_transform is not None:
+            compute_ids = {id(target) for target, _ in copies}  # alive in `copies`: ids stay unique
+            batch = self._transform(batch, stream)
+            side_tensors = [t for t in iter_tensors(batch) if t.device.type == "cuda" and id(t) not in compute_ids]
+        done.record(stream)
+        return batch, side_tensors
 
     def _allocate(self, value: Any, copies: list[tuple[torch.Tensor, torch.Tensor]], objects: list[Any]) -> Any:
         """A device tensor from the current (compute) stream's pool for a host tensor; the copy comes later."""
@@ -481,7 +502,7 @@ class SideStreamTransferMixin:
         device_transform: runs on the side stream after each copy, e.g. uint8 -> float and normalise.
         min_bytes: smaller batches are copied the stock way, on the compute stream (default 2 MiB; see
             :class:`SideStreamCopier`).
-        timing_every: time one side-stream copy in this many for DataPerfCallback's figures.
+        timing_every: time one side-stream copy in this many (default 4) for DataPerfCallback's figures.
 
     Example::
 
@@ -498,7 +519,7 @@ class SideStreamTransferMixin:
         pin: bool = True,
         device_transform: DeviceTransform | None = None,
         min_bytes: int = DEFAULT_MIN_BYTES,
-        timing_every: int = 1,
+        timing_every: int = DEFAULT_TIMING_EVERY,
         **kwargs: Any,
     ) -> None:
         if lookahead < 0:

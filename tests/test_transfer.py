@@ -170,12 +170,17 @@ def test_stream_switch_restores_the_compute_stream_even_on_error(monkeypatch, cu
 
     monkeypatch.setattr(torch.cuda, "stream", FakeContext)
     copier = SideStreamCopier(torch.device("cuda", 0))
-    with pytest.raises(RuntimeError, match="copy failed"), copier._switched_to("side", "compute"):
+
+    def failing_copy():
         raise RuntimeError("copy failed")
+
+    with pytest.raises(RuntimeError, match="copy failed"):
+        copier._run_on("side", "compute", failing_copy)
     if current_device == 0:  # the copier's device is current: two bare set_stream calls
         assert calls == [("set", "side"), ("set", "compute")]
     else:  # another device is current: torch.cuda.stream saves and restores device and stream
         assert calls == [("enter", "side"), ("exit", "side")]
+    assert copier._run_on("side", "compute", lambda: "copied") == "copied"
 
 
 def test_event_pool_hands_back_what_it_was_given(monkeypatch):
