@@ -61,8 +61,9 @@ def operations(
     copier: SideStreamCopier, device: torch.device, kib: int, baseline: type | None = None
 ) -> tuple[dict[str, Callable[[], object]], list]:
     """The timed operations for a pinned (features, labels) batch of ``kib`` KiB, and the copiers used."""
+    every = SideStreamCopier(device, min_bytes=0, timing_every=1)
     sampled = SideStreamCopier(device, min_bytes=0, timing_every=8)
-    side_pool = SideStreamCopier(device, min_bytes=0, allocate_on_compute=False)
+    side_pool = SideStreamCopier(device, min_bytes=0, timing_every=1, allocate_on_compute=False)
     direct = SideStreamCopier(device, min_bytes=1 << 40)
     features = torch.randn(kib * 256 // 2).pin_memory()
     labels = torch.zeros(kib * 256 // 2, dtype=torch.int32).pin_memory()
@@ -90,7 +91,10 @@ def operations(
 
     pieces = {
         "stock .to() per tensor": lambda: tuple(t.to(device, non_blocking=True) for t in batch),
-        "side stream issue+hand_over, every copy timed": lambda: copier.hand_over(copier.issue(batch)),
+        f"side stream issue+hand_over, default (1 in {copier.timing_every} timed)": lambda: copier.hand_over(
+            copier.issue(batch)
+        ),
+        "side stream issue+hand_over, every copy timed": lambda: every.hand_over(every.issue(batch)),
         "side stream issue+hand_over, 1 in 8 timed": lambda: sampled.hand_over(sampled.issue(batch)),
         "every copy timed, side-pool memory + record_stream": lambda: side_pool.hand_over(side_pool.issue(batch)),
         "below min_bytes: stock copy at hand_over": lambda: direct.hand_over(direct.issue(batch)),
@@ -110,7 +114,7 @@ def operations(
         "host bytes of the batch (iter_tensors)": lambda: sum(t.nbytes for t in iter_tensors(batch)),
         "event pool take+give x4": lambda: pool.give(*[pool.take(timing=True) for _ in range(4)], timing=True),
     }
-    copiers = [copier, sampled, side_pool]
+    copiers = [copier, every, sampled, side_pool]
     if baseline is not None:
         old, old_sampled = baseline(device, min_bytes=0), baseline(device, min_bytes=0, timing_every=8)
         pieces["baseline copier, every copy timed"] = lambda: old.hand_over(old.issue(batch))
