@@ -172,6 +172,11 @@ class EpochSummary:
                 f"  side-stream copy {1e3 * overlap.get('Time/Transfer', 0.0):.2f} ms/batch at "
                 f"{overlap.get('Transfer/GBps', 0.0):.1f} GB/s, "
                 f"{100 * overlap.get('Transfer/hidden_fraction', 0.0):.0f}% hidden behind compute"
+                + (
+                    f" (with the device_transform's {1e3 * overlap['Transfer/transform_s']:.2f} ms)"
+                    if "Transfer/transform_s" in overlap
+                    else ""
+                )
             )
         if self.straggler_ratio is not None and self.world_size > 1:
             waits = ", ".join(f"{1e3 * wait:.1f}" for wait in self.rank_data_wait)

@@ -119,16 +119,20 @@ class CopyTiming:
     Attributes:
         copy: seconds the copy took on the side stream.
         bytes: bytes copied.
-        exposed: seconds the compute stream waited for the copy (not hidden behind compute).
+        exposed: seconds the compute stream waited for the copy and the transform (not hidden behind compute).
+        transform: seconds ``device_transform`` took on the side stream after the copy (0 without one).
     """
 
     copy: float
     bytes: int
     exposed: float
+    transform: float = 0.0
 
     @property
     def hidden_fraction(self) -> float:
-        return 1.0 if self.copy <= 0 else max(0.0, min(1.0, 1.0 - self.exposed / self.copy))
+        """Share of the side stream's work for this batch (copy and transform) hidden behind compute."""
+        busy = self.copy + self.transform
+        return 1.0 if busy <= 0 else max(0.0, min(1.0, 1.0 - self.exposed / busy))
 
 
 @dataclass
@@ -140,6 +144,7 @@ class _InFlight:
     bytes: int
     side_tensors: list[torch.Tensor] = field(default_factory=list)
     copy_start: torch.cuda.Event | None = None  # only on timed copies
+    copy_end: torch.cuda.Event | None = None  # timed copies with a device_transform: between copy and transform
 
 
 @dataclass
@@ -147,6 +152,7 @@ class _HandedOver:
     """What is left of a timed copy once handed over: its events and size, never the tensors themselves."""
 
     copy_start: torch.cuda.Event
+    copy_end: torch.cuda.Event | None  # None: the copy ends at copy_done (no device_transform)
     copy_done: torch.cuda.Event
     bytes: int
     wait_start: torch.cuda.Event
@@ -260,6 +266,7 @@ class SideStreamCopier:
         timed = self._side_copies % self.timing_every == 0
         self._side_copies += 1
         start = self._events.take(timing=True) if timed else None
+        copied = self._events.take(timing=True) if timed and self.device_transform is not None else None
         done = self._events.take(timing=timed)
         on_compute = self.allocate_on_compute if allocate_on_compute is None else allocate_on_compute
         compute = torch.cuda.current_stream(self._device_index)
@@ -271,10 +278,11 @@ class SideStreamCopier:
             # The new blocks may be ones that queued compute work still reads.
             stream.wait_event(self._mark(compute))
         move_the_rest = bool(objects) or not on_compute
+        events = (start, copied, done)
         batch, side_tensors = self._run_on(
-            stream, compute, functools.partial(self._enqueue, stream, batch, copies, move_the_rest, start, done)
+            stream, compute, functools.partial(self._enqueue, stream, batch, copies, move_the_rest, events)
         )
-        return _InFlight(batch, done, host_bytes, side_tensors, start)
+        return _InFlight(batch, done, host_bytes, side_tensors, start, copied)
 
     def hand_over(self, inflight: _InFlight) -> Any:
         """Make the current (compute) stream wait for the copy, on the GPU, and return the batch."""
@@ -291,7 +299,9 @@ class SideStreamCopier:
             compute.wait_event(inflight.copy_done)
             wait_end.record(compute)
             self._handed_over.append(
-                _HandedOver(inflight.copy_start, inflight.copy_done, inflight.bytes, wait_start, wait_end)
+                _HandedOver(
+                    inflight.copy_start, inflight.copy_end, inflight.copy_done, inflight.bytes, wait_start, wait_end
+                )
             )
         for tensor in inflight.side_tensors:  # the allocator must not reuse them before compute is done
             tensor.record_stream(compute)
@@ -302,10 +312,14 @@ class SideStreamCopier:
         done = []
         while self._handed_over and self._handed_over[0].wait_end.query():
             record = self._handed_over.popleft()
-            copy = record.copy_start.elapsed_time(record.copy_done) / 1e3
+            copy_end = record.copy_end or record.copy_done
+            copy = record.copy_start.elapsed_time(copy_end) / 1e3
+            transform = 0.0 if record.copy_end is None else record.copy_end.elapsed_time(record.copy_done) / 1e3
             exposed = record.wait_start.elapsed_time(record.wait_end) / 1e3
             self._events.give(record.copy_start, record.copy_done, record.wait_start, record.wait_end, timing=True)
-            done.append(CopyTiming(copy=copy, bytes=record.bytes, exposed=exposed))
+            if record.copy_end is not None:
+                self._events.give(record.copy_end, timing=True)
+            done.append(CopyTiming(copy=copy, bytes=record.bytes, exposed=exposed, transform=transform))
         return done
 
     def _mark(self, compute: torch.cuda.Stream) -> torch.cuda.Event:
@@ -337,13 +351,15 @@ class SideStreamCopier:
         batch: Any,
         copies: list[tuple[torch.Tensor, torch.Tensor]],
         move_the_rest: bool,
-        start: torch.cuda.Event | None,
-        done: torch.cuda.Event,
+        events: tuple[torch.cuda.Event | None, torch.cuda.Event | None, torch.cuda.Event],
     ) -> tuple[Any, list[torch.Tensor]]:
         """The side stream's work for one batch (``stream`` is current): copies, other moves, the transform.
 
-        Returns the batch and the tensors allocated on the side stream (``record_stream`` at hand-over).
+        ``events``: (start, copied, done); start and copied only on timed copies, copied only with a
+        ``device_transform``. Returns the batch and the tensors allocated on the side stream
+        (``record_stream`` at hand-over).
         """
+        start, copied, done = events
         side_tensors: list[torch.Tensor] = []
         if start is not None:
             start.record(stream)
@@ -351,6 +367,8 @@ class SideStreamCopier:
             target.copy_(source, non_blocking=True)
         if move_the_rest:  # objects with .to(), or every tensor when memory comes from the side stream
             batch = map_tensors(batch, lambda value: self._copy(value, side_tensors))
+        if copied is not None:
+            copied.record(stream)
         if self.device_transform is not None:
             compute_ids = {id(target) for target, _ in copies}  # alive in `copies`: ids stay unique
             batch = self._transform(batch, stream)
@@ -636,18 +654,27 @@ class SideStreamDDPStrategy(SideStreamTransferMixin, DDPStrategy):
 
 
 def copy_metrics(copies: Sequence[CopyTiming], prefix: str = "") -> dict[str, float]:
-    """Side-stream copy figures for the loggers: mean copy time, effective GB/s, hidden fraction."""
+    """Side-stream copy figures for the loggers: mean copy time, effective GB/s, hidden fraction.
+
+    ``Transfer/GBps`` is bytes over copy time alone; ``Transfer/hidden_fraction`` is the share of the side
+    stream's work (copy and ``device_transform``, whose mean is ``Transfer/transform_s``) that the compute
+    stream did not wait for.
+    """
     if not copies:
         return {}
     copy_time = sum(copy.copy for copy in copies)
+    transform_time = sum(copy.transform for copy in copies)
     exposed = sum(copy.exposed for copy in copies)
+    busy = copy_time + transform_time
     metrics = {
         f"{prefix}Time/Transfer": copy_time / len(copies),
         f"{prefix}Transfer/exposed_s": exposed / len(copies),
-        f"{prefix}Transfer/hidden_fraction": 1.0 if copy_time <= 0 else max(0.0, 1.0 - exposed / copy_time),
+        f"{prefix}Transfer/hidden_fraction": 1.0 if busy <= 0 else max(0.0, 1.0 - exposed / busy),
     }
     if copy_time > 0:
         metrics[f"{prefix}Transfer/GBps"] = sum(copy.bytes for copy in copies) / copy_time / 1e9
+    if transform_time > 0:
+        metrics[f"{prefix}Transfer/transform_s"] = transform_time / len(copies)
     return metrics
 
 

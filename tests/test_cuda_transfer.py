@@ -7,7 +7,8 @@ from conftest import trainer_kwargs
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
-from lightning_dataperf.transfer import SideStreamCopier
+from lightning_dataperf.testing import calibrate_cuda_sleep
+from lightning_dataperf.transfer import SideStreamCopier, copy_metrics
 
 pytestmark = pytest.mark.cuda
 
@@ -87,6 +88,29 @@ def test_one_copy_in_timing_every_is_timed():
     assert all(torch.equal(result["x"].cpu(), host) and result["n"] == 3 for result in results)
     timings = copier.completed()
     assert len(timings) == 3 and all(timing.bytes == host.nbytes and timing.copy > 0 for timing in timings)
+
+
+def test_copy_time_excludes_the_device_transform():
+    """Ground truth: a transform that keeps the side stream busy 20 ms after an 8 MB copy (~0.15 ms)."""
+    transform_ms = 20.0
+    cycles = int(transform_ms * calibrate_cuda_sleep())
+
+    def slow_transform(batch):
+        torch.cuda._sleep(cycles)
+        return batch * 2
+
+    copier = SideStreamCopier(torch.device("cuda", 0), timing_every=1, device_transform=slow_transform)
+    host = torch.arange(1 << 21, dtype=torch.float32).pin_memory()  # 8 MiB: above min_bytes
+    results = [copier.hand_over(copier.issue(host)) for _ in range(4)]
+    torch.cuda.synchronize()
+    assert all(torch.equal(result.cpu(), host * 2) for result in results)
+    timings = copier.completed()
+    assert len(timings) == 4
+    for timing in timings:
+        assert timing.copy < 0.1 * transform_ms / 1e3, "the copy's time must not include the transform"
+        assert timing.transform == pytest.approx(transform_ms / 1e3, rel=0.15)
+    metrics = copy_metrics(timings)
+    assert metrics["Transfer/GBps"] > 10 and metrics["Transfer/transform_s"] == pytest.approx(0.02, rel=0.15)
 
 
 def test_reused_events_keep_every_copy_exact_and_the_compute_stream_current():

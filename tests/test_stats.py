@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -65,3 +66,16 @@ def test_empty_accumulator_summarizes_without_error():
     summary = EpochAccumulator().summarize("val", 0, torch.device("cpu"))
     assert summary.steps == 0 and summary.timings == {} and summary.input_stall_fraction is None
     assert not math.isnan(summary.world_size)
+
+
+def test_summary_text_names_the_side_stream_copy_and_its_transform():
+    accumulator = EpochAccumulator()
+    accumulator.update([timing(i, 0.001, 0.01, 0.02) for i in range(4)])
+    summary = accumulator.summarize("train", 0, torch.device("cpu"))
+    copy_only = {"Time/Transfer": 0.004, "Transfer/GBps": 55.0, "Transfer/hidden_fraction": 0.9}
+    text = dataclasses.replace(summary, transfer_overlap=copy_only).format()
+    assert "side-stream copy 4.00 ms/batch at 55.0 GB/s, 90% hidden behind compute" in text
+    assert "device_transform" not in text
+    transformed = {**copy_only, "Transfer/transform_s": 0.002}
+    text = dataclasses.replace(summary, transfer_overlap=transformed).format()
+    assert "(with the device_transform's 2.00 ms)" in text

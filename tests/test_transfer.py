@@ -126,7 +126,18 @@ def test_copy_metrics():
     assert metrics["Transfer/GBps"] == pytest.approx(50.0)
     assert metrics["Transfer/hidden_fraction"] == pytest.approx(0.875)
     assert metrics["Time/Transfer"] == pytest.approx(0.002)
+    assert "Transfer/transform_s" not in metrics
     assert copy_metrics([]) == {}
+
+
+def test_copy_metrics_keep_the_device_transform_apart_from_the_copy():
+    transformed = CopyTiming(copy=0.002, bytes=100_000_000, exposed=0.001, transform=0.002)
+    assert transformed.hidden_fraction == pytest.approx(0.75)  # 1 ms waited of 4 ms of side-stream work
+    metrics = copy_metrics([transformed])
+    assert metrics["Transfer/GBps"] == pytest.approx(50.0)  # bytes over the copy alone
+    assert metrics["Time/Transfer"] == pytest.approx(0.002)
+    assert metrics["Transfer/transform_s"] == pytest.approx(0.002)
+    assert metrics["Transfer/hidden_fraction"] == pytest.approx(0.75)
 
 
 def test_strategies_are_registered_and_cpu_falls_back_to_stock(tmp_path):
