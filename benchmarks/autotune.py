@@ -29,7 +29,7 @@ from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import article_settings, autotune_loader, probe_hardware, recommend_loader_settings
-from lightning_dataperf.policy import LoaderSettings
+from lightning_dataperf.loaders import LoaderSettings
 
 
 class SleepySamples(Dataset):

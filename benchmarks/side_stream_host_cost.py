@@ -27,7 +27,8 @@ from collections.abc import Callable
 import _common
 import torch
 
-from lightning_dataperf.transfer import SideStreamCopier, _EventPool, iter_tensors
+from lightning_dataperf.batches import iter_tensors
+from lightning_dataperf.copier import SideStreamCopier, _EventPool
 
 
 def host_us(action: Callable[[], object], batches: int, between: Callable[[], object] = lambda: None) -> float:

@@ -16,7 +16,8 @@ import time
 import torch
 from _common import print_table, write_json
 
-from lightning_dataperf.system import GpuSource, SystemSampler
+from lightning_dataperf.sources import GpuSource
+from lightning_dataperf.telemetry import SystemSampler
 
 
 def phase(sampler: SystemSampler, seconds: float, work) -> dict[str, float]:
@@ -55,23 +56,19 @@ def main() -> None:
     finally:
         sampler.stop()
     keys = [
-        "System/gpu_util_percent",
-        "System/gpu_pcie_rx_MBps",
-        "System/gpu_pcie_tx_MBps",
-        "System/gpu_sm_clock_MHz",
-        "System/gpu_power_W",
-        "System/gpu_memory_used_MB",
+        "gpu_util_percent",
+        "gpu_pcie_rx_mbps",
+        "gpu_pcie_tx_mbps",
+        "gpu_sm_clock_mhz",
+        "gpu_power_w",
+        "gpu_memory_used_mb",
     ]
+    nan = float("nan")
     rows = [
-        [
-            key.removeprefix("System/"),
-            f"{copy_means.get(key, float('nan')):.0f}",
-            f"{compute_means.get(key, float('nan')):.0f}",
-        ]
-        for key in keys
+        [key, f"{getattr(copy_means, key) or nan:.0f}", f"{getattr(compute_means, key) or nan:.0f}"] for key in keys
     ]
     table = print_table(["metric", "transfer phase", "compute phase"], rows)
-    write_json("telemetry_phases", {"transfer": copy_means, "compute": compute_means, "table": table})
+    write_json("telemetry_phases", {"transfer": copy_means.known(), "compute": compute_means.known(), "table": table})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import SideStreamStrategy
-from lightning_dataperf.transfer import map_tensors
+from lightning_dataperf.batches import map_tensors
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8, torch.float64]
 

@@ -10,29 +10,34 @@ Example::
 
 from lightning_dataperf.autotune import AutotuneResult, autotune_loader
 from lightning_dataperf.callback import DataPerfCallback
+from lightning_dataperf.copier import SideStreamCopier
+from lightning_dataperf.copy_stats import CopyStats, CopyTiming
 from lightning_dataperf.datamodule import TunedDataModule
-from lightning_dataperf.diagnosis import Diagnosis, Finding, diagnose
+from lightning_dataperf.diagnosis import diagnose
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.findings import Diagnosis, Finding
 from lightning_dataperf.hardware import Hardware, probe_hardware
-from lightning_dataperf.policy import LoaderSettings, article_settings, recommend_loader_settings
+from lightning_dataperf.loaders import LoaderFacts, LoaderSettings
+from lightning_dataperf.policy import article_settings, recommend_loader_settings
 from lightning_dataperf.stats import EpochSummary, TimingSummary
-from lightning_dataperf.system import SystemSampler
+from lightning_dataperf.strategies import SideStreamDDPStrategy, SideStreamStrategy, SideStreamTransferMixin
+from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.telemetry import SystemSampler
 from lightning_dataperf.timing import StepClock, StepTiming
-from lightning_dataperf.transfer import (
-    SideStreamCopier,
-    SideStreamDDPStrategy,
-    SideStreamStrategy,
-    SideStreamTransferMixin,
-)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutotuneResult",
+    "CopyStats",
+    "CopyTiming",
     "DataPerfCallback",
     "Diagnosis",
     "EpochSummary",
+    "Evidence",
     "Finding",
     "Hardware",
+    "LoaderFacts",
     "LoaderSettings",
     "SideStreamCopier",
     "SideStreamDDPStrategy",
@@ -41,6 +46,7 @@ __all__ = [
     "StepClock",
     "StepTiming",
     "SystemSampler",
+    "SystemStats",
     "TimingSummary",
     "TunedDataModule",
     "__version__",

@@ -1,4 +1,4 @@
-"""The one place where lightning_dataperf touches private Lightning API.
+"""The one place where lightning_dataperf touches private Lightning and PyTorch API.
 
 Lightning's data fetcher brackets exactly the loader's ``next()`` with two callables,
 ``data_fetcher._start_profiler`` / ``_stop_profiler``, which every loop points at its own
@@ -14,6 +14,12 @@ would have; ``tests/test_datamodule.py`` checks the resumed order end to end.
 :func:`tensorboard_prefixed` applies a ``TensorBoardLogger``'s ``prefix`` the way its
 ``log_metrics`` does, for the one-event TensorBoard writer in ``loggers.py``;
 ``tests/test_loggers.py`` checks the tags against ``log_metrics``' own.
+
+:func:`accept_connector_devices` / :func:`single_device_root`: Lightning's accelerator connector
+assigns ``parallel_devices`` to a strategy that has that attribute, which is how a single-device
+strategy given no device learns it (``SingleDeviceStrategy`` keeps its own in ``_root_device``).
+:func:`shutdown_loader_iterator` stops a DataLoader iterator's workers now, through PyTorch's
+``_shutdown_workers``. ``tests/test_lightning_hooks.py`` checks both.
 """
 
 from __future__ import annotations
@@ -23,31 +29,56 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+
+from lightning_dataperf.tags import Stage
 
 __all__ = [
     "FETCH_HOOKS",
     "FetchHooks",
+    "accept_connector_devices",
     "check_lightning_compatibility",
-    "loops_by_stage",
+    "fetching_loops",
     "resume_position",
+    "shutdown_loader_iterator",
+    "single_device_root",
     "tensorboard_prefixed",
 ]
 
 FETCH_HOOKS = ("_on_before_fetch", "_on_after_fetch")
 
-FetchCallback = Callable[[str], None]
+FetchCallback = Callable[[Stage], None]
 
 
-def loops_by_stage(trainer: pl.Trainer) -> dict[str, Any]:
-    """The loops that fetch batches, keyed by the stage name used as a metric prefix."""
-    return {
-        "train": trainer.fit_loop.epoch_loop,
-        "val": trainer.fit_loop.epoch_loop.val_loop,
-        "validate": trainer.validate_loop,
-        "test": trainer.test_loop,
-        "predict": trainer.predict_loop,
-    }
+def fetching_loops(trainer: pl.Trainer) -> list[tuple[Stage, Any]]:
+    """The loops that fetch batches and the stage each one times (fit's val loop and ``validate``: val)."""
+    return [
+        (Stage.TRAIN, trainer.fit_loop.epoch_loop),
+        (Stage.VAL, trainer.fit_loop.epoch_loop.val_loop),
+        (Stage.VAL, trainer.validate_loop),
+        (Stage.TEST, trainer.test_loop),
+        (Stage.PREDICT, trainer.predict_loop),
+    ]
+
+
+def accept_connector_devices(strategy: Any) -> None:
+    """Let Lightning's accelerator connector assign the devices (it sets ``parallel_devices`` if present)."""
+    strategy.parallel_devices = None
+
+
+def single_device_root(strategy: Any, device_given: bool) -> torch.device:
+    """The device of a single-device strategy: the one given, else the first the connector assigned."""
+    if not device_given and strategy.parallel_devices:
+        return strategy.parallel_devices[0]
+    return strategy._root_device
+
+
+def shutdown_loader_iterator(iterator: Any) -> None:
+    """Stop a DataLoader iterator's workers and pin thread now, not at garbage collection."""
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
 
 
 def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
@@ -82,7 +113,7 @@ def check_lightning_compatibility(trainer: pl.Trainer) -> None:
     """Raise a clear error if the private fetch hooks are gone from this Lightning version."""
     missing = [
         f"{type(loop).__name__}.{name}"
-        for loop in loops_by_stage(trainer).values()
+        for _, loop in fetching_loops(trainer)
         for name in FETCH_HOOKS
         if not callable(getattr(loop, name, None))
     ]
@@ -104,12 +135,12 @@ class FetchHooks:
 
     before: FetchCallback
     after: FetchCallback
-    _installed: list[tuple[Any, str]] = field(default_factory=list)
+    _installed: list[tuple[Any, Stage]] = field(default_factory=list)
 
     def install(self, trainer: pl.Trainer) -> None:
         check_lightning_compatibility(trainer)
         self.uninstall()
-        for stage, loop in loops_by_stage(trainer).items():
+        for stage, loop in fetching_loops(trainer):
             original_before = loop._on_before_fetch
             original_after = loop._on_after_fetch
             loop._on_before_fetch = self._chain(original_before, self.before, stage, ours_last=True)
@@ -127,7 +158,7 @@ class FetchHooks:
         return bool(self._installed)
 
     @staticmethod
-    def _chain(original: Callable[[], None], ours: FetchCallback, stage: str, ours_last: bool) -> Callable[[], None]:
+    def _chain(original: Callable[[], None], ours: FetchCallback, stage: Stage, ours_last: bool) -> Callable[[], None]:
         # Our timer sits innermost, so the profiler's own bookkeeping is not counted as data wait.
         def before_then_ours() -> None:
             original()

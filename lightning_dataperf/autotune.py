@@ -26,66 +26,34 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
-import hashlib
-import json
 import os
-import random
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.data import sized_len
-from lightning.pytorch.loggers import TensorBoardLogger
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
+from lightning_dataperf.autotune_cache import cache_key, default_cache_path, read_entry, write_entry
+from lightning_dataperf.autotune_trials import (
+    Limits,
+    Trial,
+    TrialRunner,
+    cheapest_near,
+    confirmation_candidates,
+    rng_untouched,
+)
 from lightning_dataperf.hardware import Hardware, probe_hardware
-from lightning_dataperf.policy import LoaderSettings, recommend_loader_settings
-from lightning_dataperf.preflight import BatchFootprint, pinned_bytes
-from lightning_dataperf.transfer import map_tensors
+from lightning_dataperf.loaders import LoaderSettings
+from lightning_dataperf.policy import recommend_loader_settings
 
-__all__ = ["AutotuneResult", "Trial", "autotune_loader", "default_cache_path"]
+__all__ = ["AutotuneResult", "Trial", "autotune_loader", "confirmation_candidates", "default_cache_path"]
 
-_MB = 2**20
 SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
-CACHE_VERSION = 2
-#: Share of the time budget kept for re-measuring the best few configurations after the climb.
-CONFIRM_SHARE = 0.2
-#: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
-#: configuration within noise of the best, and one unlucky measurement must not rule it out.
-CONFIRM_BAND = 0.7
-#: Confirmation rounds at most; more run only while the budget holds another round.
-MAX_CONFIRM_ROUNDS = 4
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One measured (or refused) configuration."""
-
-    num_workers: int
-    prefetch_factor: int | None
-    pin_memory: bool
-    batches_per_sec: float = 0.0
-    startup_s: float = 0.0
-    batches: int = 0
-    memory_mb: float = 0.0
-    refused: str | None = None
-    measurements: int = 1
-
-    @property
-    def config(self) -> tuple[int, int | None, bool]:
-        return self.num_workers, self.prefetch_factor, self.pin_memory
-
-    @property
-    def cost(self) -> tuple[int, float, bool]:
-        """Cheaper first: fewer workers, less memory in flight, no pinning."""
-        return self.num_workers, self.memory_mb, self.pin_memory
 
 
 @dataclass(frozen=True)
@@ -148,270 +116,6 @@ class AutotuneResult:
         data["settings"] = LoaderSettings(**data["settings"])
         data["trials"] = tuple(Trial(**trial) for trial in data["trials"])
         return cls(**data)
-
-
-def default_cache_path() -> Path:
-    """``$LIGHTNING_DATAPERF_CACHE`` or ``~/.cache/lightning_dataperf/autotune.json``."""
-    if env := os.environ.get("LIGHTNING_DATAPERF_CACHE"):
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lightning_dataperf" / "autotune.json"
-
-
-def dataset_fingerprint(dataset: Any) -> str:
-    """Type, length and simple attributes of the dataset (override with a ``dataperf_fingerprint()`` method)."""
-    custom = getattr(dataset, "dataperf_fingerprint", None)
-    if callable(custom):
-        return str(custom())
-    simple = {
-        key: value
-        for key, value in sorted(vars(dataset).items())
-        if isinstance(value, (int, float, str, bool, tuple, type(None))) and not key.startswith("_")
-    }
-    kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    return f"{kind}|{sized_len(dataset)}|{simple!r}"
-
-
-def cache_key(hardware: Hardware, dataset: Any, batch_size: int, loader_kwargs: Mapping[str, Any], device: str) -> str:
-    collate = loader_kwargs.get("collate_fn")
-    collate_name = (
-        "default" if collate is None else f"{type(collate).__qualname__}:{getattr(collate, '__qualname__', '')}"
-    )
-    gpu = hardware.gpus[0].name if hardware.gpus else "none"
-    parts = [
-        f"v{CACHE_VERSION}",
-        f"cpus={hardware.cpus_per_rank}",
-        f"gpu={gpu}",
-        f"device={device}",
-        dataset_fingerprint(dataset),
-        f"batch={batch_size}",
-        f"collate={collate_name}",
-    ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
-
-
-@dataclass(frozen=True)
-class _Limits:
-    """The knobs of one search that are not about the data."""
-
-    time_budget: float
-    batch_budget: int
-    noise: float
-    memory_fraction: float
-    max_epochs: int | None
-    min_workers: int
-
-
-class _Offsets(Sampler[int]):
-    """Each trial reads its own slice of a fixed permutation, so no trial rereads another's samples."""
-
-    def __init__(self, order: list[int], start: int) -> None:
-        self.order, self.start = order, start
-
-    def __iter__(self) -> Iterator[int]:
-        length = len(self.order)
-        return (self.order[(self.start + step) % length] for step in range(length))
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-
-@contextlib.contextmanager
-def _rng_untouched() -> Iterator[None]:
-    """Restore ``random``, NumPy and torch (CPU and CUDA) generator states afterwards."""
-    python_state = random.getstate()
-    numpy_state = None
-    with contextlib.suppress(ImportError):
-        import numpy
-
-        numpy_state = numpy.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-            if numpy_state is not None:
-                import numpy
-
-                numpy.random.set_state(numpy_state)
-
-
-def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:
-    """The ``count`` fastest trials, then the cheapest trial within ``band`` of the fastest if not among them."""
-    ranked = sorted(trials, key=lambda trial: trial.batches_per_sec, reverse=True)
-    chosen = ranked[:count]
-    cheapest = _cheapest_near(ranked, band)
-    if cheapest is not None and cheapest not in chosen:
-        chosen.append(cheapest)
-    return chosen
-
-
-def _cheapest_near(trials: list[Trial], share: float) -> Trial | None:
-    """The cheapest trial at least ``share`` times as fast as the fastest (``None`` without trials)."""
-    if not trials:
-        return None
-    top = max(trial.batches_per_sec for trial in trials)
-    return min((trial for trial in trials if trial.batches_per_sec >= share * top), key=lambda trial: trial.cost)
-
-
-class _Search:
-    """State of one search: budgets, the measured trials, the memory guard."""
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        batch_size: int,
-        loader_kwargs: Mapping[str, Any],
-        hardware: Hardware,
-        device: torch.device | None,
-        limits: _Limits,
-    ) -> None:
-        self.dataset, self.batch_size, self.loader_kwargs = dataset, batch_size, dict(loader_kwargs)
-        self.hardware, self.device, self.limits = hardware, device, limits
-        self.deadline = time.perf_counter() + limits.time_budget
-        self.trials: dict[tuple[int, int | None, bool], Trial] = {}
-        self.batch_bytes: int | None = None
-        length = sized_len(dataset) or 0
-        generator = torch.Generator().manual_seed(0)
-        self.order = torch.randperm(length, generator=generator).tolist() if length else []
-        self.offset = 0
-
-    @property
-    def remaining(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    @property
-    def climb_remaining(self) -> float:
-        """Time left for the climb; the rest of the budget is kept for :meth:`confirm`."""
-        return self.remaining - CONFIRM_SHARE * self.limits.time_budget
-
-    def confirm(self, count: int = 3) -> None:
-        """Re-measure the best ``count`` configurations and the cheapest near them, in rounds, keeping means.
-
-        One lucky trial must not win, and one unlucky trial must not rule out the cheap choice. Each
-        round measures its candidates back to back (so drift on a busy machine hits them alike); rounds
-        repeat, up to ``MAX_CONFIRM_ROUNDS``, while the budget holds another one.
-        """
-        for _ in range(MAX_CONFIRM_ROUNDS):
-            started = time.perf_counter()
-            if not self._confirm_round(count):
-                return
-            if self.remaining < time.perf_counter() - started:
-                return
-
-    def _confirm_round(self, count: int) -> bool:
-        """One measurement more of each candidate; ``False`` when the budget ran out on the way."""
-        measured = [trial for trial in self.trials.values() if trial.refused is None and trial.batches > 1]
-        for trial in confirmation_candidates(measured, count):
-            if self.remaining <= 0:
-                return False
-            again = self._run(*trial.config)
-            if again.batches > 1:
-                rate = (trial.batches_per_sec * trial.measurements + again.batches_per_sec) / (trial.measurements + 1)
-                self.trials[trial.config] = dataclasses.replace(
-                    trial,
-                    batches_per_sec=rate,
-                    batches=trial.batches + again.batches,
-                    measurements=trial.measurements + 1,
-                )
-        return True
-
-    def learn_batch_size(self) -> None:
-        """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
-        kwargs = {key: value for key, value in self.loader_kwargs.items() if key in {"collate_fn", "drop_last"}}
-        sampler = _Offsets(self.order, self.offset) if self.order else None
-        batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
-        self.offset += self.batch_size
-        self.batch_bytes = BatchFootprint.of(batch).bytes
-
-    def affordable(self, config: tuple[int, int | None, bool]) -> tuple[int, int | None, bool]:
-        """``config``, or the nearest one with fewer workers / less prefetch that the memory guard accepts."""
-        workers, prefetch, pin = config
-        while workers and self.refusal(workers, prefetch, pin) is not None:
-            if prefetch and prefetch > 1:
-                prefetch //= 2
-            else:
-                workers //= 2
-        return workers, (prefetch if workers else None), pin
-
-    def memory_mb(self, workers: int, prefetch: int | None, pin: bool) -> float:
-        if self.batch_bytes is None:
-            return 0.0
-        in_flight = workers * (prefetch or 0) + 1
-        pinned = pinned_bytes(self.batch_bytes, in_flight + 1) if pin else 0
-        return (self.batch_bytes * in_flight + pinned) / _MB
-
-    def refusal(self, workers: int, prefetch: int | None, pin: bool) -> str | None:
-        need = self.memory_mb(workers, prefetch, pin)
-        free = [self.hardware.ram_available_mb]
-        if workers and self.hardware.shm_free_mb is not None:
-            free.append(self.hardware.shm_free_mb)
-        fraction = self.limits.memory_fraction
-        if need > fraction * min(free):
-            return f"needs ~{need:.0f} MB of /dev/shm and pinned RAM, over {100 * fraction:.0f}% of free"
-        return None
-
-    def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        key = (workers, prefetch if workers else None, pin)
-        if key in self.trials:
-            return self.trials[key]
-        if (reason := self.refusal(*key)) is not None:
-            trial = Trial(*key, memory_mb=self.memory_mb(*key), refused=reason)
-        else:
-            trial = self._run(*key)
-        self.trials[key] = trial
-        return trial
-
-    def _run(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        per_trial = max(0.25, min(self.remaining, self.limits.time_budget / 20))
-        sampler = _Offsets(self.order, self.offset) if self.order else None
-        kwargs = {
-            key: value
-            for key, value in self.loader_kwargs.items()
-            if key not in {"shuffle", "sampler", "batch_sampler"}
-        }
-        kwargs.update(num_workers=workers, pin_memory=pin, generator=torch.Generator().manual_seed(0))
-        if workers:
-            kwargs["prefetch_factor"] = prefetch
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)
-        started = time.perf_counter()
-        iterator = iter(loader)
-        try:
-            batches, startup, elapsed = self._drain(iterator, started, per_trial)
-        finally:
-            _shutdown(iterator)
-            del iterator, loader
-            gc.collect()
-        self.offset += batches * self.batch_size
-        rate = (batches - 1) / elapsed if batches > 1 and elapsed > 0 else 0.0
-        return Trial(workers, prefetch, pin, rate, startup, batches, self.memory_mb(workers, prefetch, pin))
-
-    def _drain(self, iterator: Iterator[Any], started: float, per_trial: float) -> tuple[int, float, float]:
-        """Time to the first batch (start-up), then steady batches/s until the trial's time or batch budget."""
-        batches, startup, steady_start = 0, 0.0, started
-        copy = self.device is not None and self.device.type == "cuda"
-        for batch in iterator:
-            if copy:
-                map_tensors(batch, lambda tensor: tensor.to(self.device, non_blocking=True))
-            batches += 1
-            now = time.perf_counter()
-            if batches == 1:
-                startup, steady_start = now - started, now
-                if self.batch_bytes is None:
-                    self.batch_bytes = BatchFootprint.of(batch).bytes
-            enough = batches >= 3 and (batches > self.limits.batch_budget or now - started > per_trial)
-            if enough or self.remaining <= 0:
-                break
-        if copy:
-            torch.cuda.synchronize(self.device)
-        return batches, startup, time.perf_counter() - steady_start
-
-
-def _shutdown(iterator: Any) -> None:
-    """Stop a DataLoader iterator's workers and pin thread now, not at garbage collection."""
-    stop = getattr(iterator, "_shutdown_workers", None)
-    if callable(stop):
-        stop()
 
 
 def _neighbours(
@@ -482,16 +186,26 @@ def autotune_loader(
     device_name = "cpu" if device is None else device.type
     key = cache_key(hardware, dataset, batch_size, loader_kwargs, f"{device_name}|min_workers={min_workers}")
     path = Path(cache_path) if cache_path is not None else default_cache_path()
-    if not force and (hit := _read_cache(path, key)) is not None:
+    if not force and (hit := _cached(path, key)) is not None:
         return dataclasses.replace(hit, cached=True)
     started = time.perf_counter()
-    with _rng_untouched(), warnings.catch_warnings():
+    with rng_untouched(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # trying more is the point
-        limits = _Limits(time_budget, batch_budget, noise, memory_fraction, max_epochs, min_workers)
+        limits = Limits(time_budget, batch_budget, noise, memory_fraction, max_epochs, min_workers)
         result = _search(dataset, batch_size, loader_kwargs, hardware, device, limits)
     result = dataclasses.replace(result, search_seconds=time.perf_counter() - started, key=key)
-    _write_cache(path, key, result)
+    write_entry(path, key, result.to_dict())
     return result
+
+
+def _cached(path: Path, key: str) -> AutotuneResult | None:
+    entry = read_entry(path, key)
+    if entry is None:
+        return None
+    try:
+        return AutotuneResult.from_dict(entry)
+    except (KeyError, TypeError):  # written by another version: search again
+        return None
 
 
 def _search(
@@ -500,14 +214,14 @@ def _search(
     loader_kwargs: dict[str, Any],
     hardware: Hardware,
     device: torch.device | None,
-    limits: _Limits,
+    limits: Limits,
 ) -> AutotuneResult:
     noise, min_workers, max_epochs = limits.noise, limits.min_workers, limits.max_epochs
     cuda = device is not None and device.type == "cuda"
     policy = recommend_loader_settings(hardware, max_epochs=max_epochs, accelerator=device.type if device else "cpu")
     fixed = {name: loader_kwargs.pop(name) for name in SEARCH_FIELDS if name in loader_kwargs}
     loader_kwargs.pop("persistent_workers", None)
-    search = _Search(dataset, batch_size, loader_kwargs, hardware, device, limits)
+    search = TrialRunner(dataset, batch_size, loader_kwargs, hardware, device, limits)
     max_workers = max(1, 2 * hardware.cpus_per_rank)  # beyond the cores only pays for I/O-latency-bound loading
 
     def respect_fixed(config: tuple) -> tuple:
@@ -540,7 +254,7 @@ def _search(
     baseline = search.trials[baseline.config]
     measured = [trial for trial in search.trials.values() if trial.refused is None and trial.batches > 1]
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
-    cheapest = _cheapest_near(measured, 1 - noise) or baseline
+    cheapest = cheapest_near(measured, 1 - noise) or baseline
     settings = _settings_from(cheapest, policy, max_epochs)
     return AutotuneResult(
         settings=settings,
@@ -565,63 +279,3 @@ def _settings_from(trial: Trial, policy: LoaderSettings, max_epochs: int | None)
         ),
     }
     return LoaderSettings(trial.num_workers, trial.pin_memory, persistent, trial.prefetch_factor, reasons)
-
-
-def _read_cache(path: Path, key: str) -> AutotuneResult | None:
-    try:
-        entries = json.loads(path.read_text())
-        return AutotuneResult.from_dict(entries[key])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_cache(path: Path, key: str, result: AutotuneResult) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            entries = json.loads(path.read_text())
-        except (OSError, ValueError):
-            entries = {}
-        entries[key] = result.to_dict()
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps(entries, indent=1))
-        temporary.replace(path)
-    except OSError:
-        pass  # a read-only home must not stop training; the next run searches again
-
-
-def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> AutotuneResult:
-    """Run the search for a TunedDataModule's training loader; rank zero searches, the others receive it."""
-    options = dict(module.autotune_options)
-    trainer = getattr(module, "trainer", None)
-    loader_kwargs = {key: value for key, value in explicit.items() if key not in {"dataset", "batch_size"}}
-    device = None
-    options.setdefault("min_workers", 1)  # the main process will be busy training
-    if trainer is not None:
-        device = trainer.strategy.root_device if trainer.strategy.root_device.type == "cuda" else torch.device("cpu")
-        options.setdefault("max_epochs", trainer.max_epochs)
-    result = None
-    if trainer is None or trainer.is_global_zero:
-        result = autotune_loader(
-            explicit["dataset"],
-            explicit.get("batch_size", 1) or 1,
-            loader_kwargs,
-            hardware=module.hardware,
-            device=device,
-            **options,
-        )
-    if trainer is not None and trainer.world_size > 1:
-        result = trainer.strategy.broadcast(result, src=0)
-    assert result is not None
-    if trainer is None or trainer.is_global_zero:
-        print(result.format(), flush=True)
-        for logger in trainer.loggers if trainer is not None else []:
-            logger.log_hyperparams(
-                {
-                    "dataperf/autotune_batches_per_sec": result.chosen_batches_per_sec,
-                    "dataperf/autotune_ceiling_speedup": result.ceiling_speedup,
-                }
-            )
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text("DataPerf/autotune", f"```\n{result.format()}\n```")
-    return result

@@ -1,93 +1,49 @@
-"""DataPerfCallback: per-step data-wait, transfer and compute timing for every Lightning loop."""
+"""DataPerfCallback: per-step data-wait, transfer and compute timing for every Lightning loop.
+
+The hooks live here; the per-stage state is :class:`~lightning_dataperf.stage_timer.StageTimer`, the
+verdict comes from :mod:`lightning_dataperf.diagnosis`, and the console/TensorBoard-text/JSON output
+from :mod:`lightning_dataperf.outputs`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import FetchHooks
-from lightning_dataperf.datamodule import TunedDataModule
-from lightning_dataperf.diagnosis import Diagnosis, Evidence, LoaderFacts, diagnose
-from lightning_dataperf.hardware import Hardware, pcie_capacity_mbps, probe_hardware
+from lightning_dataperf.batches import BatchFootprint, samples_in
+from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.diagnosis import diagnose
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.findings import Diagnosis
+from lightning_dataperf.hardware import Hardware, pcie_capacity_of_device, probe_hardware
+from lightning_dataperf.loaders import LoaderFacts, first_loader
 from lightning_dataperf.loggers import log_metrics
-from lightning_dataperf.preflight import BatchFootprint, Problem, check_batch, check_loader
-from lightning_dataperf.stats import EpochAccumulator, EpochSummary, TimingSummary, window_metrics
-from lightning_dataperf.system import SystemSampler
-from lightning_dataperf.timing import StepClock, StepTiming
-from lightning_dataperf.transfer import CopyTiming, SideStreamTransferMixin, copy_metrics
+from lightning_dataperf.outputs import EpochOutputs
+from lightning_dataperf.preflight import Problem, check_batch, check_loader
+from lightning_dataperf.stage_timer import StageTimer
+from lightning_dataperf.stats import EpochSummary
+from lightning_dataperf.strategies import SideStreamTransferMixin
+from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.tags import Stage
+from lightning_dataperf.telemetry import SystemSampler
+from lightning_dataperf.timing import StepClock
 from lightning_dataperf.watchdog import HangReport, HangWatchdog
 
 __all__ = ["DataPerfCallback"]
 
-#: Metric prefix per stage; training metrics carry none.
-STAGE_PREFIX = {"train": "", "val": "val/", "test": "test/", "predict": "predict/"}
-_LOOP_STAGE = {"train": "train", "val": "val", "validate": "val", "test": "test", "predict": "predict"}
 #: Evaluation loops read finished steps back every this many batches (training: at each log point).
 _EVAL_COLLECT_EVERY = 64
-SUMMARY_FILE = "dataperf_summaries.jsonl"
-
-
-@dataclass
-class _StageTimer:
-    """Timing state of one stage (train, val, test or predict)."""
-
-    clock: StepClock
-    accumulator: EpochAccumulator = field(default_factory=EpochAccumulator)
-    window: list[StepTiming] = field(default_factory=list)
-    active: bool = False
-    anchor: float | None = None
-    batches: int = 0
-    dataloader_idx: int = 0
-    copies: list[CopyTiming] = field(default_factory=list)
-    epoch_copies: list[CopyTiming] = field(default_factory=list)
-
-    def collect(self) -> list[StepTiming]:
-        done = self.clock.completed()
-        self.window.extend(done)
-        self.accumulator.update(done)
-        return done
-
-    def start_epoch(self, anchor: float) -> None:
-        self.clock.break_continuity(new_epoch=True)
-        self.accumulator.reset()
-        self.window.clear()
-        self.copies.clear()
-        self.epoch_copies.clear()
-        self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
-
-    def collect_copies(self, strategy: Any) -> None:
-        if isinstance(strategy, SideStreamTransferMixin):
-            done = strategy.pop_copy_timings()
-            self.copies.extend(done)
-            self.epoch_copies.extend(done)
-
-    def window_metrics(self, prefix: str = "") -> dict[str, float]:
-        """Metrics of the steps (and side-stream copies) since the last call; clears the window."""
-        metrics = window_metrics(self.window, prefix)
-        metrics.update(copy_metrics(self.copies, prefix))
-        self.window.clear()
-        self.copies.clear()
-        return metrics
-
-    def finish_epoch(self) -> None:
-        done = self.clock.flush()
-        self.window.extend(done)
-        self.accumulator.update(done)
-        self.active = False
 
 
 class DataPerfCallback(Callback):
@@ -123,6 +79,7 @@ class DataPerfCallback(Callback):
         data_path: where the dataset lives, so disk metrics watch that device (else all disks).
         preflight: run the pre-flight checks at fit start and on the first batch.
         hang_timeout: seconds without a batch before the watchdog reports; ``None`` turns it off.
+        clock: host clock in seconds (default ``time.perf_counter``; tests inject a fake one).
 
     Example::
 
@@ -147,10 +104,11 @@ class DataPerfCallback(Callback):
         data_path: str | os.PathLike[str] | None = None,
         preflight: bool = True,
         hang_timeout: float | None = 300.0,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        unknown = set(stages) - set(STAGE_PREFIX)
-        if unknown:
-            raise ValueError(f"DataPerfCallback(stages=...) got {sorted(unknown)}; choose from {list(STAGE_PREFIX)}.")
+        known = [stage.value for stage in Stage]
+        if unknown := set(stages) - set(known):
+            raise ValueError(f"DataPerfCallback(stages=...) got {sorted(unknown)}; choose from {known}.")
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"DataPerfCallback(log_every_n_steps={log_every_n_steps}) must be >= 1.")
         if telemetry_interval <= 0:
@@ -159,25 +117,25 @@ class DataPerfCallback(Callback):
             raise ValueError(f"DataPerfCallback(hang_timeout={hang_timeout}) must be > 0 seconds, or None for off.")
         self.batch_size_fn = batch_size_fn
         self.log_every_n_steps = log_every_n_steps
-        self.print_summary = print_summary
-        self.write_json = write_json
-        self.stages = tuple(stages)
+        self.stages = tuple(Stage(stage) for stage in stages)
         self.telemetry = telemetry
         self.telemetry_interval = telemetry_interval
         self.data_path = data_path
         self.preflight = preflight
         self.hang_timeout = hang_timeout
+        self.outputs = EpochOutputs(print_summary=print_summary, write_json=write_json)
         self.preflight_problems: list[Problem] = []
         self.hang_reports: list[HangReport] = []
         self.hardware: Hardware | None = None
         self.sampler: SystemSampler | None = None
-        self._watchdog: HangWatchdog | None = None
-        self._batch_checked = False
         self.summaries: list[EpochSummary] = []
         self.diagnoses: list[Diagnosis] = []
-        self._timers: dict[str, _StageTimer] = {}
+        self._clock = clock
+        self._watchdog: HangWatchdog | None = None
+        self._batch_checked = False
+        self._timers: dict[Stage, StageTimer] = {}
         self._hooks = FetchHooks(before=self._on_fetch_start, after=self._on_fetch_end)
-        self._boundary = time.perf_counter()
+        self._boundary = clock()
         self._train_epochs_started = 0
         self._batch_size_warned = False
 
@@ -192,38 +150,23 @@ class DataPerfCallback(Callback):
         """The most recent verdict."""
         return self.diagnoses[-1] if self.diagnoses else None
 
-    def diagnose_now(self, trainer: pl.Trainer, stage: str = "train") -> Diagnosis | None:
-        """Verdict on the steps measured so far in the current epoch (local to this rank)."""
-        timer = self._timers.get(stage)
-        if timer is None:
-            return None
-        timer.collect()
-        summary = timer.accumulator.summarize(stage, trainer.current_epoch, torch.device("cpu"))
-        return diagnose(self._evidence(trainer, summary))
-
     # ------------------------------------------------------------------ lifecycle
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         device = trainer.strategy.root_device
-        self._timers = {name: _StageTimer(StepClock(device)) for name in self.stages}
+        self._timers = {name: StageTimer(StepClock(device, self._clock), name) for name in self.stages}
         self._hooks.install(trainer)
-        self._boundary = time.perf_counter()
+        self._boundary = self._clock()
         self._train_epochs_started = 0
         self._batch_checked = False
         self.hardware = probe_hardware(self.data_path, accelerator=device.type)
-        self._start_sampler(device)
-
-    def _start_sampler(self, device: torch.device) -> None:
-        ticks = []
+        if self.telemetry:
+            cuda_device = device.index if device.type == "cuda" else None
+            self.sampler = SystemSampler(self.telemetry_interval, cuda_device, self.data_path)
+            self.sampler.start()
         if self.hang_timeout is not None:
             self._watchdog = HangWatchdog(self.hang_timeout, report=self._on_hang)
-            ticks.append(self._watchdog.check)
-        if not (self.telemetry or ticks):
-            return
-        cuda_device = device.index if device.type == "cuda" and self.telemetry else None
-        sources = None if self.telemetry else []
-        self.sampler = SystemSampler(self.telemetry_interval, cuda_device, self.data_path, sources, on_tick=ticks)
-        self.sampler.start()
+            self._watchdog.start()
 
     def _on_hang(self, report: HangReport) -> None:
         self.hang_reports.append(report)
@@ -241,27 +184,26 @@ class DataPerfCallback(Callback):
         if self.sampler is not None:
             self.sampler.stop()
             self.sampler = None
-        self._watchdog = None
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         self._hooks.uninstall()
         for timer in self._timers.values():
-            timer.clock.reset()
-            timer.window.clear()
-            timer.active = False
+            timer.release()
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._boundary = time.perf_counter()
-        if isinstance(trainer.logger, TensorBoardLogger) and trainer.is_global_zero:
-            _write_custom_scalars(trainer.logger)
+        self._boundary = self._clock()
+        self.outputs.write_layout(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loader = _first_loader(trainer.train_dataloader)
+        loader = first_loader(trainer.train_dataloader)
         if self.preflight and self.hardware is not None and loader is not None:
             problems = check_loader(loader, self.hardware)
-            if isinstance(trainer.datamodule, TunedDataModule):
-                # It warned about an explicit num_workers when it built the loader, and autotune's
-                # choice is measured: saying it again here would only repeat or contradict that.
+            if getattr(trainer.datamodule, "dataperf_checks_worker_budget", False):
+                # The DataModule warned about an explicit num_workers when it built the loader (and
+                # autotune's choice is measured): saying it again here would only repeat or contradict it.
                 problems = [problem for problem in problems if problem.check != "workers_exceed_cpus"]
             self._warn(trainer, problems)
 
@@ -269,7 +211,7 @@ class DataPerfCallback(Callback):
         if self._batch_checked or not self.preflight or self.hardware is None:
             return
         self._batch_checked = True
-        loader = _first_loader(trainer.train_dataloader)
+        loader = first_loader(trainer.train_dataloader)
         if loader is not None:
             self._warn(trainer, check_batch(BatchFootprint.of(batch), loader, self.hardware))
 
@@ -281,33 +223,35 @@ class DataPerfCallback(Callback):
 
     @override
     def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._boundary = time.perf_counter()
+        self._boundary = self._clock()
 
     # ------------------------------------------------------------------ fetch hooks
-    def _on_fetch_start(self, loop_stage: str) -> None:
+    def _on_fetch_start(self, stage: Stage) -> None:
         if self._watchdog is not None:
             self._watchdog.fetch_started()
-        timer = self._timers.get(_LOOP_STAGE[loop_stage])
+        timer = self._timers.get(stage)
         if timer is not None and timer.active:
             timer.clock.fetch_started()
 
-    def _on_fetch_end(self, loop_stage: str) -> None:
-        timer = self._timers.get(_LOOP_STAGE[loop_stage])
+    def _on_fetch_end(self, stage: Stage) -> None:
+        timer = self._timers.get(stage)
         if self._watchdog is not None:
             self._watchdog.batch_arrived(None if timer is None else timer.batches)
         if timer is None or not timer.active:
             return
         timer.clock.fetch_finished()
         if timer.accumulator.epoch_start is None and timer.anchor is not None:
-            timer.accumulator.epoch_start = time.perf_counter() - timer.anchor
+            timer.accumulator.epoch_start = self._clock() - timer.anchor
 
     # ------------------------------------------------------------------ shared step logic
-    def _epoch_started(self, trainer: pl.Trainer, stage: str, anchor: float) -> None:
+    def _epoch_started(self, trainer: pl.Trainer, stage: Stage, anchor: float) -> None:
+        if stage is Stage.VAL and (train := self._timers.get(Stage.TRAIN)) is not None and not trainer.sanity_checking:
+            train.clock.break_continuity()  # validation inside fit: the next train step's gap is not steady state
         timer = self._timers.get(stage)
         if timer is not None and not trainer.sanity_checking:
             timer.start_epoch(anchor)
 
-    def _batch_started(self, trainer: pl.Trainer, stage: str, dataloader_idx: int = 0) -> None:
+    def _batch_started(self, stage: Stage, dataloader_idx: int = 0) -> None:
         timer = self._timers.get(stage)
         if timer is None or not timer.active:
             return
@@ -316,7 +260,7 @@ class DataPerfCallback(Callback):
             timer.clock.break_continuity(new_epoch=True)
         timer.clock.step_started()
 
-    def _batch_finished(self, trainer: pl.Trainer, stage: str, batch: Any) -> None:
+    def _batch_finished(self, stage: Stage, batch: Any) -> None:
         """An evaluation batch ended (training's on_train_batch_end does the same inline, plus logging)."""
         timer = self._timers.get(stage)
         if timer is None or not timer.active:
@@ -326,66 +270,53 @@ class DataPerfCallback(Callback):
         if timer.batches % _EVAL_COLLECT_EVERY == 0:
             timer.collect()  # evaluation has no log points, only a queue to keep bounded
 
-    def _epoch_finished(self, trainer: pl.Trainer, stage: str) -> None:
+    def _epoch_finished(self, trainer: pl.Trainer, stage: Stage) -> None:
         if self._watchdog is not None:
             self._watchdog.idle()
+        if stage is Stage.VAL:
+            self._boundary = self._clock()
         timer = self._timers.get(stage)
         if timer is None or not timer.active:
             return
         timer.finish_epoch()
         timer.collect_copies(trainer.strategy)
         window = timer.window_metrics()
-        if stage == "train":
+        if stage is Stage.TRAIN:
             self._log(trainer, window)
         summary = timer.accumulator.summarize(
-            stage,
+            stage.value,
             trainer.current_epoch,
             device=trainer.strategy.root_device,
             all_gather=trainer.strategy.all_gather,
             world_size=trainer.world_size,
         )
-        if timer.epoch_copies:
-            summary = dataclasses.replace(summary, transfer_overlap=copy_metrics(timer.epoch_copies))
+        if (copies := CopyStats.of(timer.epoch_copies)) is not None:
+            summary = dataclasses.replace(summary, copies=copies)
         self._report(trainer, summary)
 
     def _report(self, trainer: pl.Trainer, summary: EpochSummary) -> None:
         diagnosis = diagnose(self._evidence(trainer, summary))
         self.summaries.append(summary)
         self.diagnoses.append(diagnosis)
-        prefix = STAGE_PREFIX[summary.stage]
-        metrics = summary.to_metrics(prefix)
-        if summary.stage != "train":
-            metrics.update(_mean_metrics(summary, prefix))
+        stage = Stage(summary.stage)
+        metrics = summary.to_metrics(stage)
+        if stage is not Stage.TRAIN:
+            metrics.update(summary.mean_metrics(stage))
         self._log(trainer, metrics)
-        if not trainer.is_global_zero:
-            return
-        if self.print_summary:
-            print(f"{summary.format()}\n{diagnosis.format()}", flush=True)
-        for logger in trainer.loggers:
-            if isinstance(logger, TensorBoardLogger):
-                text = "```\n" + summary.format() + "\n" + diagnosis.format() + "\n```"
-                logger.experiment.add_text(f"{prefix}DataPerf/diagnosis", text, trainer.global_step)
-        if self.write_json and (directory := _log_dir(trainer)) is not None:
-            os.makedirs(directory, exist_ok=True)
-            record = {
-                "summary": summary.to_dict(),
-                "diagnosis": diagnosis.to_dict(),
-                "global_step": trainer.global_step,
-            }
-            with open(os.path.join(directory, SUMMARY_FILE), "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record, default=str) + "\n")
+        self.outputs.publish(trainer, summary, diagnosis)
 
     def _evidence(self, trainer: pl.Trainer, summary: EpochSummary) -> Evidence:
-        loader = trainer.train_dataloader if summary.stage == "train" else None
-        system = self.sampler.epoch_means() if self.sampler is not None and summary.stage == "train" else {}
+        train = summary.stage == Stage.TRAIN
+        loader = first_loader(trainer.train_dataloader) if train else None
+        system = self.sampler.epoch_means() if self.sampler is not None and train else SystemStats()
         hardware = self.hardware
         return Evidence(
             summary=summary,
-            loader=LoaderFacts.of(_first_loader(loader)),
+            loader=LoaderFacts.of(loader),
             system=system,
             side_stream_transfer=isinstance(trainer.strategy, SideStreamTransferMixin),
             usable_cpus=None if hardware is None else hardware.cpus_per_rank,
-            pcie_capacity_mbps=_pcie_capacity(hardware, trainer.strategy.root_device),
+            pcie_capacity_mbps=pcie_capacity_of_device(hardware, trainer.strategy.root_device),
         )
 
     def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
@@ -396,13 +327,8 @@ class DataPerfCallback(Callback):
         try:
             if self.batch_size_fn is not None:
                 return int(self.batch_size_fn(batch))
-            # What extract_batch_size returns (the first tensor's first dimension), ~20x cheaper.
-            first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
-            if not isinstance(first, torch.Tensor):
-                first = _first_tensor(batch)
-            if first is not None:
-                shape = first.shape
-                return shape[0] if shape else 1
+            if (samples := samples_in(batch)) is not None:
+                return samples
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return extract_batch_size(batch)
@@ -420,9 +346,9 @@ class DataPerfCallback(Callback):
     @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Epoch 0's loader iterator (worker start-up) is created before this hook; later ones after it.
-        anchor = self._boundary if self._train_epochs_started == 0 else time.perf_counter()
+        anchor = self._boundary if self._train_epochs_started == 0 else self._clock()
         self._train_epochs_started += 1
-        self._epoch_started(trainer, "train", anchor)
+        self._epoch_started(trainer, Stage.TRAIN, anchor)
         if self.sampler is not None:
             self.sampler.reset_epoch()
 
@@ -433,7 +359,7 @@ class DataPerfCallback(Callback):
         # The four per-batch hooks are kept to a few calls each: at a 4 ms step, 1% is 40 us.
         if not self._batch_checked:
             self._check_first_batch(trainer, batch)  # before the step's clock starts: not counted as compute
-        timer = self._timers.get("train")
+        timer = self._timers.get(Stage.TRAIN)
         if timer is not None and timer.active:
             timer.clock.step_started()
 
@@ -441,8 +367,8 @@ class DataPerfCallback(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._boundary = time.perf_counter()
-        timer = self._timers.get("train")
+        self._boundary = self._clock()
+        timer = self._timers.get(Stage.TRAIN)
         if timer is None or not timer.active:
             return
         timer.clock.step_finished(timer.batches, samples=self._batch_size(batch))
@@ -450,115 +376,17 @@ class DataPerfCallback(Callback):
         if timer.batches % (self.log_every_n_steps or trainer.log_every_n_steps or 1) == 0:
             self._log_window(trainer, timer)
 
-    def _log_window(self, trainer: pl.Trainer, timer: _StageTimer) -> None:
+    def _log_window(self, trainer: pl.Trainer, timer: StageTimer) -> None:
         timer.collect()  # here, not per step: read-back and bookkeeping cost once per log point
         timer.collect_copies(trainer.strategy)
         metrics = timer.window_metrics()
         if self.sampler is not None:
-            metrics.update(self.sampler.window_means())
+            metrics.update(self.sampler.window_means().to_metrics())
         self._log(trainer, metrics)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_finished(trainer, "train")
-
-    # ------------------------------------------------------------------ evaluation hooks
-    @override
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        train = self._timers.get("train")
-        if train is not None and not trainer.sanity_checking:
-            train.clock.break_continuity()
-        self._epoch_started(trainer, "val", self._boundary)
-
-    @override
-    def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_started(trainer, "val", dataloader_idx)
-
-    @override
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_finished(trainer, "val", batch)
-
-    @override
-    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_finished(trainer, "val")
-        self._boundary = time.perf_counter()
-
-    @override
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_started(trainer, "test", self._boundary)
-
-    @override
-    def on_test_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_started(trainer, "test", dataloader_idx)
-
-    @override
-    def on_test_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_finished(trainer, "test", batch)
-
-    @override
-    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_finished(trainer, "test")
-
-    @override
-    def on_predict_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_started(trainer, "predict", self._boundary)
-
-    @override
-    def on_predict_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_started(trainer, "predict", dataloader_idx)
-
-    @override
-    def on_predict_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_finished(trainer, "predict", batch)
-
-    @override
-    def on_predict_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_finished(trainer, "predict")
+        self._epoch_finished(trainer, Stage.TRAIN)
 
     # ------------------------------------------------------------------ checkpointing
     @override
@@ -567,79 +395,46 @@ class DataPerfCallback(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.summaries = [_summary_from_dict(raw) for raw in state_dict.get("summaries", [])]
+        self.summaries = [EpochSummary.from_dict(raw) for raw in state_dict.get("summaries", [])]
 
 
-def _first_tensor(batch: Any, depth: int = 0) -> torch.Tensor | None:
-    """The first tensor in depth-first order through tensors, mappings, lists and tuples."""
-    if isinstance(batch, torch.Tensor):
-        return batch
-    if isinstance(batch, (list, tuple)):
-        values: Any = batch
-    elif isinstance(batch, dict):
-        values = batch.values()
-    else:
-        return None
-    if depth > 8:
-        return None
-    for value in values:
-        if (found := _first_tensor(value, depth + 1)) is not None:
-            return found
-    return None
+def _evaluation_hooks(stage: Stage) -> tuple[Callable[..., None], ...]:
+    """The four hooks of one evaluation loop; they differ from each other only in ``stage``."""
+
+    def on_epoch_start(self: DataPerfCallback, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_started(trainer, stage, self._boundary)
+
+    def on_batch_start(
+        self: DataPerfCallback,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_started(stage, dataloader_idx)
+
+    def on_batch_end(
+        self: DataPerfCallback,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._batch_finished(stage, batch)
+
+    def on_epoch_end(self: DataPerfCallback, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_finished(trainer, stage)
+
+    return on_epoch_start, on_batch_start, on_batch_end, on_epoch_end
 
 
-def _pcie_capacity(hardware: Hardware | None, device: torch.device) -> float | None:
-    if hardware is None or device.type != "cuda" or not hardware.gpus:
-        return None
-    gpu = hardware.gpus[min(device.index or 0, len(hardware.gpus) - 1)]
-    return pcie_capacity_mbps(gpu)
-
-
-def _mean_metrics(summary: EpochSummary, prefix: str) -> dict[str, float]:
-    metrics = {f"{prefix}Time/{name}": timing.mean for name, timing in summary.timings.items()}
-    if summary.samples_per_sec is not None:
-        metrics[f"{prefix}Throughput/samples_per_sec"] = summary.samples_per_sec
-    if summary.input_stall_fraction is not None:
-        metrics[f"{prefix}DataPerf/input_stall_fraction"] = summary.input_stall_fraction
-    return metrics
-
-
-def _summary_from_dict(raw: dict[str, Any]) -> EpochSummary:
-    raw = dict(raw)
-    raw["timings"] = {name: TimingSummary(**values) for name, values in raw.get("timings", {}).items()}
-    return EpochSummary(**raw)
-
-
-def _first_loader(loader: Any) -> Any:
-    flattened = getattr(loader, "flattened", None)
-    if flattened:
-        return flattened[0]
-    return loader
-
-
-def _log_dir(trainer: pl.Trainer) -> str | None:
-    for logger in trainer.loggers:
-        directory = getattr(logger, "log_dir", None)
-        if directory:
-            return str(directory)
-    return trainer.default_root_dir if trainer.loggers else None
-
-
-#: TensorBoard custom-scalars layout. Tags are regular expressions, anchored so that ``Time/Compute``
-#: does not also pull in ``Time/Compute_max`` or ``Epoch/Time/Compute_p90``.
-CUSTOM_SCALARS = {
-    "DataPerf": {
-        "Data wait vs compute (s)": [
-            "Multiline",
-            ["^Time/DataLoading$", "^Time/Compute$", "^Time/Transfer$", "^Time/DeviceIdle$"],
-        ],
-        "Step time (s)": ["Multiline", ["^Time/Step$", "^Time/Step_max$"]],
-        "Input stall fraction": ["Multiline", ["^DataPerf/input_stall_fraction$"]],
-        "System (%)": ["Multiline", ["^System/gpu_util_percent$", "^System/cpu_busy_percent_mean$"]],
-    }
-}
-
-
-def _write_custom_scalars(logger: TensorBoardLogger) -> None:
-    """One TensorBoard chart with Time/DataLoading and Time/Compute (and the rest) together."""
-    logger.experiment.add_custom_scalars(CUSTOM_SCALARS)
+_EVAL_HOOKS = ("epoch_start", "batch_start", "batch_end", "epoch_end")
+for _stage, _loop in ((Stage.VAL, "validation"), (Stage.TEST, "test"), (Stage.PREDICT, "predict")):
+    for _suffix, _hook in zip(_EVAL_HOOKS, _evaluation_hooks(_stage), strict=True):
+        _name = f"on_{_loop}_{_suffix}"
+        assert callable(getattr(Callback, _name)), _name  # a hook Lightning calls: fails loudly if renamed
+        _hook.__name__ = _hook.__qualname__ = _name
+        setattr(DataPerfCallback, _name, _hook)

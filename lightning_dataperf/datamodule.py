@@ -39,7 +39,8 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 
 from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf.hardware import Hardware, probe_hardware
-from lightning_dataperf.policy import POLICY_FIELDS, LoaderSettings, check_loader_kwargs, recommend_loader_settings
+from lightning_dataperf.loaders import POLICY_FIELDS, LoaderSettings
+from lightning_dataperf.policy import check_loader_kwargs, recommend_loader_settings
 from lightning_dataperf.sampler import (
     EpochAwareDistributedSampler,
     EpochAwareSamplerWrapper,
@@ -47,15 +48,12 @@ from lightning_dataperf.sampler import (
     UnpaddedDistributedSampler,
 )
 from lightning_dataperf.seeding import EpochSeededWorkerInit, SharedEpoch
+from lightning_dataperf.tags import Stage
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
 
-LOADER_HOOKS = {
-    "train_dataloader": "train",
-    "val_dataloader": "val",
-    "test_dataloader": "test",
-    "predict_dataloader": "predict",
-}
+#: The DataModule hooks that build loaders, per stage.
+LOADER_HOOKS = {f"{stage.value}_dataloader": stage.value for stage in Stage}
 _INSIDE_HOOK = threading.local()
 _DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
 
@@ -121,6 +119,9 @@ class TunedDataModule(pl.LightningDataModule):
     does not inject a second one; it uses the same seed (``seed_everything``'s), and its worker seeding
     replaces Lightning's ``pl_worker_init_function`` rather than adding to it.
     """
+
+    #: Read by DataPerfCallback: this module checks ``num_workers`` against the CPU budget itself.
+    dataperf_checks_worker_budget = True
 
     def __init__(
         self,
@@ -276,7 +277,7 @@ class TunedDataModule(pl.LightningDataModule):
         return {"sampler": sampler, "shuffle": None}
 
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
-        from lightning_dataperf.autotune import autotune_for_datamodule
+        from lightning_dataperf.autotune_lightning import autotune_for_datamodule
 
         _INSIDE_HOOK.bypass = True  # the search's own trial loaders are built as they are
         try:

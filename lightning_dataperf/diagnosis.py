@@ -13,132 +13,16 @@ Example::
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-from lightning_dataperf.stats import EpochSummary
+from lightning_dataperf import tags
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.findings import Diagnosis, Finding
 
-__all__ = ["Diagnosis", "Evidence", "Finding", "LoaderFacts", "diagnose"]
+__all__ = ["RULES", "diagnose"]
 
 #: A stage that costs at least this share of the step is called a bottleneck.
 SIGNIFICANT_SHARE = 0.10
-
-
-@dataclass(frozen=True)
-class LoaderFacts:
-    """The DataLoader settings that the advice refers to."""
-
-    num_workers: int | None = None
-    pin_memory: bool | None = None
-    persistent_workers: bool | None = None
-    prefetch_factor: int | None = None
-    batch_size: int | None = None
-
-    @classmethod
-    def of(cls, loader: Any) -> LoaderFacts:
-        """Read the settings of a ``DataLoader`` (anything else gives unknowns)."""
-        loader = getattr(loader, "dataloader", loader)
-        return cls(
-            num_workers=getattr(loader, "num_workers", None),
-            pin_memory=getattr(loader, "pin_memory", None),
-            persistent_workers=getattr(loader, "persistent_workers", None),
-            prefetch_factor=getattr(loader, "prefetch_factor", None),
-            batch_size=getattr(loader, "batch_size", None),
-        )
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """Everything a rule may look at. ``system`` holds ``System/...`` interval means, if sampled."""
-
-    summary: EpochSummary
-    loader: LoaderFacts = field(default_factory=LoaderFacts)
-    system: Mapping[str, float] = field(default_factory=dict)
-    side_stream_transfer: bool = False
-    usable_cpus: int | None = None
-    pcie_capacity_mbps: float | None = None
-
-    def timing(self, name: str, statistic: str = "mean") -> float | None:
-        summary = self.summary.timings.get(name)
-        return None if summary is None else getattr(summary, statistic)
-
-    @property
-    def step_mean(self) -> float | None:
-        """Mean step time on the timeline that binds: the device's on CUDA, the host's elsewhere.
-
-        On CUDA the host may run ahead of the GPU, so its step time can be shorter than the GPU's work;
-        the device step (end of step N-1 to end of step N) is idle + transfer + compute.
-        """
-        if self.summary.on_device:
-            parts = [self.timing(name) for name in ("DeviceIdle", "Transfer", "Compute")]
-            if parts[2] is not None:
-                return sum(part or 0.0 for part in parts)
-        return self.timing("Step")
-
-    def host_explains_idle(self) -> bool:
-        """CUDA: was the host blocked in the loader for at least half of the GPU's idle time?"""
-        idle, wait = self.timing("DeviceIdle") or 0.0, self.timing("DataLoading") or 0.0
-        return wait >= 0.5 * idle
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosed cause, with the numbers behind it and what to do."""
-
-    kind: str
-    headline: str
-    share: float
-    evidence: dict[str, float]
-    advice: list[str]
-
-    @property
-    def ceiling_speedup(self) -> float:
-        """Upper bound on the speed-up if this stage cost nothing: 1 / (1 - share)."""
-        return math.inf if self.share >= 1 else 1.0 / (1.0 - self.share)
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """The verdict for one epoch: the binding stage first, then secondary findings."""
-
-    stage: str
-    epoch: int
-    findings: list[Finding]
-
-    @property
-    def bottleneck(self) -> str:
-        return self.findings[0].kind if self.findings else "unknown"
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for finding, raw in zip(self.findings, data["findings"], strict=True):
-            raw["ceiling_speedup"] = finding.ceiling_speedup
-        data["bottleneck"] = self.bottleneck
-        return data
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
-
-    def format(self) -> str:
-        if not self.findings:
-            return f"DataPerf verdict ({self.stage} epoch {self.epoch}): not enough steps measured yet."
-        lines = [f"DataPerf verdict ({self.stage} epoch {self.epoch}): {self.findings[0].headline}"]
-        for index, finding in enumerate(self.findings):
-            if index:
-                lines.append(f"  also: {finding.headline}")
-            numbers = ", ".join(f"{key}={_fmt(value)}" for key, value in finding.evidence.items())
-            lines.append(f"    evidence: {numbers}")
-            if finding.kind != "compute_bound":
-                lines.append(f"    ceiling speed-up if removed: {finding.ceiling_speedup:.2f}x")
-            lines.extend(f"    -> {advice}" for advice in finding.advice)
-        return "\n".join(lines)
-
-
-def _fmt(value: float) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 Rule = Callable[[Evidence], "Finding | None"]
@@ -153,10 +37,10 @@ def _input_bound(evidence: Evidence) -> Finding | None:
         return None  # the GPU idles but the host was not waiting for data: host-bound, not input-bound
     loader = evidence.loader
     numbers: dict[str, float] = {"input_stall_fraction": share}
-    wait = evidence.timing("DataLoading")
+    wait = evidence.timing(tags.DATA_LOADING)
     if wait is not None:
         numbers["data_wait_ms"] = 1e3 * wait
-    if summary.on_device and (idle := evidence.timing("DeviceIdle")) is not None:
+    if summary.on_device and (idle := evidence.timing(tags.DEVICE_IDLE)) is not None:
         numbers["device_idle_ms"] = 1e3 * idle
     where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
     kind, cause = _input_cause(evidence)
@@ -164,9 +48,9 @@ def _input_bound(evidence: Evidence) -> Finding | None:
     if loader.num_workers is not None:
         numbers["num_workers"] = float(loader.num_workers)
     for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_percent_mean"):
-        if (value := evidence.system.get(f"System/{key}")) is not None:
+        if (value := getattr(evidence.system, key)) is not None:
             numbers[key] = value
-    if (disk := evidence.system.get("System/disk_util_percent")) is not None and kind == "input_bound_storage":
+    if (disk := evidence.system.disk_util_percent) is not None and kind == "input_bound_storage":
         numbers["disk_util_percent"] = disk
     return Finding(
         kind=kind,
@@ -188,12 +72,12 @@ IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 
 def _input_cause(evidence: Evidence) -> tuple[str, str]:
     system = evidence.system
-    iowait = system.get("System/cpu_iowait_percent_mean")
-    disk_util = system.get("System/disk_util_percent")
+    iowait = system.cpu_iowait_percent_mean
+    disk_util = system.disk_util_percent
     if (iowait is not None and iowait > IOWAIT_PERCENT) or (disk_util is not None and disk_util > DISK_UTIL_PERCENT):
         return "input_bound_storage", "storage"
     workers = evidence.loader.num_workers or 0
-    worker_cpu = system.get("System/worker_cpu_percent_mean")
+    worker_cpu = system.worker_cpu_percent_mean
     if workers > 0 and worker_cpu is not None and worker_cpu > WORKER_BUSY_PERCENT:
         return "input_bound_cpu", "CPU preprocessing"
     if workers > 0 and worker_cpu is not None and _starved_of_cpu(evidence, worker_cpu):
@@ -210,7 +94,7 @@ def _starved_of_cpu(evidence: Evidence, worker_cpu: float) -> bool:
     counted here; with ``R`` runnable tasks on ``C`` cores each gets about ``100 * C / R`` % of a core.
     """
     system = evidence.system
-    busy, runnable = system.get("System/cpu_busy_percent_mean"), system.get("System/runnable_tasks")
+    busy, runnable = system.cpu_busy_percent_mean, system.runnable_tasks
     if busy is None or busy < SATURATED_PERCENT or runnable is None or evidence.usable_cpus is None:
         return False
     fair_share = 100.0 * min(1.0, evidence.usable_cpus / max(1.0, runnable))
@@ -219,7 +103,7 @@ def _starved_of_cpu(evidence: Evidence, worker_cpu: float) -> bool:
 
 def _spare_cpus(evidence: Evidence) -> float | None:
     """Idle cores, from mean CPU busy % and the CPUs this process may use."""
-    busy = evidence.system.get("System/cpu_busy_percent_mean")
+    busy = evidence.system.cpu_busy_percent_mean
     if busy is None or evidence.usable_cpus is None:
         return None
     return evidence.usable_cpus * (100.0 - busy) / 100.0
@@ -275,22 +159,22 @@ PCIE_SATURATED = 0.8
 
 
 def _transfer_bound(evidence: Evidence) -> Finding | None:
-    transfer, step = evidence.timing("Transfer"), evidence.step_mean
+    """The copy costs the step: on the compute stream (stock), or the side stream's copy left exposed."""
+    step, copies = evidence.step_mean, evidence.summary.copies
+    # Side stream: what the compute stream waited for, not the copy itself (mostly hidden behind compute).
+    transfer = copies.exposed_s if copies is not None else evidence.timing(tags.TRANSFER)
     if transfer is None or not step:
         return None
     share = transfer / step
-    overlap = evidence.summary.transfer_overlap or {}
-    hidden = overlap.get("Transfer/hidden_fraction")
-    if hidden is not None:
-        share = (1.0 - hidden) * (overlap.get("Transfer/copy_time", transfer) or transfer) / step
     if share < SIGNIFICANT_SHARE:
         return None
     numbers = {"transfer_ms": 1e3 * transfer, "step_ms": 1e3 * step, "transfer_share": share}
-    if hidden is not None:
-        numbers["hidden_fraction"] = hidden
-    rx = evidence.system.get("System/gpu_pcie_rx_MBps")
+    if copies is not None:
+        numbers["side_stream_copy_ms"] = 1e3 * copies.copy_s
+        numbers["hidden_fraction"] = copies.hidden_fraction
+    rx = evidence.system.gpu_pcie_rx_mbps
     if rx is not None:
-        numbers["pcie_rx_MBps"] = rx
+        numbers["pcie_rx_mbps"] = rx
     saturated = rx is not None and evidence.pcie_capacity_mbps and rx > PCIE_SATURATED * evidence.pcie_capacity_mbps
     advice = []
     if evidence.loader.pin_memory is False:
@@ -304,7 +188,7 @@ def _transfer_bound(evidence: Evidence) -> Finding | None:
             "side CUDA stream while this one computes"
         )
     if saturated:
-        numbers["pcie_capacity_MBps"] = float(evidence.pcie_capacity_mbps or 0.0)
+        numbers["pcie_capacity_mbps"] = float(evidence.pcie_capacity_mbps or 0.0)
         advice.append("PCIe is saturated: only fewer bytes help (uint8 instead of float32, crop before the copy)")
     advice.append("ship compact dtypes (uint8 images) and cast/normalise on the GPU: 4x fewer PCIe bytes")
     cause = "PCIe saturated" if saturated else "copies not overlapped with compute"
@@ -328,14 +212,16 @@ def _host_bound(evidence: Evidence) -> Finding | None:
 
 def _device_starved_by_host(evidence: Evidence) -> Finding | None:
     """CUDA: the GPU idles between steps though the host is not waiting for data — launches and syncs bind."""
-    compute, step = evidence.timing("Compute"), evidence.step_mean
-    idle = evidence.timing("DeviceIdle")
+    compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
+    idle = evidence.timing(tags.DEVICE_IDLE)
     if compute is None or idle is None or not step or evidence.host_explains_idle():
         return None
+    if (copies := evidence.summary.copies) is not None:
+        idle = max(0.0, idle - copies.exposed_s)  # waiting for a look-ahead copy is the transfer rule's
     share = idle / step
     if share < SIGNIFICANT_SHARE:
         return None
-    wait = evidence.timing("DataLoading") or 0.0
+    wait = evidence.timing(tags.DATA_LOADING) or 0.0
     return Finding(
         kind="host_bound",
         headline=f"host-bound: the GPU idles {100 * share:.0f}% of the step though the host is not waiting for data",
@@ -350,11 +236,11 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
 
 def _loop_overhead(evidence: Evidence) -> Finding | None:
     """CPU: time outside data wait, transfer and the step itself (hooks, callbacks, logging) dominates."""
-    compute, step = evidence.timing("Compute"), evidence.step_mean
+    compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
     if compute is None or not step:
         return None
-    wait = evidence.timing("DataLoading") or 0.0
-    transfer = evidence.timing("Transfer") or 0.0
+    wait = evidence.timing(tags.DATA_LOADING) or 0.0
+    transfer = evidence.timing(tags.TRANSFER) or 0.0
     share = max(0.0, step - compute - wait - transfer) / step
     if share < HOST_OVERHEAD_SHARE:
         return None
@@ -414,16 +300,16 @@ def _straggler(evidence: Evidence) -> Finding | None:
 def _memory_pressure(evidence: Evidence) -> Finding | None:
     system = evidence.system
     numbers = {}
-    if (swap := system.get("System/swap_used_MB")) is not None and swap > 256:
-        numbers["swap_used_MB"] = swap
-    if (faults := system.get("System/major_faults_per_sec")) is not None and faults > 100:
+    if (swap := system.swap_used_mb) is not None and swap > 256:
+        numbers["swap_used_mb"] = swap
+    if (faults := system.major_faults_per_sec) is not None and faults > 100:
         numbers["major_faults_per_sec"] = faults
-    shm_free = system.get("System/shm_free_MB")
+    shm_free = system.shm_free_mb
     if shm_free is not None and shm_free < 256:
-        numbers["shm_free_MB"] = shm_free
-    pinned, available = system.get("System/pinned_host_MB"), system.get("System/ram_available_MB")
+        numbers["shm_free_mb"] = shm_free
+    pinned, available = system.pinned_host_mb, system.ram_available_mb
     if pinned is not None and available is not None and pinned > available:
-        numbers["pinned_host_MB"], numbers["ram_available_MB"] = pinned, available
+        numbers["pinned_host_mb"], numbers["ram_available_mb"] = pinned, available
     if not numbers:
         return None
     return Finding(
@@ -441,12 +327,12 @@ def _memory_pressure(evidence: Evidence) -> Finding | None:
 
 
 def _compute_bound(evidence: Evidence) -> Finding | None:
-    compute, step = evidence.timing("Compute"), evidence.step_mean
+    compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
     if compute is None:
         return None
     share = compute / step if step else 1.0
     advice = ["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"]
-    if evidence.system.get("System/gpu_slowdown", 0.0) > 0.1:
+    if (evidence.system.gpu_slowdown or 0.0) > 0.1:
         advice.append(
             "the GPU clocks are slowed by heat or a hardware slowdown (not just the power cap): check cooling"
         )
@@ -461,8 +347,8 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
 
 def _compute_evidence(evidence: Evidence, compute: float, share: float) -> dict[str, float]:
     numbers = {"compute_ms": 1e3 * compute, "compute_share": share}
-    for key in ("gpu_util_percent", "gpu_slowdown", "gpu_power_capped", "gpu_sm_clock_MHz"):
-        if (value := evidence.system.get(f"System/{key}")) is not None:
+    for key in ("gpu_util_percent", "gpu_slowdown", "gpu_power_capped", "gpu_sm_clock_mhz"):
+        if (value := getattr(evidence.system, key)) is not None:
             numbers[key] = value
     return numbers
 

@@ -324,3 +324,11 @@ def _detect_accelerator(gpus: tuple[GpuInfo, ...]) -> str:
     if mps is not None and mps.is_available():
         return "mps"
     return "cpu"
+
+
+def pcie_capacity_of_device(hardware: Hardware | None, device: Any) -> float | None:
+    """PCIe capacity (MB/s) of the GPU behind ``device``; ``None`` off CUDA or when unknown."""
+    if hardware is None or device.type != "cuda" or not hardware.gpus:
+        return None
+    gpu = hardware.gpus[min(device.index or 0, len(hardware.gpus) - 1)]
+    return pcie_capacity_mbps(gpu)

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dataperf.hardware import Hardware, probe_hardware
+from lightning_dataperf.loaders import LoaderSettings
 
 __all__ = [
     "LoaderSettings",
@@ -41,46 +41,10 @@ __all__ = [
     "recommend_loader_settings",
 ]
 
-POLICY_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 #: Share of free ``/dev/shm`` (and of available RAM) that batches in flight may take.
 MEMORY_SHARE = 0.25
 MAX_WORKERS = 16
 _MB = 2**20
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """Recommended DataLoader settings; ``reasons`` says why, per field.
-
-    Example::
-
-        settings = recommend_loader_settings()
-        loader = DataLoader(dataset, batch_size=32, **settings.as_kwargs())
-        print(settings.explain())
-    """
-
-    num_workers: int
-    pin_memory: bool
-    persistent_workers: bool
-    prefetch_factor: int | None
-    reasons: Mapping[str, str] = field(default_factory=dict)
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``DataLoader`` (``prefetch_factor`` only with workers)."""
-        kwargs: dict[str, Any] = {
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-            "persistent_workers": self.persistent_workers,
-        }
-        if self.num_workers > 0:
-            kwargs["prefetch_factor"] = self.prefetch_factor
-        return kwargs
-
-    def explain(self) -> str:
-        lines = ["DataLoader settings:"]
-        for name in POLICY_FIELDS:
-            lines.append(f"  {name}={getattr(self, name)!r:<6} {self.reasons.get(name, '')}")
-        return "\n".join(lines)
 
 
 def recommend_loader_settings(

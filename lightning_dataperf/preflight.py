@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from lightning_dataperf.diagnosis import LoaderFacts
+from lightning_dataperf.batches import BatchFootprint
 from lightning_dataperf.hardware import Hardware, default_start_method
-from lightning_dataperf.transfer import iter_tensors
+from lightning_dataperf.loaders import LoaderFacts
 
 __all__ = ["BatchFootprint", "Problem", "check_batch", "check_loader", "open_file_limit", "pinned_bytes"]
 
@@ -39,19 +39,6 @@ class Problem:
 
     check: str
     message: str
-
-
-@dataclass(frozen=True)
-class BatchFootprint:
-    """Bytes and tensor count of one batch."""
-
-    bytes: int
-    tensors: int
-
-    @classmethod
-    def of(cls, batch: Any) -> BatchFootprint:
-        tensors = iter_tensors(batch)
-        return cls(sum(tensor.numel() * tensor.element_size() for tensor in tensors), len(tensors))
 
 
 def pinned_bytes(batch_bytes: int, batches: int) -> int:

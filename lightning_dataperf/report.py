@@ -20,11 +20,20 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightning_dataperf.callback import SUMMARY_FILE
+from lightning_dataperf import tags
+from lightning_dataperf.findings import Diagnosis
+from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.tags import SUMMARY_FILE
 
 __all__ = ["RunData", "load_run", "render_html", "render_png"]
 
-STACK = (("Time/DataLoading", "data wait"), ("Time/Transfer", "transfer"), ("Time/Compute", "compute"))
+STACK = (
+    (tags.time(tags.DATA_LOADING), "data wait"),
+    (tags.time(tags.TRANSFER), "transfer"),
+    (tags.time(tags.COMPUTE), "compute"),
+)
+DEVICE_IDLE, COMPUTE = tags.time(tags.DEVICE_IDLE), tags.time(tags.COMPUTE)
+GPU_UTIL, PCIE_RX = SystemStats.tag("gpu_util_percent"), SystemStats.tag("gpu_pcie_rx_mbps")
 Series = list[tuple[int, float]]
 
 
@@ -38,23 +47,13 @@ class RunData:
 
     @property
     def on_gpu(self) -> bool:
-        return "Time/DeviceIdle" in self.scalars or "System/gpu_util_percent" in self.scalars
+        return DEVICE_IDLE in self.scalars or GPU_UTIL in self.scalars
 
     def diagnosis_text(self) -> str:
         train = [record for record in self.epochs if record["summary"]["stage"] == "train"]
         if not train:
             return "no epoch summaries recorded"
-        return _format_diagnosis(train[-1]["diagnosis"])
-
-
-def _format_diagnosis(diagnosis: dict) -> str:
-    lines = [f"Verdict (train epoch {diagnosis['epoch']}): {diagnosis['bottleneck']}"]
-    for finding in diagnosis["findings"]:
-        lines.append(f"- {finding['headline']}")
-        if finding["kind"] != "compute_bound":
-            lines.append(f"  ceiling speed-up if removed: {finding['ceiling_speedup']:.2f}x")
-        lines.extend(f"  -> {advice}" for advice in finding["advice"])
-    return "\n".join(lines)
+        return Diagnosis.from_dict(train[-1]["diagnosis"]).format()
 
 
 def load_run(directory: str | Path) -> RunData:
@@ -77,7 +76,7 @@ def load_run(directory: str | Path) -> RunData:
             run.scalars.setdefault(tag, []).extend(points)
     for summaries in sorted(root.rglob(SUMMARY_FILE)):
         run.epochs.extend(json.loads(line) for line in summaries.read_text().splitlines() if line.strip())
-    if "Time/Compute" not in run.scalars and not run.epochs:
+    if COMPUTE not in run.scalars and not run.epochs:
         raise FileNotFoundError(
             f"{root} holds no DataPerf data (no Time/Compute scalars, no {SUMMARY_FILE}). Train with "
             "Trainer(callbacks=[DataPerfCallback()]) and a TensorBoard logger, then point this at its log directory."
@@ -121,7 +120,7 @@ def _wrap(text: str, width: int = 150) -> str:
 
 
 def _timeline(axes, run: RunData) -> None:
-    steps = [step for step, _ in run.scalars.get("Time/Compute", [])]
+    steps = [step for step, _ in run.scalars.get(COMPUTE, [])]
     layers, labels = [], []
     for tag, label in STACK:
         values = dict(run.scalars.get(tag, []))
@@ -130,7 +129,7 @@ def _timeline(axes, run: RunData) -> None:
             labels.append(label)
     if steps:
         axes.stackplot(steps, *layers, labels=labels, colors=["#d62728", "#ff7f0e", "#1f77b4"][: len(layers)])
-        idle = dict(run.scalars.get("Time/DeviceIdle", []))
+        idle = dict(run.scalars.get(DEVICE_IDLE, []))
         if idle:
             axes.plot(steps, [1e3 * idle.get(step, 0.0) for step in steps], "k--", lw=1, label="GPU idle")
         axes.legend(loc="upper right", fontsize=9)
@@ -157,23 +156,23 @@ def _stall_per_epoch(axes, run: RunData) -> None:
 
 
 def _device_panel(axes, run: RunData) -> None:
-    if run.on_gpu and "System/gpu_util_percent" in run.scalars:
-        steps, util = zip(*run.scalars["System/gpu_util_percent"], strict=True)
+    if run.on_gpu and GPU_UTIL in run.scalars:
+        steps, util = zip(*run.scalars[GPU_UTIL], strict=True)
         axes.plot(steps, util, "o-", color="#2ca02c", label="GPU utilisation %")
         axes.set_ylabel("GPU utilisation (%)")
         axes.set_ylim(0, 105)
-        if "System/gpu_pcie_rx_MBps" in run.scalars:
+        if PCIE_RX in run.scalars:
             right = axes.twinx()
-            steps, rx = zip(*run.scalars["System/gpu_pcie_rx_MBps"], strict=True)
+            steps, rx = zip(*run.scalars[PCIE_RX], strict=True)
             right.plot(steps, [value / 1e3 for value in rx], "s-", color="#9467bd", label="PCIe RX GB/s (NVML)")
             right.set_ylabel("PCIe host-to-device (GB/s)")
             right.legend(loc="lower right", fontsize=9)
         axes.set_title("GPU utilisation and PCIe throughput")
     else:
         for tag, label in (
-            ("System/cpu_busy_percent_mean", "CPU busy % (mean core)"),
-            ("System/workers_cpu_percent", "loader workers CPU %"),
-            ("System/main_cpu_percent", "main process CPU %"),
+            (SystemStats.tag("cpu_busy_percent_mean"), "CPU busy % (mean core)"),
+            (SystemStats.tag("workers_cpu_percent"), "loader workers CPU %"),
+            (SystemStats.tag("main_cpu_percent"), "main process CPU %"),
         ):
             if tag in run.scalars:
                 steps, values = zip(*run.scalars[tag], strict=True)

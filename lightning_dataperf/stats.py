@@ -15,12 +15,16 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 from torchmetrics.aggregation import CatMetric
 
+from lightning_dataperf import tags
+from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepTiming
 
 __all__ = ["TIMINGS", "EpochAccumulator", "EpochSummary", "TimingSummary", "window_metrics"]
@@ -28,11 +32,11 @@ __all__ = ["TIMINGS", "EpochAccumulator", "EpochSummary", "TimingSummary", "wind
 #: Logged name -> StepTiming attribute. Data wait, step time and device idle of an epoch's first step
 #: are start-up cost, reported as ``Time/EpochStart`` and kept out of these.
 TIMINGS: dict[str, str] = {
-    "DataLoading": "data_wait",
-    "Transfer": "transfer",
-    "Compute": "compute",
-    "Step": "step_time",
-    "DeviceIdle": "device_idle",
+    tags.DATA_LOADING: "data_wait",
+    tags.TRANSFER: "transfer",
+    tags.COMPUTE: "compute",
+    tags.STEP: "step_time",
+    tags.DEVICE_IDLE: "device_idle",
 }
 _STARTUP_FIELDS = {"data_wait", "step_time", "device_idle", "device_step_time"}
 _QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
@@ -72,20 +76,20 @@ def throughput_totals(timings: Iterable[StepTiming]) -> tuple[int, float]:
     return samples, seconds
 
 
-def window_metrics(timings: Sequence[StepTiming], prefix: str = "") -> dict[str, float]:
+def window_metrics(timings: Sequence[StepTiming], stage: Stage = Stage.TRAIN) -> dict[str, float]:
     """Mean (and max) of each timing over ``timings``, plus throughput and input-stall fraction."""
     metrics: dict[str, float] = {}
     for name, attribute in TIMINGS.items():
         values = steady_values(timings, attribute)
         if values:
-            metrics[f"{prefix}Time/{name}"] = sum(values) / len(values)
-            metrics[f"{prefix}Time/{name}_max"] = max(values)
+            metrics[tags.time(name, stage)] = sum(values) / len(values)
+            metrics[tags.time(name, stage) + "_max"] = max(values)
     samples, seconds = throughput_totals(timings)
     if seconds > 0:
-        metrics[f"{prefix}Throughput/samples_per_sec"] = samples / seconds
+        metrics[stage.prefix + tags.SAMPLES_PER_SEC] = samples / seconds
     lost, base = stall_totals(timings)
     if base > 0:
-        metrics[f"{prefix}DataPerf/input_stall_fraction"] = min(1.0, lost / base)
+        metrics[stage.prefix + tags.INPUT_STALL] = min(1.0, lost / base)
     return metrics
 
 
@@ -121,30 +125,47 @@ class EpochSummary:
     epoch_start: float | None
     world_size: int = 1
     rank_data_wait: list[float] = field(default_factory=list)
-    rank_input_stall: list[float] = field(default_factory=list)
     slowest_rank: int | None = None
     straggler_ratio: float | None = None
     on_device: bool = False
-    transfer_overlap: dict[str, float] = field(default_factory=dict)
+    copies: CopyStats | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_metrics(self, prefix: str = "") -> dict[str, float]:
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> EpochSummary:
+        """The inverse of :meth:`to_dict`; keys this version does not know are ignored."""
+        known = {name: raw[name] for name in cls.__dataclass_fields__ if name in raw}
+        known["timings"] = {name: TimingSummary(**values) for name, values in raw.get("timings", {}).items()}
+        if known.get("copies") is not None:
+            known["copies"] = CopyStats(**known["copies"])
+        return cls(**known)
+
+    def to_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
         """Flat scalars for loggers, e.g. ``Epoch/Time/DataLoading_p90``."""
         metrics: dict[str, float] = {}
         for name, summary in self.timings.items():
-            for statistic in ("mean", "p50", "p90", "p99", "max"):
-                metrics[f"{prefix}Epoch/Time/{name}_{statistic}"] = getattr(summary, statistic)
+            for statistic in tags.EPOCH_STATISTICS:
+                metrics[tags.epoch(name, statistic, stage)] = getattr(summary, statistic)
         optional = {
-            "Epoch/input_stall_fraction": self.input_stall_fraction,
-            "Epoch/data_wait_share": self.data_wait_share,
-            "Epoch/samples_per_sec": self.samples_per_sec,
-            "Time/EpochStart": self.epoch_start,
-            "Epoch/straggler_ratio": self.straggler_ratio,
-            "Epoch/slowest_rank": None if self.slowest_rank is None else float(self.slowest_rank),
+            tags.EPOCH_INPUT_STALL: self.input_stall_fraction,
+            tags.EPOCH_DATA_WAIT_SHARE: self.data_wait_share,
+            tags.EPOCH_SAMPLES_PER_SEC: self.samples_per_sec,
+            tags.EPOCH_START: self.epoch_start,
+            tags.EPOCH_STRAGGLER_RATIO: self.straggler_ratio,
+            tags.EPOCH_SLOWEST_RANK: None if self.slowest_rank is None else float(self.slowest_rank),
         }
-        metrics.update({f"{prefix}{key}": value for key, value in optional.items() if value is not None})
+        metrics.update({stage.prefix + key: value for key, value in optional.items() if value is not None})
+        return metrics
+
+    def mean_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
+        """The epoch's means under the tags training logs per window (how evaluation epochs are logged)."""
+        metrics = {tags.time(name, stage): timing.mean for name, timing in self.timings.items()}
+        if self.samples_per_sec is not None:
+            metrics[stage.prefix + tags.SAMPLES_PER_SEC] = self.samples_per_sec
+        if self.input_stall_fraction is not None:
+            metrics[stage.prefix + tags.INPUT_STALL] = self.input_stall_fraction
         return metrics
 
     def format(self) -> str:
@@ -166,18 +187,8 @@ class EpochSummary:
             facts.append(f"{self.samples_per_sec:,.1f} samples/s")
         if facts:
             lines.append("  " + " | ".join(facts))
-        if self.transfer_overlap:
-            overlap = self.transfer_overlap
-            lines.append(
-                f"  side-stream copy {1e3 * overlap.get('Time/Transfer', 0.0):.2f} ms/batch at "
-                f"{overlap.get('Transfer/GBps', 0.0):.1f} GB/s, "
-                f"{100 * overlap.get('Transfer/hidden_fraction', 0.0):.0f}% hidden behind compute"
-                + (
-                    f" (with the device_transform's {1e3 * overlap['Transfer/transform_s']:.2f} ms)"
-                    if "Transfer/transform_s" in overlap
-                    else ""
-                )
-            )
+        if self.copies is not None:
+            lines.append("  " + self.copies.format())
         if self.straggler_ratio is not None and self.world_size > 1:
             waits = ", ".join(f"{1e3 * wait:.1f}" for wait in self.rank_data_wait)
             lines.append(
@@ -262,7 +273,6 @@ class EpochAccumulator:
         per_rank = local.unsqueeze(0) if all_gather is None or world_size == 1 else all_gather(local)
         per_rank = per_rank.reshape(-1, local.numel()).cpu()
         totals = per_rank.sum(0)
-        rank_stall = [_ratio(row[0].item(), row[1].item()) for row in per_rank]
         rank_wait = [_ratio(row[2].item(), row[6].item()) for row in per_rank]
         slowest, ratio = _straggler(rank_wait)
         return EpochSummary(
@@ -276,7 +286,6 @@ class EpochAccumulator:
             epoch_start=_nan_max(per_rank[:, 7]),
             world_size=per_rank.shape[0],
             rank_data_wait=[value for value in rank_wait if value is not None],
-            rank_input_stall=[value for value in rank_stall if value is not None],
             slowest_rank=slowest,
             straggler_ratio=ratio,
             on_device=any(timing.device_step_time is not None for timing in self._timings),

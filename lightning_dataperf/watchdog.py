@@ -1,28 +1,34 @@
 """A hang watchdog: say so when no batch arrives for a long time, and what the workers are doing.
 
-It never kills anything. It is ticked by the telemetry thread (no thread of its own) and reports
-once per ``timeout`` of silence: seconds waited, the last batch delivered, and for every loader
-worker its pid, state (running, sleeping, disk-sleep, zombie) and CPU use.
+It never kills anything. Its own daemon thread looks every ``poll`` seconds and reports once per
+``timeout`` of silence: seconds waited, the last batch delivered, and for every loader worker its pid,
+state (running, sleeping, disk-sleep, zombie) and CPU use.
 
 Example::
 
     watchdog = HangWatchdog(timeout=120.0, report=print)
+    watchdog.start()
     watchdog.fetch_started()
-    ...                                  # ticked by SystemSampler(on_tick=[watchdog.check])
+    ...
     watchdog.batch_arrived(batch_index=17)
+    watchdog.stop()
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
 
-from lightning_dataperf.system import loader_worker_processes
+from lightning_dataperf.processes import loader_worker_processes
 
 __all__ = ["HangReport", "HangWatchdog", "WorkerState"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,9 @@ class HangWatchdog:
 
     Args:
         timeout: seconds without a batch before a report; repeated every ``timeout`` while it lasts.
-        report: called with each :class:`HangReport` (from the telemetry thread).
+        report: called with each :class:`HangReport` (from the watchdog's thread).
         workers: lists the loader worker processes (default: this process's children).
+        poll: seconds between looks (default: a quarter of ``timeout``, at most 1 s).
     """
 
     def __init__(
@@ -74,19 +81,48 @@ class HangWatchdog:
         timeout: float,
         report: Callable[[HangReport], None],
         workers: Callable[[], list[psutil.Process]] = loader_worker_processes,
+        poll: float | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"HangWatchdog(timeout={timeout}) must be > 0 seconds.")
         self.timeout = timeout
         self.report = report
         self.workers = workers
-        self.reports: list[HangReport] = []
+        self.poll = poll if poll is not None else min(1.0, timeout / 4)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         # Written by the training thread only (one attribute store each, atomic under the GIL) ...
         self._waiting_since: float | None = None
         self._last_batch_index: int | None = None
         # ... and these by the watchdog thread only: no lock on the per-batch path.
         self._wait_seen: float | None = None
         self._next_report = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the watchdog's thread (no-op if running)."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="lightning_dataperf-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and join the thread. Safe to call twice."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 2 * self.poll))
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll):
+            try:
+                self.check(time.monotonic())
+            except Exception:
+                log.exception("DataPerf watchdog check failed")
 
     def fetch_started(self) -> None:
         self._waiting_since = time.monotonic()
@@ -111,7 +147,6 @@ class HangWatchdog:
         self._next_report = now + self.timeout
         waited, last = now - since, self._last_batch_index
         report = HangReport(waited, last, tuple(_worker_states(self.workers())))
-        self.reports.append(report)
         self.report(report)
         return report
 

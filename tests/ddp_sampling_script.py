@@ -13,8 +13,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import ddp_kwargs
-from datamodule_helpers import IndexData, RecordingModel
+from helpers import IndexData, RecordingModel, ddp_kwargs
 
 TRAIN_LENGTH, VAL_LENGTH = 31, 11  # not divisible by 2 ranks
 

@@ -4,14 +4,14 @@ Each process poses as its own node (``LOCAL_RANK=0``, ``GROUP_RANK=RANK``) so th
 NCCL refuses two ranks on one GPU, gloo does not. Writes ``rank<N>.json`` with what the rank saw.
 """
 
+import dataclasses
 import json
 import os
 import sys
 
 import lightning.pytorch as pl
 import torch
-from conftest import trainer_kwargs
-from test_cuda_transfer import Checksummed, ChecksumModel
+from helpers import Checksummed, ChecksumModel, trainer_kwargs
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback, SideStreamDDPStrategy
@@ -45,7 +45,7 @@ def main(out_dir: str) -> None:
         "stream_is_default": copier.stream_is_default,
         "mismatches": int(torch.stack(model.mismatches).sum()),
         "indices": [int(index) for batch in model.seen for index in batch],
-        "transfer_overlap": perf.summaries[-1].transfer_overlap,
+        "copies": dataclasses.asdict(perf.summaries[-1].copies),
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(record, handle)

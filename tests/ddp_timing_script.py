@@ -7,8 +7,8 @@ import sys
 import lightning.pytorch as pl
 
 sys.path.insert(0, os.path.dirname(__file__))
-from conftest import ddp_kwargs
-from helpers import SleepyModel, sleepy_loader
+
+from helpers import SleepyModel, ddp_kwargs, sleepy_loader
 
 from lightning_dataperf import DataPerfCallback
 

@@ -1,15 +1,89 @@
-"""Small models and data sets with known costs, for the tests."""
+"""What the tests share: Trainer options, models and data sets with known costs, fakes, runners.
+
+Every test module imports its helpers from here (never from another test module or ``conftest``).
+"""
 
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
+from lightning_dataperf import TunedDataModule
+from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.testing import SleepCollate, SleepingLoaderDataset
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+
+
+def ddp_kwargs(tmp_path, **overrides):
+    """Two-rank DDP options for the torch.distributed.run scripts: gloo on the CPU by default, or NCCL on
+    two GPUs with ``DATAPERF_DDP_ACCELERATOR=cuda`` (the multi-GPU validation in benchmarks/README.md)."""
+    accelerator = os.environ.get("DATAPERF_DDP_ACCELERATOR", "cpu")
+    return trainer_kwargs(tmp_path, accelerator=accelerator, devices=2, strategy="ddp", **overrides)
+
+
+def trainer_kwargs(tmp_path, **overrides):
+    kwargs = dict(
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        devices=1,
+        num_sanity_val_steps=0,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def run_two_ranks(script: str, out_dir: Path, *args: str) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(HERE / script),
+        str(out_dir),
+        *args,
+    ]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def fake_hardware(**overrides) -> Hardware:
+    values = dict(
+        logical_cpus=16,
+        physical_cpus=8,
+        usable_cpus=16,
+        usable_cpus_source="os.cpu_count()",
+        local_world_size=1,
+        ram_total_mb=64_000,
+        ram_available_mb=32_000,
+        shm_total_mb=8_000,
+        shm_free_mb=8_000,
+    )
+    values.update(overrides)
+    return Hardware(**values)
+
+
+def scalar_tags(log_dir):
+    accumulator = EventAccumulator(log_dir)
+    accumulator.Reload()
+    return accumulator
 
 
 def sleepy_loader(length: int, batch_size: int, sleep_s: float, **kwargs) -> DataLoader:
@@ -47,3 +121,88 @@ class SleepyModel(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class IndexedDataset(Dataset):
+    """Sample ``i`` is ``[i, epoch, random draw]``: the index, the epoch the worker knows, an augmentation."""
+
+    def __init__(self, length: int) -> None:
+        self.length, self.epoch = length, -1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.tensor([float(index), float(self.epoch), random.random()])
+
+
+class IndexData(TunedDataModule):
+    def __init__(self, length=30, batch_size=4, workers=None, val_length=0, **kwargs):
+        super().__init__(**kwargs)
+        self.length, self.batch_size, self.workers, self.val_length = length, batch_size, workers, val_length
+
+    def train_dataloader(self):
+        options = {} if self.workers is None else {"num_workers": self.workers}
+        return DataLoader(IndexedDataset(self.length), batch_size=self.batch_size, shuffle=True, **options)
+
+    def val_dataloader(self):
+        if not self.val_length:
+            return []
+        return DataLoader(IndexedDataset(self.val_length), batch_size=self.batch_size, num_workers=0)
+
+
+class RecordingModel(pl.LightningModule):
+    """Records (epoch, sample index, worker epoch, draw) for every training sample, and val indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        self.rows: list[tuple[int, int, int, float]] = []
+        self.val_indices: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        for index, epoch, draw in batch.tolist():
+            self.rows.append((self.current_epoch, int(index), int(epoch), draw))
+        return self.layer(batch[:, :1]).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.val_indices.extend(int(value) for value in batch[:, 0].tolist())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def seeded_image(index):
+    """The same uint8 image for an index every time, and the generator to draw more from."""
+    generator = torch.Generator().manual_seed(index)
+    return torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator), generator
+
+
+class Checksummed(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        image, _ = seeded_image(index)
+        return {"image": image, "index": index, "checksum": image.double().sum()}
+
+
+class ChecksumModel(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.mismatches = []
+        self.seen = []
+
+    def training_step(self, batch, batch_idx):
+        assert batch["image"].is_cuda
+        device_sum = batch["image"].double().sum(dim=(1, 2, 3))
+        self.mismatches.append((device_sum != batch["checksum"]).sum())
+        self.seen.append(batch["index"])
+        return self.layer(device_sum.float().unsqueeze(1) * 0).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)

@@ -9,13 +9,11 @@ import threading
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from datamodule_helpers import IndexData, RecordingModel
-from test_ddp import run_two_ranks
-from test_preflight import hardware
+from helpers import IndexData, RecordingModel, fake_hardware, run_two_ranks, trainer_kwargs
 
 from lightning_dataperf import autotune_loader
-from lightning_dataperf.autotune import AutotuneResult, Trial, confirmation_candidates
+from lightning_dataperf.autotune import AutotuneResult
+from lightning_dataperf.autotune_trials import Trial, confirmation_candidates
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -57,7 +55,7 @@ def test_memory_guard_refuses_oversized_configurations(tmp_path):
         def __getitem__(self, index):
             return torch.zeros(256, 1024)  # 1 MB per sample, 16 MB per batch
 
-    cramped = hardware(usable_cpus=8, shm_free_mb=40.0, ram_available_mb=40.0, accelerator="cpu")
+    cramped = fake_hardware(usable_cpus=8, shm_free_mb=40.0, ram_available_mb=40.0, accelerator="cpu")
     result = autotune_loader(BigSamples(256), 16, hardware=cramped, time_budget=3.0, cache_path=tmp_path / "c.json")
     refused = [trial for trial in result.trials if trial.refused]
     assert refused and all("over 50% of free" in trial.refused for trial in refused)
@@ -106,17 +104,20 @@ def test_rank_zero_searches_and_broadcasts(tmp_path):
     assert rank0["chosen"] == rank1["chosen"]
 
 
-def test_result_round_trips_through_dataclasses():
+def test_result_round_trips_through_its_dict():
     result = AutotuneResult(
         settings=dataclasses.replace(
-            __import__("lightning_dataperf").recommend_loader_settings(hardware()), reasons={"a": "b"}
+            __import__("lightning_dataperf").recommend_loader_settings(fake_hardware()), reasons={"a": "b"}
         ),
-        trials=(),
+        trials=(Trial(4, 2, True, 12.5, 0.3, 40, 64.0), Trial(32, 2, True, refused="needs ~9000 MB")),
         search_seconds=1.0,
         baseline_batches_per_sec=2.0,
         best_batches_per_sec=4.0,
         chosen_batches_per_sec=4.0,
+        key="abc",
     )
+    again = AutotuneResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again == result
     assert result.speedup_over_start == 2.0
 
 

@@ -7,19 +7,13 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from helpers import SleepyModel, sleepy_loader
+from helpers import SleepyModel, scalar_tags, sleepy_loader, trainer_kwargs
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader
 
-from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.callback import CUSTOM_SCALARS, SUMMARY_FILE
-
-
-def scalar_tags(log_dir):
-    accumulator = EventAccumulator(log_dir)
-    accumulator.Reload()
-    return accumulator
+from lightning_dataperf import DataPerfCallback, Diagnosis, EpochSummary
+from lightning_dataperf.outputs import CUSTOM_SCALARS
+from lightning_dataperf.tags import SUMMARY_FILE
 
 
 def test_ground_truth_medians_on_cpu(tmp_path):
@@ -100,7 +94,10 @@ def test_tensorboard_scalars_layout_and_text(tmp_path):
         ("val", 1),
         ("train", 1),
     ]
-    assert records[1]["diagnosis"]["bottleneck"]
+    # each record holds the epoch's verdict as it was printed, and reads back into the same Diagnosis
+    train_diagnoses = [d for d in perf.diagnoses if d.stage == "train"]
+    assert [Diagnosis.from_dict(r["diagnosis"]) for r in records[1::2]] == train_diagnoses
+    assert [EpochSummary.from_dict(r["summary"]) for r in records] == perf.summaries
 
 
 def test_any_logger_and_eval_stages(tmp_path):
@@ -218,3 +215,60 @@ def test_tensorboard_logger_explicit(tmp_path):
     )
     trainer.fit(SleepyModel(), sleepy_loader(16, 4, 0.0))
     assert "Time/Compute" in scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
+
+
+class FakeClock:
+    """A host clock that only moves when the dataset or the model says so (patched perf_counter)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ClockedDataset(torch.utils.data.Dataset):
+    def __init__(self, clock, length, per_sample_s):
+        self.clock, self.length, self.per_sample_s = clock, length, per_sample_s
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, index):
+        self.clock.advance(self.per_sample_s)
+        return torch.full((8,), float(index))
+
+
+class ClockedModel(SleepyModel):
+    def __init__(self, clock, step_s):
+        super().__init__()
+        self.clock, self.clock_step_s = clock, step_s
+
+    def training_step(self, batch, batch_idx):
+        self.clock.advance(self.clock_step_s)
+        return super().training_step(batch, batch_idx)
+
+
+def test_timing_logic_with_an_injected_clock(tmp_path):
+    """Exact figures from a clock that moves only inside next() and inside the step (no real sleeps)."""
+    clock = FakeClock()
+    perf = DataPerfCallback(print_summary=False, telemetry=False, hang_timeout=None, clock=clock)
+    trainer = pl.Trainer(max_epochs=2, callbacks=[perf], log_every_n_steps=5, **trainer_kwargs(tmp_path))
+    loader = DataLoader(ClockedDataset(clock, 40, 0.005), batch_size=4)  # 20 ms per batch, in the main process
+    trainer.fit(ClockedModel(clock, 0.030), loader)
+    for summary in perf.summaries:
+        assert summary.steps == 10
+        assert summary.timings["DataLoading"].p50 == pytest.approx(0.020)
+        assert summary.timings["DataLoading"].max == pytest.approx(0.020)
+        assert summary.timings["Compute"].mean == pytest.approx(0.030)
+        assert summary.timings["Step"].mean == pytest.approx(0.050)  # wait + compute, nothing else moves the clock
+        assert summary.input_stall_fraction == pytest.approx(0.4)
+        assert summary.samples_per_sec == pytest.approx(4 / 0.050)
+        assert summary.epoch_start == pytest.approx(0.020)  # the first batch's wait is start-up, not steady state
+    assert perf.last_diagnosis.bottleneck == "input_bound_workers"
+    assert perf.last_diagnosis.findings[0].share == pytest.approx(0.4)
+    events = scalar_tags(trainer.logger.log_dir)
+    assert [event.value for event in events.Scalars("Time/Compute")] == pytest.approx([0.030] * 4)

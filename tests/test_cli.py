@@ -6,8 +6,7 @@ import json
 
 import lightning.pytorch as pl
 import pytest
-from conftest import trainer_kwargs
-from helpers import SleepyModel, sleepy_loader
+from helpers import SleepyModel, sleepy_loader, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.cli import main
@@ -32,7 +31,7 @@ def test_report_draws_a_png_and_html_from_a_cpu_run(tmp_path, capsys):
     assert main(["report", trainer.logger.log_dir, "--out", str(out), "--html"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 20_000
     page = out.with_suffix(".html").read_text()
-    assert "data:image/png;base64," in page and "Verdict (train epoch 1)" in page
+    assert "data:image/png;base64," in page and "DataPerf verdict (train epoch 1)" in page
     assert "input-bound" in capsys.readouterr().out
 
 

@@ -7,11 +7,10 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from test_callback import scalar_tags
+from helpers import scalar_tags, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.system import GpuSource
+from lightning_dataperf.sources import GpuSource
 from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, sleeping_loader
 
 pytestmark = pytest.mark.cuda
@@ -31,8 +30,8 @@ def test_pcie_counters_are_read_as_non_negative_rates():
     time.sleep(1.5)
     values = source.read(time.perf_counter() - started)
     source.close()
-    assert values["System/gpu_pcie_rx_MBps"] >= 0 and values["System/gpu_pcie_tx_MBps"] >= 0, values
-    assert 0 <= values["System/gpu_util_percent"] <= 100
+    assert values["gpu_pcie_rx_mbps"] >= 0 and values["gpu_pcie_tx_mbps"] >= 0, values
+    assert 0 <= values["gpu_util_percent"] <= 100
 
 
 def test_gpu_telemetry_lands_in_tensorboard(tmp_path):
@@ -42,6 +41,6 @@ def test_gpu_telemetry_lands_in_tensorboard(tmp_path):
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], log_every_n_steps=5, **options)
     trainer.fit(GpuSleepModel(gpu_ms=10, cycles_per_ms=cycles), sleeping_loader(60, 2.0))
     tags = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
-    for expected in ("System/gpu_util_percent", "System/gpu_pcie_rx_MBps", "System/gpu_power_W"):
+    for expected in ("System/gpu_util_percent", "System/gpu_pcie_rx_mbps", "System/gpu_power_w"):
         assert expected in tags
     assert perf.sampler is None

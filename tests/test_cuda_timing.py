@@ -3,7 +3,7 @@
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
+from helpers import trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, sleeping_loader

@@ -3,47 +3,15 @@
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
+from helpers import Checksummed, ChecksumModel, seeded_image, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
+from lightning_dataperf.copier import SideStreamCopier
+from lightning_dataperf.copy_stats import CopyStats
 from lightning_dataperf.testing import calibrate_cuda_sleep
-from lightning_dataperf.transfer import SideStreamCopier, copy_metrics
 
 pytestmark = pytest.mark.cuda
-
-
-def seeded_image(index):
-    """The same uint8 image for an index every time, and the generator to draw more from."""
-    generator = torch.Generator().manual_seed(index)
-    return torch.randint(0, 255, (3, 64, 64), dtype=torch.uint8, generator=generator), generator
-
-
-class Checksummed(Dataset):
-    def __len__(self):
-        return 64
-
-    def __getitem__(self, index):
-        image, _ = seeded_image(index)
-        return {"image": image, "index": index, "checksum": image.double().sum()}
-
-
-class ChecksumModel(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.mismatches = []
-        self.seen = []
-
-    def training_step(self, batch, batch_idx):
-        assert batch["image"].is_cuda
-        device_sum = batch["image"].double().sum(dim=(1, 2, 3))
-        self.mismatches.append((device_sum != batch["checksum"]).sum())
-        self.seen.append(batch["index"])
-        return self.layer(device_sum.float().unsqueeze(1) * 0).sum()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 @pytest.mark.parametrize("lookahead", [0, 1, 3])
@@ -63,8 +31,9 @@ def test_side_stream_batches_are_exact_and_complete(tmp_path, lookahead, pin_mem
     assert int(torch.stack(model.mismatches).sum()) == 0
     per_epoch = [torch.cat(model.seen[i * 8 : (i + 1) * 8]).sort().values.tolist() for i in range(2)]
     assert per_epoch == [list(range(64))] * 2
-    overlap = perf.summaries[-1].transfer_overlap
-    assert overlap["Transfer/GBps"] > 0 and 0.0 <= overlap["Transfer/hidden_fraction"] <= 1.0
+    copies = perf.summaries[-1].copies
+    assert copies.copies == 2, "8 batches an epoch, one copy in timing_every=4 timed"
+    assert copies.gbps > 1 and copies.copy_s > 0
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])
@@ -77,7 +46,7 @@ def test_small_batches_take_the_stock_copy_exactly(tmp_path, lookahead):
     trainer.fit(model, DataLoader(Checksummed(), batch_size=8, shuffle=True))
     assert int(torch.stack(model.mismatches).sum()) == 0
     assert torch.cat(model.seen).sort().values.tolist() == list(range(64))
-    assert strategy.copier._side_copies == 0 and perf.summaries[-1].transfer_overlap == {}
+    assert strategy.copier._side_copies == 0 and perf.summaries[-1].copies is None
 
 
 def test_one_copy_in_timing_every_is_timed():
@@ -109,8 +78,8 @@ def test_copy_time_excludes_the_device_transform():
     for timing in timings:
         assert timing.copy < 0.1 * transform_ms / 1e3, "the copy's time must not include the transform"
         assert timing.transform == pytest.approx(transform_ms / 1e3, rel=0.15)
-    metrics = copy_metrics(timings)
-    assert metrics["Transfer/GBps"] > 10 and metrics["Transfer/transform_s"] == pytest.approx(0.02, rel=0.15)
+    stats = CopyStats.of(timings)
+    assert stats.gbps > 10 and stats.transform_s == pytest.approx(0.02, rel=0.15)
 
 
 def test_reused_events_keep_every_copy_exact_and_the_compute_stream_current():

@@ -7,10 +7,8 @@ import warnings
 
 import lightning.pytorch as pl
 import pytest
-from conftest import trainer_kwargs
-from datamodule_helpers import IndexData, IndexedDataset, RecordingModel
+from helpers import IndexData, IndexedDataset, RecordingModel, fake_hardware, trainer_kwargs
 from lightning.pytorch.callbacks import ModelCheckpoint
-from test_preflight import hardware
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import TunedDataModule, article_settings, recommend_loader_settings
@@ -38,7 +36,7 @@ def draws(model, epoch):
 
 
 def test_policy_corrects_the_article():
-    box = hardware(usable_cpus=16, local_world_size=2, accelerator="cuda")
+    box = fake_hardware(usable_cpus=16, local_world_size=2, accelerator="cuda")
     settings = recommend_loader_settings(box, max_epochs=10)
     assert settings.num_workers == 7 and "2 local rank(s)" in settings.reasons["num_workers"]
     assert settings.pin_memory and settings.persistent_workers and settings.prefetch_factor == 2
@@ -48,7 +46,7 @@ def test_policy_corrects_the_article():
     tight = dataclasses.replace(box, shm_free_mb=64.0)
     bounded = recommend_loader_settings(tight, batch_bytes=8 * 2**20)
     assert bounded.prefetch_factor == 1 and "bounded by memory" in bounded.reasons["prefetch_factor"]
-    single = recommend_loader_settings(hardware(usable_cpus=1, accelerator="cpu"), max_epochs=1)
+    single = recommend_loader_settings(fake_hardware(usable_cpus=1, accelerator="cpu"), max_epochs=1)
     assert single.num_workers == 1 and not single.pin_memory and not single.persistent_workers
     # The article: 16 cores -> 8 workers whatever the ranks, no pinning above batch 16, persistent only > 100 epochs.
     article = article_settings(cpu_cores=16, batch_size=64, ddp=True, epochs=10)
@@ -57,7 +55,7 @@ def test_policy_corrects_the_article():
 
 
 def test_bad_loader_arguments_are_refused_or_warned():
-    box = hardware(usable_cpus=4, accelerator="cpu")
+    box = fake_hardware(usable_cpus=4, accelerator="cpu")
     with pytest.raises(ValueError, match="num_workers=-1"):
         check_loader_kwargs({"num_workers": -1}, box)
     with pytest.raises(ValueError, match="prefetch_factor needs worker processes"):

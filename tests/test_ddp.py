@@ -1,29 +1,7 @@
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-HERE = Path(__file__).parent
-
-
-def run_two_ranks(script: str, out_dir: Path, *args: str) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        str(HERE / script),
-        str(out_dir),
-        *args,
-    ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+from helpers import run_two_ranks
 
 
 @pytest.mark.slow

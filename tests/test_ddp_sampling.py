@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 from ddp_sampling_script import TRAIN_LENGTH, VAL_LENGTH
-from test_ddp import run_two_ranks
+from helpers import run_two_ranks
 
 
 def load(out_dir, mode):

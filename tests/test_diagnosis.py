@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from helpers import SleepyModel, sleepy_loader
+from helpers import SleepyModel, sleepy_loader, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.diagnosis import Evidence, LoaderFacts, diagnose
+from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.diagnosis import diagnose
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.loaders import LoaderFacts
 from lightning_dataperf.stats import EpochSummary, TimingSummary
+from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -50,19 +54,19 @@ def verdict(evidence: Evidence) -> str:
 @pytest.mark.parametrize(
     ("system", "workers", "expected"),
     [
-        ({"System/cpu_iowait_percent_mean": 35.0}, 4, "input_bound_storage"),
-        ({"System/disk_util_percent": 97.0, "System/cpu_iowait_percent_mean": 2.0}, 4, "input_bound_storage"),
-        ({"System/worker_cpu_percent_mean": 98.0, "System/cpu_busy_percent_mean": 99.0}, 4, "input_bound_cpu"),
-        ({"System/worker_cpu_percent_mean": 3.0, "System/cpu_busy_percent_mean": 10.0}, 2, "input_bound_workers"),
+        ({"cpu_iowait_percent_mean": 35.0}, 4, "input_bound_storage"),
+        ({"disk_util_percent": 97.0, "cpu_iowait_percent_mean": 2.0}, 4, "input_bound_storage"),
+        ({"worker_cpu_percent_mean": 98.0, "cpu_busy_percent_mean": 99.0}, 4, "input_bound_cpu"),
+        ({"worker_cpu_percent_mean": 3.0, "cpu_busy_percent_mean": 10.0}, 2, "input_bound_workers"),
         # saturated cores: 40 runnable tasks on 16 CPUs -> a fair share is 40% of a core; workers use 35%
         (
-            {"System/worker_cpu_percent_mean": 35.0, "System/cpu_busy_percent_mean": 99.0, "System/runnable_tasks": 40},
+            {"worker_cpu_percent_mean": 35.0, "cpu_busy_percent_mean": 99.0, "runnable_tasks": 40},
             4,
             "input_bound_cpu",
         ),
         # saturated cores but the workers sleep (I/O): still too few workers, not CPU
         (
-            {"System/worker_cpu_percent_mean": 2.0, "System/cpu_busy_percent_mean": 99.0, "System/runnable_tasks": 40},
+            {"worker_cpu_percent_mean": 2.0, "cpu_busy_percent_mean": 99.0, "runnable_tasks": 40},
             4,
             "input_bound_workers",
         ),
@@ -70,6 +74,7 @@ def verdict(evidence: Evidence) -> str:
     ],
 )
 def test_input_bound_causes(system, workers, expected):
+    system = SystemStats.from_mapping(system)
     evidence = Evidence(INPUT_BOUND, LoaderFacts(num_workers=workers, prefetch_factor=2), system, usable_cpus=16)
     diagnosis = diagnose(evidence)
     assert diagnosis.bottleneck == expected
@@ -79,7 +84,7 @@ def test_input_bound_causes(system, workers, expected):
 
 
 def test_cpu_bound_workers_with_idle_cores_are_told_to_add_workers():
-    system = {"System/worker_cpu_percent_mean": 99.0, "System/cpu_busy_percent_mean": 40.0}
+    system = SystemStats(worker_cpu_percent_mean=99.0, cpu_busy_percent_mean=40.0)
     finding = diagnose(Evidence(INPUT_BOUND, LoaderFacts(num_workers=2), system, usable_cpus=10)).findings[0]
     assert "raise num_workers from 2 to 8" in " ".join(finding.advice)
 
@@ -100,16 +105,59 @@ def test_transfer_bound_pageable_and_pcie_saturated():
     assert any("side_stream" in advice for advice in pageable.findings[0].advice)
     assert any("pin_memory=False" in advice for advice in pageable.findings[0].advice)
     saturated = Evidence(
-        copying, LoaderFacts(pin_memory=True), {"System/gpu_pcie_rx_MBps": 55_000.0}, pcie_capacity_mbps=63_000.0
+        copying, LoaderFacts(pin_memory=True), SystemStats(gpu_pcie_rx_mbps=55_000.0), pcie_capacity_mbps=63_000.0
     )
     assert "PCIe saturated" in diagnose(saturated).findings[0].headline
+
+
+def test_side_stream_copy_left_exposed_is_transfer_bound_not_host_bound():
+    # Look-ahead copies: the compute stream waits for the copy inside next(), so the wait shows up as GPU
+    # idle, and the compute-stream gap (Time/Transfer) is ~0. The verdict must read the side stream's own
+    # figures: 4 ms of the 10 ms device step were spent waiting for a 5 ms copy that was only partly hidden.
+    exposed = CopyStats(copies=25, copy_s=0.005, exposed_s=0.004, transform_s=0.0, hidden_fraction=0.2, gbps=12.0)
+    waiting = summary(
+        on_device=True,
+        stall=0.4,
+        wait_share=0.01,
+        DataLoading=0.0001,
+        Transfer=0.0,
+        Compute=0.006,
+        DeviceIdle=0.004,
+        Step=0.010,
+    )
+    evidence = Evidence(
+        dataclasses.replace(waiting, copies=exposed), LoaderFacts(pin_memory=True), side_stream_transfer=True
+    )
+    diagnosis = diagnose(evidence)
+    assert diagnosis.bottleneck == "transfer_bound", diagnosis.format()
+    finding = diagnosis.findings[0]
+    assert finding.share == pytest.approx(0.4)
+    assert finding.evidence["side_stream_copy_ms"] == pytest.approx(5.0)
+    assert finding.evidence["hidden_fraction"] == pytest.approx(0.2)
+    assert not any("strategy='side_stream'" in advice for advice in finding.advice), "it is already on"
+    assert "host_bound" not in {finding.kind for finding in diagnosis.findings}, "the idle is the copy, not launches"
+    hidden = dataclasses.replace(exposed, exposed_s=0.0001, hidden_fraction=0.98)
+    assert (
+        verdict(
+            Evidence(
+                dataclasses.replace(
+                    waiting,
+                    copies=hidden,
+                    input_stall_fraction=0.01,
+                    timings={**waiting.timings, "DeviceIdle": timing(0.0001)},
+                ),
+                side_stream_transfer=True,
+            )
+        )
+        == "compute_bound"
+    )
 
 
 def test_host_bound_on_gpu_and_compute_bound_with_throttling():
     launches = summary(on_device=True, stall=0.8, wait_share=0.0, DataLoading=0.0001, Compute=0.002, DeviceIdle=0.008)
     assert verdict(Evidence(launches, LoaderFacts(num_workers=4))) == "host_bound", "idle GPU, host not waiting"
     busy = summary(on_device=True, DataLoading=0.0, Compute=0.0098, DeviceIdle=0.0002, Step=0.010)
-    diagnosis = diagnose(Evidence(busy, system={"System/gpu_slowdown": 1.0, "System/gpu_util_percent": 99.0}))
+    diagnosis = diagnose(Evidence(busy, system=SystemStats(gpu_slowdown=1.0, gpu_util_percent=99.0)))
     assert diagnosis.bottleneck == "compute_bound"
     assert any("slowed by heat" in advice for advice in diagnosis.findings[0].advice)
 
@@ -120,11 +168,10 @@ def test_straggler_epoch_start_and_memory_pressure():
     assert any(finding.kind == "straggler" and "rank 1" in finding.headline for finding in straggler)
     short = summary(epoch_start=3.0, DataLoading=0.0, Compute=0.010, Step=0.010)
     assert verdict(Evidence(short, LoaderFacts(persistent_workers=False))) == "epoch_start"
-    pressure = {"System/swap_used_MB": 4096.0, "System/shm_free_MB": 10.0, "System/pinned_host_MB": 9000.0}
-    pressure["System/ram_available_MB"] = 500.0
+    pressure = SystemStats(swap_used_mb=4096.0, shm_free_mb=10.0, pinned_host_mb=9000.0, ram_available_mb=500.0)
     busy = summary(DataLoading=0.0, Compute=0.010, Step=0.010)
     memory = {finding.kind: finding for finding in diagnose(Evidence(busy, system=pressure)).findings}
-    expected = {"swap_used_MB", "shm_free_MB", "pinned_host_MB", "ram_available_MB"}
+    expected = {"swap_used_mb", "shm_free_mb", "pinned_host_mb", "ram_available_mb"}
     assert set(memory["memory_pressure"].evidence) == expected
     assert "memory_pressure" not in {finding.kind for finding in diagnose(Evidence(busy)).findings}
 

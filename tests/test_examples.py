@@ -2,9 +2,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
-
-sys.path.insert(0, str(ROOT / "examples"))
+from helpers import ROOT
 
 
 @pytest.mark.slow

@@ -7,16 +7,21 @@ import inspect
 
 import lightning.pytorch as pl
 import pytest
-from conftest import trainer_kwargs
-from helpers import SleepyModel, sleepy_loader
+from helpers import SleepyModel, sleepy_loader, trainer_kwargs
 from lightning.pytorch.loops import fetchers
+from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning.pytorch.trainer.connectors import accelerator_connector
+from torch.utils.data import DataLoader
 
+from lightning_dataperf import SideStreamStrategy
 from lightning_dataperf._lightning_hooks import (
     FETCH_HOOKS,
     FetchHooks,
     check_lightning_compatibility,
-    loops_by_stage,
+    fetching_loops,
+    shutdown_loader_iterator,
 )
+from lightning_dataperf.tags import Stage
 
 
 def test_fetcher_brackets_next_with_profiler_hooks():
@@ -27,7 +32,7 @@ def test_fetcher_brackets_next_with_profiler_hooks():
 
 def test_every_loop_points_its_fetcher_at_the_hooks(tmp_path):
     trainer = pl.Trainer(**trainer_kwargs(tmp_path))
-    for stage, loop in loops_by_stage(trainer).items():
+    for stage, loop in fetching_loops(trainer):
         for name in FETCH_HOOKS:
             assert callable(getattr(loop, name)), (stage, name)
         source = inspect.getsource(type(loop))
@@ -50,11 +55,11 @@ def test_hooks_fire_around_each_fetch_and_uninstall(tmp_path):
 
     trainer.callbacks.append(Install())
     trainer.fit(SleepyModel(), sleepy_loader(12, 4, 0.0))
-    train_events = [kind for kind, stage in events if stage == "train"]
+    train_events = [kind for kind, stage in events if stage is Stage.TRAIN]
     # a sized loader of 3 batches: exactly 3 fetches, before/after strictly alternating
     assert train_events == ["before", "after"] * 3
     hooks.uninstall()
-    assert all(name not in loop.__dict__ for loop in loops_by_stage(trainer).values() for name in FETCH_HOOKS)
+    assert all(name not in loop.__dict__ for _, loop in fetching_loops(trainer) for name in FETCH_HOOKS)
 
 
 def test_missing_hook_raises_clear_error(tmp_path, monkeypatch):
@@ -62,3 +67,24 @@ def test_missing_hook_raises_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(type(trainer.test_loop), "_on_before_fetch", None)
     with pytest.raises(RuntimeError, match="cannot time batch fetches"):
         check_lightning_compatibility(trainer)
+
+
+def test_the_connector_assigns_devices_to_a_strategy_with_parallel_devices():
+    # SideStreamStrategy() given no device learns it the way Lightning's accelerator connector tells
+    # strategies: by assigning `parallel_devices` when the attribute exists and is empty.
+    source = inspect.getsource(accelerator_connector._AcceleratorConnector._lazy_init_strategy)
+    assert 'hasattr(self.strategy, "parallel_devices")' in source
+    assert "self.strategy.parallel_devices = self._parallel_devices" in source
+    assert "_root_device" in inspect.getsource(SingleDeviceStrategy.__init__)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy=SideStreamStrategy(), logger=False)
+    assert trainer.strategy.parallel_devices and trainer.strategy.root_device.type == "cpu"
+
+
+def test_loader_iterators_shut_their_workers_down_on_request():
+    iterator = iter(DataLoader(range(64), batch_size=4, num_workers=2))
+    next(iterator)
+    workers = list(iterator._workers)
+    assert workers and all(worker.is_alive() for worker in workers)
+    shutdown_loader_iterator(iterator)
+    assert not any(worker.is_alive() for worker in workers), "PyTorch's _shutdown_workers no longer stops them"
+    shutdown_loader_iterator(iter(range(3)))  # not a loader iterator: nothing to stop, no error

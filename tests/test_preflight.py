@@ -8,16 +8,13 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from datamodule_helpers import IndexData, RecordingModel
-from helpers import SleepyModel, sleepy_loader
+from helpers import IndexData, RecordingModel, SleepyModel, fake_hardware, sleepy_loader, trainer_kwargs
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
 from lightning_dataperf import preflight as preflight_module
 from lightning_dataperf.hardware import (
     GpuInfo,
-    Hardware,
     cgroup_cpu_limit,
     local_world_size,
     pcie_capacity_mbps,
@@ -30,22 +27,6 @@ from lightning_dataperf.preflight import BatchFootprint, check_batch, check_load
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 MB = 2**20
-
-
-def hardware(**overrides) -> Hardware:
-    values = dict(
-        logical_cpus=16,
-        physical_cpus=8,
-        usable_cpus=16,
-        usable_cpus_source="os.cpu_count()",
-        local_world_size=1,
-        ram_total_mb=64_000,
-        ram_available_mb=32_000,
-        shm_total_mb=8_000,
-        shm_free_mb=8_000,
-    )
-    values.update(overrides)
-    return Hardware(**values)
 
 
 def loader(**kwargs) -> DataLoader:
@@ -89,7 +70,7 @@ def test_slurm_and_local_world_size_variables():
     assert local_world_size({"LOCAL_WORLD_SIZE": "8"}) == 8
     assert local_world_size({"SLURM_NTASKS_PER_NODE": "4(x2)"}) == 4
     assert local_world_size({}) == 1
-    assert hardware(usable_cpus=16, local_world_size=8).cpus_per_rank == 2
+    assert fake_hardware(usable_cpus=16, local_world_size=8).cpus_per_rank == 2
 
 
 def test_storage_from_a_mounts_table(tmp_path):
@@ -114,21 +95,23 @@ def test_pcie_capacity():
 
 
 def test_more_workers_than_cpus_and_fork_after_cuda():
-    problems = check_loader(loader(num_workers=6), hardware(usable_cpus=8, local_world_size=2), cuda_initialized=True)
+    problems = check_loader(
+        loader(num_workers=6), fake_hardware(usable_cpus=8, local_world_size=2), cuda_initialized=True
+    )
     kinds = {problem.check: problem.message for problem in problems}
     assert "this rank may use 4 CPUs" in kinds["workers_exceed_cpus"]
     assert "num_workers<=3" in kinds["workers_exceed_cpus"]
     assert "multiprocessing_context='spawn'" in kinds["fork_after_cuda"]
     spawned = loader(num_workers=2, multiprocessing_context="spawn")
-    assert check_loader(spawned, hardware(), cuda_initialized=True) == []
-    assert check_loader(loader(num_workers=0), hardware(usable_cpus=1), cuda_initialized=True) == []
+    assert check_loader(spawned, fake_hardware(), cuda_initialized=True) == []
+    assert check_loader(loader(num_workers=0), fake_hardware(usable_cpus=1), cuda_initialized=True) == []
 
 
 def test_shm_open_files_and_pinned_ram(monkeypatch):
     batch = {"image": torch.zeros(64, 3, 224, 224), "label": torch.zeros(64, dtype=torch.long)}
     footprint = BatchFootprint.of(batch)
     assert footprint.tensors == 2 and footprint.bytes == 64 * 3 * 224 * 224 * 4 + 64 * 8
-    cramped = hardware(shm_free_mb=64.0, ram_available_mb=200.0)
+    cramped = fake_hardware(shm_free_mb=64.0, ram_available_mb=200.0)
     monkeypatch.setattr(preflight_module, "open_file_limit", lambda: 64)
     monkeypatch.setattr(torch.multiprocessing, "get_sharing_strategy", lambda: "file_descriptor")
     problems = check_batch(footprint, loader(num_workers=4, prefetch_factor=4, pin_memory=True), cramped)
@@ -143,7 +126,9 @@ def test_shm_open_files_and_pinned_ram(monkeypatch):
 
 
 def test_callback_warns_at_fit_start(tmp_path, monkeypatch):
-    monkeypatch.setattr("lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: hardware(usable_cpus=1))
+    monkeypatch.setattr(
+        "lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: fake_hardware(usable_cpus=1)
+    )
     perf = DataPerfCallback(print_summary=False)
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], logger=False, **trainer_kwargs(tmp_path))
     with pytest.warns(UserWarning, match=r"pre-flight \[workers_exceed_cpus\]"):
@@ -152,7 +137,7 @@ def test_callback_warns_at_fit_start(tmp_path, monkeypatch):
 
 
 def test_explicit_workers_over_budget_are_warned_about_once_with_tuned_datamodule(tmp_path, monkeypatch):
-    cramped = hardware(usable_cpus=1)
+    cramped = fake_hardware(usable_cpus=1)
     monkeypatch.setattr("lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: cramped)
     monkeypatch.setattr("lightning_dataperf.datamodule.probe_hardware", lambda *args, **kwargs: cramped)
     perf = DataPerfCallback(print_summary=False)
@@ -162,5 +147,5 @@ def test_explicit_workers_over_budget_are_warned_about_once_with_tuned_datamodul
         warnings.simplefilter("always")
         trainer.fit(RecordingModel(), datamodule=datamodule)
     over_budget = [str(w.message) for w in caught if "num_workers=2" in str(w.message) and "CPUs" in str(w.message)]
-    assert len(over_budget) == 1 and over_budget[0].startswith("DataLoader(num_workers=2)")
+    assert len(over_budget) == 1 and over_budget[0].startswith("DataLoader(num_workers=2)"), over_budget
     assert "workers_exceed_cpus" not in [problem.check for problem in perf.preflight_problems]

@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
+from lightning_dataperf.copy_stats import CopyStats
 from lightning_dataperf.stats import EpochAccumulator, window_metrics
+from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepTiming
 
 
@@ -25,7 +27,7 @@ def test_window_metrics_means_maxima_throughput_and_stall():
 
 def test_window_metrics_on_device_use_idle_over_device_step():
     steps = [timing(1, 0.2, 0.1, 0.5, idle=0.05, device_step=0.25)]
-    metrics = window_metrics(steps, prefix="val/")
+    metrics = window_metrics(steps, Stage.VAL)
     assert metrics["val/DataPerf/input_stall_fraction"] == pytest.approx(0.2)
     assert metrics["val/Time/DeviceIdle"] == pytest.approx(0.05)
 
@@ -72,10 +74,10 @@ def test_summary_text_names_the_side_stream_copy_and_its_transform():
     accumulator = EpochAccumulator()
     accumulator.update([timing(i, 0.001, 0.01, 0.02) for i in range(4)])
     summary = accumulator.summarize("train", 0, torch.device("cpu"))
-    copy_only = {"Time/Transfer": 0.004, "Transfer/GBps": 55.0, "Transfer/hidden_fraction": 0.9}
-    text = dataclasses.replace(summary, transfer_overlap=copy_only).format()
+    copy_only = CopyStats(copies=4, copy_s=0.004, exposed_s=0.0004, transform_s=0.0, hidden_fraction=0.9, gbps=55.0)
+    text = dataclasses.replace(summary, copies=copy_only).format()
     assert "side-stream copy 4.00 ms/batch at 55.0 GB/s, 90% hidden behind compute" in text
     assert "device_transform" not in text
-    transformed = {**copy_only, "Transfer/transform_s": 0.002}
-    text = dataclasses.replace(summary, transfer_overlap=transformed).format()
+    transformed = dataclasses.replace(copy_only, transform_s=0.002)
+    text = dataclasses.replace(summary, copies=transformed).format()
     assert "(with the device_transform's 2.00 ms)" in text

@@ -10,19 +10,12 @@ from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
-from conftest import trainer_kwargs
-from helpers import SleepyModel, sleepy_loader
-from test_callback import scalar_tags
+from helpers import SleepyModel, scalar_tags, sleepy_loader, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.system import (
-    CpuSource,
-    DiskSource,
-    GpuSource,
-    MemorySource,
-    ProcessSource,
-    SystemSampler,
-)
+from lightning_dataperf.sources import CpuSource, DiskSource, GpuSource, MemorySource, ProcessSource
+from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.telemetry import SystemSampler
 
 MB = 2**20
 
@@ -88,15 +81,15 @@ def test_gpu_source_reads_pcie_counters_as_deltas():
     nvml = FakeNvml(reasons=0x20)
     source = GpuSource(0, nvml=nvml)
     first = source.read(elapsed=1.0)
-    assert "System/gpu_pcie_rx_MBps" not in first, "a rate needs two readings"
+    assert "gpu_pcie_rx_mbps" not in first, "a rate needs two readings"
     second = source.read(elapsed=2.0)
-    assert second["System/gpu_pcie_rx_MBps"] == pytest.approx(150.0)
-    assert second["System/gpu_pcie_tx_MBps"] == pytest.approx(5.0)
-    assert second["System/gpu_util_percent"] == 87
-    assert second["System/gpu_memory_used_MB"] == pytest.approx(2048)
-    assert second["System/gpu_power_W"] == pytest.approx(350)
-    assert second["System/gpu_slowdown"] == 1.0, "0x20 is a thermal slowdown"
-    assert second["System/gpu_power_capped"] == 0.0
+    assert second["gpu_pcie_rx_mbps"] == pytest.approx(150.0)
+    assert second["gpu_pcie_tx_mbps"] == pytest.approx(5.0)
+    assert second["gpu_util_percent"] == 87
+    assert second["gpu_memory_used_mb"] == pytest.approx(2048)
+    assert second["gpu_power_w"] == pytest.approx(350)
+    assert second["gpu_slowdown"] == 1.0, "0x20 is a thermal slowdown"
+    assert second["gpu_power_capped"] == 0.0
     source.close()
     assert nvml.shutdowns == 1
 
@@ -104,9 +97,9 @@ def test_gpu_source_reads_pcie_counters_as_deltas():
 def test_gpu_source_falls_back_to_nvml_throughput_sample():
     source = GpuSource(0, nvml=FakeNvml(fields_supported=False, reasons=0x4))
     values = source.read(elapsed=1.0)
-    assert values["System/gpu_power_capped"] == 1.0, "0x4 is the software power cap, not a slowdown"
-    assert values["System/gpu_pcie_rx_MBps"] == pytest.approx(5_000 * 1e3 / MB)
-    assert values["System/gpu_slowdown"] == 0.0
+    assert values["gpu_power_capped"] == 1.0, "0x4 is the software power cap, not a slowdown"
+    assert values["gpu_pcie_rx_mbps"] == pytest.approx(5_000 * 1e3 / MB)
+    assert values["gpu_slowdown"] == 0.0
 
 
 def test_missing_or_failing_source_is_dropped_with_one_warning():
@@ -118,7 +111,7 @@ def test_missing_or_failing_source_is_dropped_with_one_warning():
             Broken.reads += 1
             if Broken.reads > 1:
                 raise PermissionError("/proc is restricted")
-            return {"System/flaky": 1.0}
+            return {"flaky_reading": 1.0}
 
         def close(self):
             pass
@@ -130,11 +123,11 @@ def test_missing_or_failing_source_is_dropped_with_one_warning():
     with pytest.warns(UserWarning, match="NVML Shared Library Not Found"):
         sampler.start()
     try:
-        assert "System/ram_available_MB" in sampler.epoch_means()
+        assert sampler.epoch_means().ram_available_mb is not None
         with pytest.warns(UserWarning, match="restricted"):
             sampler.reset_epoch()
             means = sampler.epoch_means()
-        assert "System/flaky" not in means and "System/ram_available_MB" in means
+        assert means.ram_available_mb is not None and "System/flaky_reading" not in means.to_metrics()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             sampler.reset_epoch()
@@ -153,11 +146,11 @@ def test_host_sources_read_plausible_values(tmp_path):
         values = source.read(0.05)
         assert values, source.name
         for key, value in values.items():
-            assert key.startswith("System/") and value >= 0, (key, value)
+            assert key in SystemStats.fields() and value >= 0, (key, value)  # every reading has a tag
     cpu = CpuSource()
     time.sleep(0.05)
     busy = cpu.read(0.05)
-    assert 0 <= busy["System/cpu_busy_percent_mean"] <= busy["System/cpu_busy_percent_max"] <= 100
+    assert 0 <= busy["cpu_busy_percent_mean"] <= busy["cpu_busy_percent_max"] <= 100
 
 
 def test_bad_interval_is_refused():
@@ -193,7 +186,7 @@ def test_system_scalars_land_in_tensorboard_and_evidence(tmp_path):
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], log_every_n_steps=2, **trainer_kwargs(tmp_path))
     trainer.fit(SleepyModel(), sleepy_loader(48, 4, 0.04, num_workers=1, persistent_workers=True))
     tags = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
-    for expected in ("System/cpu_busy_percent_mean", "System/main_rss_MB", "System/ram_available_MB"):
+    for expected in ("System/cpu_busy_percent_mean", "System/main_rss_mb", "System/ram_available_mb"):
         assert expected in tags, sorted(tag for tag in tags if tag.startswith("System"))
     assert "System/loader_workers_alive" in tags
     numbers = perf.last_diagnosis.findings[0].evidence

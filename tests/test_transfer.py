@@ -5,19 +5,14 @@ from collections import OrderedDict, namedtuple
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from helpers import SleepyModel, sleepy_loader
+from helpers import SleepyModel, sleepy_loader, trainer_kwargs
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
-from lightning_dataperf.transfer import (
-    CopyTiming,
-    SideStreamCopier,
-    _LookaheadIterator,
-    copy_metrics,
-    iter_tensors,
-    map_tensors,
-)
+from lightning_dataperf.batches import iter_tensors, map_tensors
+from lightning_dataperf.copier import SideStreamCopier
+from lightning_dataperf.copy_stats import CopyStats, CopyTiming
+from lightning_dataperf.lookahead import LookaheadIterator
 
 Pair = namedtuple("Pair", ["image", "label"])
 
@@ -86,7 +81,7 @@ class FakeCopier:
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_lookahead_yields_every_batch_once_in_order_and_copies_ahead(depth):
     copier = FakeCopier()
-    out = list(_LookaheadIterator(iter(range(7)), copier, depth))
+    out = list(LookaheadIterator(iter(range(7)), copier, depth))
     assert out == list(range(7))
     handed = [index for index, (kind, _) in enumerate(copier.log) if kind == "hand_over"]
     issued = [index for index, (kind, _) in enumerate(copier.log) if kind == "issue"]
@@ -99,7 +94,7 @@ def test_lookahead_hands_over_queued_batches_before_a_loader_error():
         yield from range(3)
         raise OSError("disk gone")
 
-    iterator = _LookaheadIterator(failing(), FakeCopier(), 2)
+    iterator = LookaheadIterator(failing(), FakeCopier(), 2)
     assert [next(iterator) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(OSError, match="disk gone"):
         next(iterator)
@@ -120,24 +115,34 @@ def test_pinning_failure_falls_back_to_pageable_with_one_warning():
         copier._pinned(torch.ones(2))  # said once only
 
 
-def test_copy_metrics():
+def test_copy_stats():
     copies = [CopyTiming(copy=0.002, bytes=100_000_000, exposed=0.0005), CopyTiming(0.002, 100_000_000, 0.0)]
-    metrics = copy_metrics(copies)
-    assert metrics["Transfer/GBps"] == pytest.approx(50.0)
-    assert metrics["Transfer/hidden_fraction"] == pytest.approx(0.875)
-    assert metrics["Time/Transfer"] == pytest.approx(0.002)
-    assert "Transfer/transform_s" not in metrics
-    assert copy_metrics([]) == {}
+    stats = CopyStats.of(copies)
+    assert stats.copies == 2
+    assert stats.gbps == pytest.approx(50.0)
+    assert stats.hidden_fraction == pytest.approx(0.875)
+    assert stats.copy_s == pytest.approx(0.002) and stats.exposed_s == pytest.approx(0.00025)
+    metrics = stats.to_metrics("val/")
+    assert metrics == pytest.approx(
+        {
+            "val/Transfer/copy_s": 0.002,
+            "val/Transfer/exposed_s": 0.00025,
+            "val/Transfer/hidden_fraction": 0.875,
+            "val/Transfer/GBps": 50.0,
+        }
+    )  # no transform: no transform_s
+    assert CopyStats.of([]) is None
 
 
-def test_copy_metrics_keep_the_device_transform_apart_from_the_copy():
+def test_copy_stats_keep_the_device_transform_apart_from_the_copy():
     transformed = CopyTiming(copy=0.002, bytes=100_000_000, exposed=0.001, transform=0.002)
     assert transformed.hidden_fraction == pytest.approx(0.75)  # 1 ms waited of 4 ms of side-stream work
-    metrics = copy_metrics([transformed])
-    assert metrics["Transfer/GBps"] == pytest.approx(50.0)  # bytes over the copy alone
-    assert metrics["Time/Transfer"] == pytest.approx(0.002)
-    assert metrics["Transfer/transform_s"] == pytest.approx(0.002)
-    assert metrics["Transfer/hidden_fraction"] == pytest.approx(0.75)
+    stats = CopyStats.of([transformed])
+    assert stats.gbps == pytest.approx(50.0)  # bytes over the copy alone
+    assert stats.copy_s == pytest.approx(0.002)
+    assert stats.to_metrics()["Transfer/transform_s"] == pytest.approx(0.002)
+    assert stats.hidden_fraction == pytest.approx(0.75)
+    assert "with the device_transform's 2.00 ms" in stats.format()
 
 
 def test_strategies_are_registered_and_cpu_falls_back_to_stock(tmp_path):
@@ -149,7 +154,7 @@ def test_strategies_are_registered_and_cpu_falls_back_to_stock(tmp_path):
     assert isinstance(trainer.strategy, SideStreamStrategy) and not trainer.strategy.side_stream_active
     assert trainer.strategy.root_device == torch.device("cpu")
     assert torch.cat(model.seen).tolist() == [float(i) for i in range(20)]
-    assert perf.summaries[0].transfer_overlap == {}
+    assert perf.summaries[0].copies is None
 
 
 def test_bad_arguments_are_refused():
@@ -195,7 +200,7 @@ def test_stream_switch_restores_the_compute_stream_even_on_error(monkeypatch, cu
 
 
 def test_event_pool_hands_back_what_it_was_given(monkeypatch):
-    from lightning_dataperf.transfer import _EventPool
+    from lightning_dataperf.copier import _EventPool
 
     created = []
 

@@ -7,8 +7,7 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import trainer_kwargs
-from helpers import SleepyModel
+from helpers import SleepyModel, trainer_kwargs
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback

@@ -25,114 +25,22 @@ CPU and MPS runs fall back to Lightning's stock behaviour.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy, StrategyRegistry
-from lightning.pytorch.utilities.model_helpers import is_overridden
-from torch.utils.data import DataLoader
-from typing_extensions import override
 
-__all__ = [
-    "CopyTiming",
-    "SideStreamCopier",
-    "SideStreamDDPStrategy",
-    "SideStreamStrategy",
-    "SideStreamTransferMixin",
-    "copy_metrics",
-    "map_tensors",
-]
+from lightning_dataperf.batches import iter_tensors, map_tensors
+from lightning_dataperf.copy_stats import CopyTiming
+
+__all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_TIMING_EVERY", "DeviceTransform", "SideStreamCopier", "check_copy_options"]
 
 DeviceTransform = Callable[[Any], Any]
 _T = TypeVar("_T")
-
-
-def map_tensors(batch: Any, function: Callable[[Any], Any]) -> Any:
-    """Apply ``function`` to every tensor (and every object with a ``.to()``) in a nested batch.
-
-    Handles dicts and other mappings, lists, tuples, namedtuples and dataclasses; other leaves are
-    returned unchanged.
-    """
-    if isinstance(batch, torch.Tensor):
-        return function(batch)
-    if isinstance(batch, Mapping):
-        return _rebuild_mapping(batch, {key: map_tensors(value, function) for key, value in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(map_tensors(value, function) for value in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(map_tensors(value, function) for value in batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        changes = {f.name: map_tensors(getattr(batch, f.name), function) for f in dataclasses.fields(batch) if f.init}
-        return dataclasses.replace(batch, **changes)
-    if callable(getattr(batch, "to", None)) and not isinstance(batch, (str, bytes)):
-        return function(batch)
-    return batch
-
-
-def _rebuild_mapping(original: Mapping, values: dict) -> Mapping:
-    """Same mapping type where it can be built empty and filled (dict, OrderedDict, ...), else a dict."""
-    try:
-        rebuilt = type(original)()
-        rebuilt.update(values)  # type: ignore[attr-defined]
-    except (TypeError, AttributeError):
-        return values
-    return rebuilt
-
-
-def iter_tensors(batch: Any) -> list[torch.Tensor]:
-    """Every tensor in a nested batch (including tensor attributes of objects with ``.to()``).
-
-    Walks the same structures as :func:`map_tensors` without rebuilding them.
-    """
-    found: list[torch.Tensor] = []
-    _collect_tensors(batch, found)
-    return found
-
-
-def _collect_tensors(value: Any, found: list[torch.Tensor]) -> None:
-    if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            _collect_tensors(item, found)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _collect_tensors(item, found)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for member in dataclasses.fields(value):
-            if member.init:
-                _collect_tensors(getattr(value, member.name), found)
-    elif callable(getattr(value, "to", None)) and not isinstance(value, (str, bytes)) and hasattr(value, "__dict__"):
-        found.extend(attribute for attribute in vars(value).values() if isinstance(attribute, torch.Tensor))
-
-
-@dataclass(frozen=True)
-class CopyTiming:
-    """One batch's copy on the side stream.
-
-    Attributes:
-        copy: seconds the copy took on the side stream.
-        bytes: bytes copied.
-        exposed: seconds the compute stream waited for the copy and the transform (not hidden behind compute).
-        transform: seconds ``device_transform`` took on the side stream after the copy (0 without one).
-    """
-
-    copy: float
-    bytes: int
-    exposed: float
-    transform: float = 0.0
-
-    @property
-    def hidden_fraction(self) -> float:
-        """Share of the side stream's work for this batch (copy and transform) hidden behind compute."""
-        busy = self.copy + self.transform
-        return 1.0 if busy <= 0 else max(0.0, min(1.0, 1.0 - self.exposed / busy))
 
 
 @dataclass
@@ -187,7 +95,7 @@ DEFAULT_MIN_BYTES = 2 << 20
 DEFAULT_TIMING_EVERY = 4
 
 
-def _check_copy_options(min_bytes: int, timing_every: int) -> None:
+def check_copy_options(min_bytes: int, timing_every: int) -> None:
     if min_bytes < 0:
         raise ValueError(f"min_bytes={min_bytes} must be >= 0 (0 sends every batch through the side stream).")
     if timing_every < 1:
@@ -229,7 +137,7 @@ class SideStreamCopier:
         timing_every: int = DEFAULT_TIMING_EVERY,
         allocate_on_compute: bool = True,
     ) -> None:
-        _check_copy_options(min_bytes, timing_every)
+        check_copy_options(min_bytes, timing_every)
         self.device = device
         self._device_index = device.index  # an int is parsed faster than a torch.device on every lookup
         self.pin = pin
@@ -434,257 +342,3 @@ class SideStreamCopier:
         if key not in self._warned:
             self._warned.add(key)
             warnings.warn(message, stacklevel=3)
-
-
-class _LookaheadIterator(Iterator):
-    """Yields batch N already on the device while batches N+1..N+depth are being copied."""
-
-    def __init__(self, iterator: Iterator, copier: SideStreamCopier, depth: int) -> None:
-        self._iterator = iterator
-        self._copier = copier
-        self._depth = depth
-        self._queue: deque[_InFlight] = deque()
-        self._exhausted = False
-        self._error: BaseException | None = None
-
-    def __next__(self) -> Any:
-        while not self._exhausted and self._error is None and len(self._queue) <= self._depth:
-            try:
-                host_batch = next(self._iterator)
-            except StopIteration:
-                self._exhausted = True
-            except Exception as error:  # hand over what is queued first; nothing is lost
-                self._error = error
-            else:
-                self._queue.append(self._copier.issue(host_batch))
-        if self._queue:
-            return self._copier.hand_over(self._queue.popleft())
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        raise StopIteration
-
-    def __getattr__(self, name: str) -> Any:  # public attributes of the wrapped iterator
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._iterator, name)
-
-
-_LOOKAHEAD_CLASSES: dict[type, type] = {}
-
-
-def _lookahead_class(loader_class: type[DataLoader]) -> type[DataLoader]:
-    """A subclass of the user's DataLoader class whose iterator copies ahead (keeps isinstance checks)."""
-    if loader_class not in _LOOKAHEAD_CLASSES:
-
-        def __iter__(self: DataLoader) -> Iterator:  # noqa: N807
-            inner = super(subclass, self).__iter__()
-            return self._dataperf_make_iterator(inner)
-
-        subclass = type(f"SideStream{loader_class.__name__}", (loader_class,), {"__iter__": __iter__})
-        _LOOKAHEAD_CLASSES[loader_class] = subclass
-    return _LOOKAHEAD_CLASSES[loader_class]
-
-
-class _LookaheadIterable:
-    """Wraps a non-DataLoader iterable; attributes are delegated to it."""
-
-    def __init__(self, iterable: Any, make_iterator: Callable[[Iterator], Iterator]) -> None:
-        self._iterable = iterable
-        self._make_iterator = make_iterator
-
-    def __iter__(self) -> Iterator:
-        return self._make_iterator(iter(self._iterable))
-
-    def __len__(self) -> int:
-        return len(self._iterable)
-
-    def __getattr__(self, name: str) -> Any:  # e.g. `sampler`, `dataset` of the wrapped iterable
-        if name.startswith("__") or name in ("_iterable", "_make_iterator"):
-            raise AttributeError(name)
-        return getattr(self._iterable, name)
-
-
-class SideStreamTransferMixin:
-    """Adds side-stream, look-ahead host-to-device copies to a Lightning strategy.
-
-    Put it first in the bases of your own strategy: ``class MyStrategy(SideStreamTransferMixin, DDPStrategy)``.
-
-    Args:
-        lookahead: batches copied ahead of the one being computed (default 1). With ``lookahead >= 1``
-            the loader yields batches already on the device, so ``on_before_batch_transfer`` and a custom
-            ``transfer_batch_to_device`` see device tensors; ``on_after_batch_transfer`` is unchanged.
-            ``lookahead=0`` keeps the stock hook order (copy on the side stream inside
-            ``batch_to_device``) but overlaps only with work the GPU still has queued.
-        pin: pin unpinned host tensors in the main process (see :class:`SideStreamCopier`).
-        device_transform: runs on the side stream after each copy, e.g. uint8 -> float and normalise.
-        min_bytes: smaller batches are copied the stock way, on the compute stream (default 2 MiB; see
-            :class:`SideStreamCopier`).
-        timing_every: time one side-stream copy in this many (default 4) for DataPerfCallback's figures.
-
-    Example::
-
-        class MyStrategy(SideStreamTransferMixin, SingleDeviceStrategy):
-            pass
-
-        trainer = Trainer(accelerator="gpu", devices=1, strategy=MyStrategy(lookahead=2))
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        lookahead: int = 1,
-        pin: bool = True,
-        device_transform: DeviceTransform | None = None,
-        min_bytes: int = DEFAULT_MIN_BYTES,
-        timing_every: int = DEFAULT_TIMING_EVERY,
-        **kwargs: Any,
-    ) -> None:
-        if lookahead < 0:
-            raise ValueError(f"lookahead={lookahead} must be >= 0 (0 copies in batch_to_device, 1+ copies ahead).")
-        _check_copy_options(min_bytes, timing_every)  # here too: the copier itself is created on first use
-        super().__init__(*args, **kwargs)
-        self.lookahead = lookahead
-        self.pin = pin
-        self.device_transform = device_transform
-        self.min_bytes = min_bytes
-        self.timing_every = timing_every
-        self._copier: SideStreamCopier | None = None
-        self._hooks_warned = False
-
-    @property
-    def side_stream_active(self) -> bool:
-        return self.root_device.type == "cuda" and torch.cuda.is_available()  # type: ignore[attr-defined]
-
-    @property
-    def copier(self) -> SideStreamCopier:
-        """The side-stream copier of this rank's device, created once for the run."""
-        if self._copier is None:
-            self._copier = SideStreamCopier(
-                self.root_device,  # type: ignore[attr-defined]
-                self.pin,
-                self.device_transform,
-                min_bytes=self.min_bytes,
-                timing_every=self.timing_every,
-            )
-        return self._copier
-
-    def pop_copy_timings(self) -> list[CopyTiming]:
-        """Copy timings completed since the last call (used by DataPerfCallback)."""
-        return [] if self._copier is None else self._copier.completed()
-
-    @override
-    def process_dataloader(self, dataloader: object) -> object:
-        dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
-        if not self.side_stream_active or self.lookahead == 0:
-            return dataloader
-        self._warn_about_hooks()
-
-        def make_iterator(inner: Iterator) -> Iterator:
-            return _LookaheadIterator(inner, self.copier, self.lookahead)
-
-        if isinstance(dataloader, DataLoader):
-            dataloader.__class__ = _lookahead_class(type(dataloader))
-            dataloader._dataperf_make_iterator = make_iterator  # type: ignore[attr-defined]
-            return dataloader
-        return _LookaheadIterable(dataloader, make_iterator)
-
-    @override
-    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
-        if self.side_stream_active and self.lookahead == 0 and (device is None or device == self.root_device):  # type: ignore[attr-defined]
-            # Copied now, for this step: side-stream memory keeps the overlap with already queued work.
-            batch = self.copier.hand_over(self.copier.issue(batch, allocate_on_compute=False))
-        return super().batch_to_device(batch, device, dataloader_idx)  # type: ignore[misc]
-
-    @override
-    def teardown(self) -> None:
-        self._copier = None
-        super().teardown()  # type: ignore[misc]
-
-    def _warn_about_hooks(self) -> None:
-        module = getattr(self, "lightning_module", None)
-        if self._hooks_warned or module is None:
-            return
-        overridden = [
-            name for name in ("on_before_batch_transfer", "transfer_batch_to_device") if is_overridden(name, module)
-        ]
-        if overridden:
-            self._hooks_warned = True
-            warnings.warn(
-                f"{', '.join(overridden)} is overridden: with side-stream look-ahead it receives batches already on "
-                "the GPU. Move host-side batch edits into the DataLoader's collate_fn, or use lookahead=0 to keep "
-                "the stock hook order.",
-                stacklevel=2,
-            )
-
-
-class SideStreamStrategy(SideStreamTransferMixin, SingleDeviceStrategy):
-    """Single-device training with side-stream look-ahead copies. Registered as ``"side_stream"``.
-
-    Example::
-
-        Trainer(accelerator="gpu", devices=1, strategy="side_stream")
-        Trainer(accelerator="gpu", devices=1, strategy=SideStreamStrategy(lookahead=2))
-    """
-
-    strategy_name = "side_stream"
-
-    def __init__(self, device: Any = None, **kwargs: Any) -> None:
-        super().__init__(device=device if device is not None else "cpu", **kwargs)
-        self._device_given = device is not None
-        #: filled by Lightning's accelerator connector when the device was not given
-        self.parallel_devices: list[torch.device] | None = None
-
-    @property
-    def root_device(self) -> torch.device:
-        if not self._device_given and self.parallel_devices:
-            return self.parallel_devices[0]
-        return self._root_device
-
-
-class SideStreamDDPStrategy(SideStreamTransferMixin, DDPStrategy):
-    """DDP with side-stream look-ahead copies, one stream per rank's device. Registered as ``"ddp_side_stream"``.
-
-    Example::
-
-        Trainer(accelerator="gpu", devices=8, strategy="ddp_side_stream")
-    """
-
-    strategy_name = "ddp_side_stream"
-
-
-def copy_metrics(copies: Sequence[CopyTiming], prefix: str = "") -> dict[str, float]:
-    """Side-stream copy figures for the loggers: mean copy time, effective GB/s, hidden fraction.
-
-    ``Transfer/GBps`` is bytes over copy time alone; ``Transfer/hidden_fraction`` is the share of the side
-    stream's work (copy and ``device_transform``, whose mean is ``Transfer/transform_s``) that the compute
-    stream did not wait for.
-    """
-    if not copies:
-        return {}
-    copy_time = sum(copy.copy for copy in copies)
-    transform_time = sum(copy.transform for copy in copies)
-    exposed = sum(copy.exposed for copy in copies)
-    busy = copy_time + transform_time
-    metrics = {
-        f"{prefix}Time/Transfer": copy_time / len(copies),
-        f"{prefix}Transfer/exposed_s": exposed / len(copies),
-        f"{prefix}Transfer/hidden_fraction": 1.0 if busy <= 0 else max(0.0, 1.0 - exposed / busy),
-    }
-    if copy_time > 0:
-        metrics[f"{prefix}Transfer/GBps"] = sum(copy.bytes for copy in copies) / copy_time / 1e9
-    if transform_time > 0:
-        metrics[f"{prefix}Transfer/transform_s"] = transform_time / len(copies)
-    return metrics
-
-
-def _register() -> None:
-    if "side_stream" not in StrategyRegistry:
-        StrategyRegistry.register("side_stream", SideStreamStrategy, description=SideStreamStrategy.__doc__)
-    if "ddp_side_stream" not in StrategyRegistry:
-        StrategyRegistry.register(
-            "ddp_side_stream", SideStreamDDPStrategy, description=SideStreamDDPStrategy.__doc__, start_method="popen"
-        )
-
-
-_register()

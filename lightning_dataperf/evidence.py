@@ -1,0 +1,53 @@
+"""What a verdict may look at: one epoch's summary, the loader's settings, telemetry, the hardware.
+
+Example::
+
+    evidence = Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader))
+    evidence.timing(tags.COMPUTE)       # mean compute seconds per step
+    evidence.step_mean                  # on the timeline that binds (device on CUDA)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightning_dataperf import tags
+from lightning_dataperf.loaders import LoaderFacts
+from lightning_dataperf.stats import EpochSummary
+from lightning_dataperf.system_stats import SystemStats
+
+__all__ = ["Evidence"]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything a rule may look at. ``system`` holds the epoch's telemetry means (empty if not sampled)."""
+
+    summary: EpochSummary
+    loader: LoaderFacts = field(default_factory=LoaderFacts)
+    system: SystemStats = field(default_factory=SystemStats)
+    side_stream_transfer: bool = False
+    usable_cpus: int | None = None
+    pcie_capacity_mbps: float | None = None
+
+    def timing(self, name: str, statistic: str = "mean") -> float | None:
+        summary = self.summary.timings.get(name)
+        return None if summary is None else getattr(summary, statistic)
+
+    @property
+    def step_mean(self) -> float | None:
+        """Mean step time on the timeline that binds: the device's on CUDA, the host's elsewhere.
+
+        On CUDA the host may run ahead of the GPU, so its step time can be shorter than the GPU's work;
+        the device step (end of step N-1 to end of step N) is idle + transfer + compute.
+        """
+        if self.summary.on_device:
+            parts = [self.timing(name) for name in (tags.DEVICE_IDLE, tags.TRANSFER, tags.COMPUTE)]
+            if parts[2] is not None:
+                return sum(part or 0.0 for part in parts)
+        return self.timing(tags.STEP)
+
+    def host_explains_idle(self) -> bool:
+        """CUDA: was the host blocked in the loader for at least half of the GPU's idle time?"""
+        idle, wait = self.timing(tags.DEVICE_IDLE) or 0.0, self.timing(tags.DATA_LOADING) or 0.0
+        return wait >= 0.5 * idle

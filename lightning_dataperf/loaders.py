@@ -1,0 +1,85 @@
+"""DataLoader settings: the ones recommended (:class:`LoaderSettings`) and the ones a loader has (:class:`LoaderFacts`).
+
+Example::
+
+    facts = LoaderFacts.of(trainer.train_dataloader)
+    facts.num_workers, facts.pin_memory          # (4, True)
+    DataLoader(dataset, **recommend_loader_settings().as_kwargs())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["POLICY_FIELDS", "LoaderFacts", "LoaderSettings", "first_loader"]
+
+#: The DataLoader arguments the policy and autotune choose.
+POLICY_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """Recommended DataLoader settings; ``reasons`` says why, per field.
+
+    Example::
+
+        settings = recommend_loader_settings()
+        loader = DataLoader(dataset, batch_size=32, **settings.as_kwargs())
+        print(settings.explain())
+    """
+
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``DataLoader`` (``prefetch_factor`` only with workers)."""
+        kwargs: dict[str, Any] = {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+        }
+        if self.num_workers > 0:
+            kwargs["prefetch_factor"] = self.prefetch_factor
+        return kwargs
+
+    def explain(self) -> str:
+        lines = ["DataLoader settings:"]
+        for name in POLICY_FIELDS:
+            lines.append(f"  {name}={getattr(self, name)!r:<6} {self.reasons.get(name, '')}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LoaderFacts:
+    """The DataLoader settings that the advice refers to."""
+
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    batch_size: int | None = None
+
+    @classmethod
+    def of(cls, loader: Any) -> LoaderFacts:
+        """Read the settings of a ``DataLoader`` (anything else gives unknowns)."""
+        loader = getattr(loader, "dataloader", loader)
+        return cls(
+            num_workers=getattr(loader, "num_workers", None),
+            pin_memory=getattr(loader, "pin_memory", None),
+            persistent_workers=getattr(loader, "persistent_workers", None),
+            prefetch_factor=getattr(loader, "prefetch_factor", None),
+            batch_size=getattr(loader, "batch_size", None),
+        )
+
+
+def first_loader(loaders: Any) -> Any:
+    """The first loader of what ``trainer.train_dataloader`` holds (a ``CombinedLoader`` or a loader)."""
+    flattened = getattr(loaders, "flattened", None)
+    if flattened:
+        return flattened[0]
+    return loaders

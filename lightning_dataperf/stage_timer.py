@@ -1,0 +1,85 @@
+"""The timing state of one stage (train, val, test or predict) for DataPerfCallback.
+
+One :class:`StageTimer` per stage owns a :class:`~lightning_dataperf.timing.StepClock`, the steps of
+the current logging window and of the epoch, and the side-stream copy records. Finished records
+are *collected* (read back without blocking) at log points and at epoch ends only.
+
+Example::
+
+    timer = StageTimer(StepClock(device), Stage.TRAIN)
+    timer.start_epoch(anchor=time.perf_counter())
+    ...                                          # the clock is told about fetches and steps
+    metrics = timer.window_metrics()             # {"Time/DataLoading": ..., ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from lightning_dataperf.copy_stats import CopyStats, CopyTiming
+from lightning_dataperf.stats import EpochAccumulator, window_metrics
+from lightning_dataperf.tags import Stage
+from lightning_dataperf.timing import StepClock, StepTiming
+
+__all__ = ["StageTimer"]
+
+
+@dataclass
+class StageTimer:
+    """Timing state of one stage. ``copies`` are this window's side-stream copies, ``epoch_copies`` the epoch's."""
+
+    clock: StepClock
+    stage: Stage
+    accumulator: EpochAccumulator = field(default_factory=EpochAccumulator)
+    window: list[StepTiming] = field(default_factory=list)
+    active: bool = False
+    anchor: float | None = None
+    batches: int = 0
+    dataloader_idx: int = 0
+    copies: list[CopyTiming] = field(default_factory=list)
+    epoch_copies: list[CopyTiming] = field(default_factory=list)
+
+    def collect(self) -> None:
+        """Take the steps the device has finished (never blocks)."""
+        done = self.clock.completed()
+        self.window.extend(done)
+        self.accumulator.update(done)
+
+    def collect_copies(self, strategy: Any) -> None:
+        """Take the side-stream copy timings that have finished, if the strategy makes any."""
+        pop = getattr(strategy, "pop_copy_timings", None)
+        if callable(pop):
+            done = pop()
+            self.copies.extend(done)
+            self.epoch_copies.extend(done)
+
+    def start_epoch(self, anchor: float) -> None:
+        self.clock.break_continuity(new_epoch=True)
+        self.accumulator.reset()
+        self.window.clear()
+        self.copies.clear()
+        self.epoch_copies.clear()
+        self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
+
+    def window_metrics(self) -> dict[str, float]:
+        """Metrics of the steps (and side-stream copies) since the last call; clears the window."""
+        metrics = window_metrics(self.window, self.stage)
+        if (copies := CopyStats.of(self.copies)) is not None:
+            metrics.update(copies.to_metrics(self.stage.prefix))
+        self.window.clear()
+        self.copies.clear()
+        return metrics
+
+    def finish_epoch(self) -> None:
+        """Take every outstanding step (waits once for the last one's end event)."""
+        done = self.clock.flush()
+        self.window.extend(done)
+        self.accumulator.update(done)
+        self.active = False
+
+    def release(self) -> None:
+        """Drop all state (teardown, exceptions)."""
+        self.clock.reset()
+        self.window.clear()
+        self.active = False
