@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 
 from lightning_dataperf.sources import CpuSource, DiskSource, GpuSource, MemorySource, ProcessSource, Source
 from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.ticker import Ticker
 
 __all__ = ["SystemSampler", "default_sources"]
 
@@ -91,32 +92,26 @@ class SystemSampler:
         self._sources: list[Source] = []
         self._read_lock = threading.Lock()  # one reader of the sources at a time (their deltas are stateful)
         self._lock = threading.Lock()  # the accumulators: held only for microseconds, never during a read
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("lightning_dataperf-sampler", interval, self._tick)
         self._window = _Means()
         self._epoch = _Means()
         self._last_read = time.monotonic()
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._ticker.running
 
     def start(self) -> None:
         """Open the sources and start the thread (no-op if already running)."""
         if self.running:
             return
-        self._stop.clear()
         self._sources = [source for factory in self._factories if (source := self._open(factory)) is not None]
         self._last_read = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="lightning_dataperf-sampler", daemon=True)
-        self._thread.start()
+        self._ticker.start()
 
     def stop(self) -> None:
         """Stop and join the thread and close the sources. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(5.0, 2 * self.interval))
-            self._thread = None
+        self._ticker.stop()
         with self._read_lock:
             for source in self._sources:
                 source.close()
@@ -157,10 +152,9 @@ class SystemSampler:
             stacklevel=3,
         )
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            with self._read_lock:
-                self._sample()
+    def _tick(self) -> None:
+        with self._read_lock:
+            self._sample()
 
     def _sample(self) -> None:
         """Read every source (caller holds the read lock), then add the values under the data lock."""

@@ -16,8 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,10 +23,9 @@ from dataclasses import dataclass
 import psutil
 
 from lightning_dataperf.processes import loader_worker_processes
+from lightning_dataperf.ticker import Ticker
 
 __all__ = ["HangReport", "HangWatchdog", "WorkerState"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -89,8 +86,7 @@ class HangWatchdog:
         self.report = report
         self.workers = workers
         self.poll = poll if poll is not None else min(1.0, timeout / 4)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._ticker = Ticker("lightning_dataperf-watchdog", self.poll, lambda: self.check(time.monotonic()))
         # Written by the training thread only (one attribute store each, atomic under the GIL) ...
         self._waiting_since: float | None = None
         self._last_batch_index: int | None = None
@@ -100,29 +96,15 @@ class HangWatchdog:
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._ticker.running
 
     def start(self) -> None:
-        """Start the watchdog's thread (no-op if running)."""
-        if self.running:
-            return
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="lightning_dataperf-watchdog", daemon=True)
-        self._thread.start()
+        """Start looking, on the watchdog's own thread (no-op if running)."""
+        self._ticker.start()
 
     def stop(self) -> None:
         """Stop and join the thread. Safe to call twice."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=max(5.0, 2 * self.poll))
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll):
-            try:
-                self.check(time.monotonic())
-            except Exception:
-                log.exception("DataPerf watchdog check failed")
+        self._ticker.stop()
 
     def fetch_started(self) -> None:
         self._waiting_since = time.monotonic()
