@@ -22,6 +22,7 @@ import json
 import multiprocessing
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -229,13 +230,15 @@ def decode_micro(samples) -> dict:
     rng = random.Random(0)
     boxes = [random_resized_crop_params(rng, d.shape[1], d.shape[2]) for d in decoded]
     flips = torch.tensor([rng.random() < 0.5 for _ in decoded], device="cuda")
+    sizes = torch.tensor([list(d.shape[1:]) for d in decoded])
+    bases = torch.zeros(BATCH, dtype=torch.int64)
+    bases[1:] = (sizes.prod(1) * 3).cumsum(0)[:-1]
+    bases, sizes, boxes_gpu = bases.cuda(), sizes.cuda(), torch.tensor(boxes).cuda()
+    rois = torch.tensor([[i, x, t, x + w, t + h] for i, (t, x, h, w) in enumerate(boxes)], dtype=torch.float32).cuda()
 
-    def gather():
-        sizes = torch.tensor([list(d.shape[1:]) for d in decoded])
-        bases = torch.zeros(BATCH, dtype=torch.int64)
-        bases[1:] = (sizes.prod(1) * 3).cumsum(0)[:-1]
-        flat = torch.cat([d.reshape(-1) for d in decoded])
-        return crop_resize_flip(flat, bases.cuda(), sizes.cuda(), torch.tensor(boxes).cuda(), flips, SIZE)
+    def gather(dtype=torch.float32):
+        flat = torch.cat([d.view(-1) for d in decoded])
+        return crop_resize_flip(flat, bases, sizes, boxes_gpu, flips, SIZE, dtype)
 
     def per_image():
         out = torch.empty(BATCH, 3, SIZE, SIZE, device="cuda")
@@ -251,11 +254,14 @@ def decode_micro(samples) -> dict:
         padded = torch.zeros(BATCH, 3, height, width, device="cuda", dtype=torch.uint8)
         for i, d in enumerate(decoded):
             padded[i, :, : d.shape[1], : d.shape[2]] = d
-        rois = torch.tensor([[i, x, t, x + w, t + h] for i, (t, x, h, w) in enumerate(boxes)], dtype=torch.float32)
-        out = roi_align(padded.float(), rois.cuda(), (SIZE, SIZE), 1.0, 2, aligned=True)
+        out = roi_align(padded.float(), rois, (SIZE, SIZE), 1.0, 2, aligned=True)
         return torch.where(flips[:, None, None, None], out.flip(-1), out)
 
-    for name, fn in (("gather", gather), ("per_image_interpolate", per_image), ("pad_roi_align", pad_roi_align)):
+    methods = (
+        ("gather", gather), ("gather_fp16", lambda: gather(torch.float16)),
+        ("per_image_interpolate", per_image), ("pad_roi_align", pad_roi_align),
+    )  # fmt: skip
+    for name, fn in methods:
         for _ in range(3):
             fn()
         torch.cuda.synchronize()
@@ -281,6 +287,10 @@ def main() -> None:
     parser.add_argument("--cpu-workers", type=int, default=15)
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--root", default=None)
+    parser.add_argument(
+        "--switch-intervals", type=float, nargs="+", default=[0.0, 0.0005],
+        help="sys.setswitchinterval for the GPU path (0: the interpreter's default)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
@@ -309,16 +319,24 @@ def main() -> None:
                 )
             )
             for workers in args.workers:
-                loader = gpu_loader(samples, workers, total)
-                row = measure(step, loader, args.warmup, args.steps)
-                row["decode"] = loader.stats().to_metrics()
-                rows.append(("gpu_decode", workers, row))
+                for interval in args.switch_intervals:
+                    default = sys.getswitchinterval()
+                    sys.setswitchinterval(interval or default)
+                    try:
+                        loader = gpu_loader(samples, workers, total)
+                        row = measure(step, loader, args.warmup, args.steps)
+                    finally:
+                        sys.setswitchinterval(default)
+                    row["decode"] = loader.stats().to_metrics()
+                    row["switch_interval_s"] = interval or default
+                    name = "gpu_decode" if not interval else f"gpu_si{interval * 1e3:g}ms"
+                    rows.append((name, workers, row))
             for path, workers, row in rows:
                 row.update(model=model_name, set=kind, path=path, workers=workers,
                            share_of_ceiling=row["images_per_s"] / ceiling["images_per_s"])  # fmt: skip
                 results["rows"].append(row)
                 print(
-                    f"{model_name:9s} {kind:8s} {path:10s} w={workers:2d} {row['images_per_s']:8.0f} img/s "
+                    f"{model_name:9s} {kind:8s} {path:14s} w={workers:2d} {row['images_per_s']:8.0f} img/s "
                     f"{100 * row['share_of_ceiling']:5.1f}%  main {row['main_cpu_percent']:5.0f}% "
                     f"({row['main_cpu_ms_per_step']:.1f} ms/step)  workers {row['workers_cpu_percent']:5.0f}%  "
                     f"jpeg {row['jpeg_util_percent']:.0f}%", flush=True,

@@ -39,8 +39,10 @@ def test_gpu_batch_matches_cpu_reference(tmp_path):
     assert mean < MEAN_TOLERANCE and p99 < P99_TOLERANCE
     assert torch.equal(labels.cpu(), reference_labels)
     assert gpu.stats().cpu_fallback == 0
-    bf16, _ = JpegDecoder("cuda", size=224, dtype=torch.bfloat16)(batch)
+    bf16, _ = JpegDecoder("cuda", size=224, dtype=torch.bfloat16)(batch)  # float16 arithmetic
     assert bf16.dtype == torch.bfloat16 and bf16.is_contiguous(memory_format=torch.channels_last)
+    fp32, _ = JpegDecoder("cuda", size=224)(batch)
+    torch.testing.assert_close(bf16.float(), fp32, atol=0.05, rtol=0.01)
 
 
 def test_bad_inputs_fall_back_or_fail_clearly(tmp_path):
