@@ -13,7 +13,7 @@ from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
 
 pytestmark = pytest.mark.cuda
 pytest.importorskip("PIL")
-from jpeg_helpers import odd_files, write_files  # noqa: E402
+from helpers import odd_files, write_files  # noqa: E402
 
 IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}
 # nvJPEG and libjpeg differ in IDCT and chroma upsampling: torchvision's own test allows a mean of 2 levels.

@@ -19,7 +19,7 @@ from lightning_dataperf.jpeg_batches import (
 )
 
 pytest.importorskip("PIL")
-from jpeg_helpers import encode, odd_files, reference, smooth_pixels, write_files
+from helpers import encode, odd_files, reference, smooth_pixels, write_files
 
 IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}  # output in 0..255 units
 
