@@ -278,3 +278,13 @@ def test_report_gpu_panel_uses_the_metric_table_words(tmp_path):
         assert labels[LABELS[key]] == _hex(COLOURS[key])
     ylabels = {axes.get_ylabel() for axes in figure.axes}
     assert "PCIe bytes into the GPU (MB/s)" in ylabels and "GPU utilisation (%)" in ylabels
+
+
+def test_report_reads_each_event_file_of_a_run_once(tmp_path):
+    for first_step in (1, 6):  # a resumed run: two event files in one version folder
+        logger = TensorBoardLogger(str(tmp_path), name="exp", version=0)
+        for step in range(first_step, first_step + 5):
+            logger.log_metrics({TAGS["data_wait"]: 0.01, TAGS["compute"]: 0.004}, step)
+        logger.finalize("success")
+    assert len(list((tmp_path / "exp" / "version_0").glob("events.out.tfevents.*"))) == 2
+    assert [step for step, _ in load_run(tmp_path / "exp").series("compute")] == list(range(1, 11))
