@@ -108,9 +108,13 @@ class RunData:
 
 
 def _format_diagnosis(diagnosis: dict) -> str:
-    lines = [f"Verdict (train epoch {diagnosis['epoch']}): {diagnosis['bottleneck']}"]
-    for finding in diagnosis["findings"]:
-        lines.append(f"- {finding['headline']}")
+    findings = diagnosis["findings"]
+    if not findings:
+        return f"Verdict (train epoch {diagnosis['epoch']}): {diagnosis['bottleneck']}"
+    lines = []
+    for index, finding in enumerate(findings):
+        head = f"Verdict (train epoch {diagnosis['epoch']}): " if index == 0 else "Also: "
+        lines.append(head + finding["headline"])
         if finding["kind"] != "compute_bound":
             lines.append(f"  ceiling speed-up if removed: {finding['ceiling_speedup']:.2f}x")
         lines.extend(f"  -> {advice}" for advice in finding["advice"])

@@ -148,6 +148,7 @@ def test_report_draws_a_png_and_html_from_a_cpu_run(tmp_path, capsys):
     assert "data:image/png;base64," in page and "Verdict (train epoch 1)" in page
     printed = capsys.readouterr().out
     assert "input-bound" in printed and "TensorBoard events" in printed
+    assert "input_bound" not in printed + page, "the verdict in plain words, not the finding's id"
 
     run = load_run(trainer.logger.log_dir)
     figure = render_figure(run)
