@@ -1,12 +1,21 @@
 """Quickstart: a short CPU training run that shows where the time goes.
 
-Run it, then open TensorBoard::
+Run it, then draw the report or open TensorBoard:
 
-    python examples/quickstart.py --sample-ms 2 --workers 0
+    python examples/quickstart.py
+    lightning-dataperf report dataperf_logs/quickstart
     tensorboard --logdir dataperf_logs
 
-Each sample costs ``--sample-ms`` of CPU work in the loader (like decoding an image), so with
-``--workers 0`` the run is input-bound and the report says so; try ``--workers 2`` to see it change.
+Options (all optional):
+  --sample-ms MS     CPU work per sample in the loader, like decoding an image (default 1.0)
+  --workers N        DataLoader num_workers (default 0: loading in the training process)
+  --epochs N         training epochs (default 2)
+  --samples N        samples in the synthetic data set (default 1024)
+  --batch-size N     batch size (default 32)
+  --logdir DIR       where the TensorBoard logs go (default dataperf_logs)
+
+With the default --workers 0 each batch is loaded in the training process, so the run is input-bound
+and the verdict says so; try --workers 2 to see it change.
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""``lightning-dataperf``: look at the hardware, and at a finished run.
+"""The lightning-dataperf command: look at the hardware, and at a finished run.
 
 lightning-dataperf probe [--json] [--data-path DIR] [--local-world-size N] [--epochs N]
-lightning-dataperf report LOGDIR [--out report.png] [--html]
+lightning-dataperf report LOGDIR [--run NAME] [--out report.png] [--html]
+
+Nothing heavy (torch, Lightning, TensorBoard, matplotlib) is imported before the arguments are parsed,
+so --help and argument errors answer at once.
 """
 
 from __future__ import annotations
@@ -12,15 +15,51 @@ import os
 import sys
 from collections.abc import Sequence
 
-from lightning_dataperf.hardware import probe_hardware
-from lightning_dataperf.policy import recommend_loader_settings
+__all__ = ["build_parser", "main"]
 
-__all__ = ["main"]
+DESCRIPTION = """\
+Look at the hardware this process sees, and at a finished run's DataPerf logs.
+
+commands:
+  probe    print the CPUs, GPUs, memory and storage this process may use, and the
+           DataLoader settings recommended for them, with reasons
+  report   draw a one-page summary (PNG, optionally HTML) of a run: where each step's
+           time goes, the share of step time lost to input, GPU or CPU use, the verdict
+
+examples:
+  lightning-dataperf probe --data-path /data/imagenet --local-world-size 4
+  lightning-dataperf report dataperf_logs/quickstart
+  lightning-dataperf report dataperf_logs/quickstart --run version_0 --html
+"""
 
 
-def _probe(args: argparse.Namespace) -> int:
-    if args.local_world_size:
+def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from lightning_dataperf.hardware import usable_cpus
+
+    if args.data_path is not None and not os.path.exists(args.data_path):
+        parser.error(
+            f"--data-path {args.data_path}: no such file or directory. Pass the folder (or file) that holds "
+            "the dataset, or leave --data-path out to skip the storage check."
+        )
+    if args.local_world_size is not None:
+        cpus, source = usable_cpus()
+        if args.local_world_size < 1:
+            parser.error(
+                f"--local-world-size {args.local_world_size}: must be at least 1 (the number of training "
+                "processes you will run on this machine)."
+            )
+        if args.local_world_size > cpus:
+            parser.error(
+                f"--local-world-size {args.local_world_size}: more ranks than the {cpus} CPU(s) this process may "
+                f"use ({source}); each rank needs at least one CPU. Pass at most {cpus}, or run with more CPUs."
+            )
         os.environ["LOCAL_WORLD_SIZE"] = str(args.local_world_size)
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs {args.epochs}: must be at least 1.")
+
+    from lightning_dataperf.hardware import probe_hardware
+    from lightning_dataperf.policy import recommend_loader_settings
+
     hardware = probe_hardware(args.data_path)
     settings = recommend_loader_settings(hardware, max_epochs=args.epochs)
     if args.json:
@@ -52,14 +91,22 @@ def _probe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report(args: argparse.Namespace) -> int:
+def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from lightning_dataperf.report import load_run, render_html, render_png
 
     try:
-        run = load_run(args.logdir)
-    except FileNotFoundError as error:
-        print(f"lightning-dataperf report: {error}", file=sys.stderr)
+        run = load_run(args.logdir, run=args.run)
+    except (FileNotFoundError, LookupError) as error:
+        print(f"lightning-dataperf report: error: {error}", file=sys.stderr)
         return 2
+    where = f" ({', '.join(run.sources)})" if run.sources else ""
+    if run.other_runs:
+        print(
+            f"drew run {run.name}{where}, the latest of {len(run.other_runs) + 1} in {args.logdir}; not drawn: "
+            f"{', '.join(run.other_runs)} (pick one with --run NAME)"
+        )
+    else:
+        print(f"drew run {run.directory}{where}")
     png = render_png(run, args.out)
     print(f"wrote {png}")
     if args.html:
@@ -70,28 +117,47 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (cheap: imports nothing heavy)."""
     parser = argparse.ArgumentParser(
-        prog="lightning-dataperf", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="lightning-dataperf", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    probe = commands.add_parser("probe", help="hardware this process sees and recommended DataLoader settings")
-    probe.add_argument("--json", action="store_true", help="print JSON")
-    probe.add_argument("--data-path", help="dataset location, to classify its storage")
-    probe.add_argument("--local-world-size", type=int, help="ranks per node you will run (default: from env)")
-    probe.add_argument("--epochs", type=int, help="planned epochs (for persistent_workers)")
-    probe.set_defaults(run=_probe)
-    report = commands.add_parser("report", help="one-page PNG/HTML summary of a run's DataPerf logs")
-    report.add_argument("logdir", help="the run's log directory (e.g. lightning_logs/version_0)")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{probe,report}")
+    probe = commands.add_parser(
+        "probe",
+        help="hardware this process sees and recommended DataLoader settings",
+        description="Print the CPUs, GPUs, memory and storage this process may use, and the DataLoader "
+        "settings recommended for them, with the reason for each.",
+    )
+    probe.add_argument("--json", action="store_true", help="print JSON instead of text")
+    probe.add_argument("--data-path", metavar="PATH", help="dataset location (must exist), to classify its storage")
+    probe.add_argument(
+        "--local-world-size",
+        type=int,
+        metavar="N",
+        help="training processes (ranks) you will run on this machine, 1 to the usable CPUs "
+        "(default: LOCAL_WORLD_SIZE or SLURM settings, else 1)",
+    )
+    probe.add_argument("--epochs", type=int, metavar="N", help="planned epochs (decides persistent_workers)")
+    report = commands.add_parser(
+        "report",
+        help="one-page PNG/HTML summary of a run's DataPerf logs",
+        description="Draw a one-page summary of one run from its TensorBoard event files (or a CSV "
+        "logger's metrics.csv) and dataperf_summaries.jsonl. A folder holding several runs draws the "
+        "latest and names the others; --run picks one.",
+    )
+    report.add_argument("logdir", help="a run's log directory (e.g. lightning_logs/version_0) or a folder of runs")
+    report.add_argument("--run", metavar="NAME", help="which run to draw when LOGDIR holds several (e.g. version_0)")
     report.add_argument("--out", default="dataperf_report.png", help="PNG path (default: %(default)s)")
-    report.add_argument("--html", action="store_true", help="also write a self-contained HTML page")
-    report.set_defaults(run=_report)
+    report.add_argument("--html", action="store_true", help="also write a self-contained HTML page next to the PNG")
+    report.set_defaults(run_command=_report, command_parser=report)
+    probe.set_defaults(run_command=_probe, command_parser=probe)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``lightning-dataperf`` command."""
+    """Entry point of the lightning-dataperf command."""
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    return int(args.run_command(args, args.command_parser))
 
 
 if __name__ == "__main__":
