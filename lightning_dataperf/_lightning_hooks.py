@@ -37,9 +37,12 @@ from lightning_dataperf.tags import Stage
 __all__ = [
     "FETCH_HOOKS",
     "FetchHooks",
+    "ProcessDataloaderHook",
     "accept_connector_devices",
     "check_lightning_compatibility",
     "fetching_loops",
+    "pin_batch",
+    "replace_loader_dataset",
     "resume_position",
     "shutdown_loader_iterator",
     "single_device_root",
@@ -72,6 +75,51 @@ def single_device_root(strategy: Any, device_given: bool) -> torch.device:
     if not device_given and strategy.parallel_devices:
         return strategy.parallel_devices[0]
     return strategy._root_device
+
+
+def replace_loader_dataset(loader: Any, dataset: Any) -> None:
+    """Swap a constructed DataLoader's dataset (its ``__setattr__`` refuses ``dataset`` after ``__init__``).
+
+    Done before the loader's first iterator exists, so workers receive the new dataset; the sampler
+    keeps its reference to the original (same length and indices).
+    """
+    object.__setattr__(loader, "dataset", dataset)
+
+
+def pin_batch(batch: Any) -> Any:
+    """Pin a batch the way the DataLoader's pin thread does (PyTorch's own nested-structure walk)."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    return pin_memory(batch)
+
+
+@dataclass
+class ProcessDataloaderHook:
+    """Chains ``after(loader, stage)`` behind ``trainer.strategy.process_dataloader`` until uninstalled.
+
+    Lightning hands every loader it sets up to the strategy's ``process_dataloader`` (see
+    ``trainer/connectors/data_connector.py``: ``_process_dataloader``), after re-instantiating it and
+    before the loop creates its iterator; that is the moment to look inside it.
+    """
+
+    after: Callable[[Any, Any], Any]
+    _strategy: Any = None
+
+    def install(self, trainer: pl.Trainer) -> None:
+        self.uninstall()
+        strategy = trainer.strategy
+        original = strategy.process_dataloader
+
+        def process_then_ours(dataloader: object) -> object:
+            return self.after(original(dataloader), trainer.state.stage)
+
+        strategy.process_dataloader = process_then_ours
+        self._strategy = strategy
+
+    def uninstall(self) -> None:
+        if self._strategy is not None:
+            self._strategy.__dict__.pop("process_dataloader", None)
+            self._strategy = None
 
 
 def shutdown_loader_iterator(iterator: Any) -> None:

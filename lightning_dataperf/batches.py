@@ -16,13 +16,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["BatchFootprint", "first_tensor", "iter_tensors", "map_tensors", "samples_in"]
+__all__ = ["BatchFootprint", "BatchSizer", "first_tensor", "iter_tensors", "map_tensors", "samples_in"]
 
 #: Nesting deeper than this is not searched for the first tensor (a batch is not a deep tree).
 _MAX_DEPTH = 8
@@ -135,3 +136,33 @@ class BatchFootprint:
     def of(cls, batch: Any) -> BatchFootprint:
         tensors = iter_tensors(batch)
         return cls(sum(tensor.numel() * tensor.element_size() for tensor in tensors), len(tensors))
+
+
+class BatchSizer:
+    """Samples in a batch for throughput: ``batch_size_fn`` if given, else :func:`samples_in`, else Lightning's
+    ``extract_batch_size``. A batch that cannot be sized gives ``None`` and one warning, never an error."""
+
+    def __init__(self, batch_size_fn: Callable[[Any], int] | None = None) -> None:
+        self.batch_size_fn = batch_size_fn
+        self._warned = False
+
+    def __call__(self, batch: Any) -> int | None:
+        try:
+            if self.batch_size_fn is not None:
+                return int(self.batch_size_fn(batch))
+            if (samples := samples_in(batch)) is not None:
+                return samples
+            from lightning.pytorch.utilities.data import extract_batch_size
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return extract_batch_size(batch)
+        except Exception as error:  # a batch we cannot size must never stop training
+            if not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"DataPerfCallback could not tell the batch size ({error}); throughput is not logged. "
+                    "Pass DataPerfCallback(batch_size_fn=lambda batch: ...) to fix this.",
+                    stacklevel=2,
+                )
+            return None

@@ -17,23 +17,23 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.data import extract_batch_size
 from typing_extensions import override
 
-from lightning_dataperf._lightning_hooks import FetchHooks
-from lightning_dataperf.batches import BatchFootprint, samples_in
+from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook
+from lightning_dataperf.batches import BatchFootprint, BatchSizer
 from lightning_dataperf.copy_stats import CopyStats
 from lightning_dataperf.diagnosis import diagnose
 from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.findings import Diagnosis
-from lightning_dataperf.hardware import Hardware, pcie_capacity_of_device, probe_hardware
-from lightning_dataperf.loaders import LoaderFacts, first_loader
+from lightning_dataperf.hardware import Hardware, probe_hardware
+from lightning_dataperf.loader_probe import instrument
+from lightning_dataperf.loaders import first_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
 from lightning_dataperf.preflight import Problem, check_batch, check_loader
+from lightning_dataperf.run_evidence import gather_evidence
 from lightning_dataperf.stage_timer import StageTimer
 from lightning_dataperf.stats import EpochSummary
-from lightning_dataperf.strategies import SideStreamTransferMixin
 from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.telemetry import SystemSampler
@@ -135,9 +135,11 @@ class DataPerfCallback(Callback):
         self._batch_checked = False
         self._timers: dict[Stage, StageTimer] = {}
         self._hooks = FetchHooks(before=self._on_fetch_start, after=self._on_fetch_end)
+        self._loader_hook = ProcessDataloaderHook(after=self._on_loader)
+        self._autotune_before: Any = None
         self._boundary = clock()
         self._train_epochs_started = 0
-        self._batch_size_warned = False
+        self._batch_size = BatchSizer(batch_size_fn)
 
     # ------------------------------------------------------------------ results
     @property
@@ -156,6 +158,8 @@ class DataPerfCallback(Callback):
         device = trainer.strategy.root_device
         self._timers = {name: StageTimer(StepClock(device, self._clock), name) for name in self.stages}
         self._hooks.install(trainer)
+        self._loader_hook.install(trainer)
+        self._autotune_before = getattr(trainer.datamodule, "autotune_result", None)
         self._boundary = self._clock()
         self._train_epochs_started = 0
         self._batch_checked = False
@@ -188,8 +192,18 @@ class DataPerfCallback(Callback):
             self._watchdog.stop()
             self._watchdog = None
         self._hooks.uninstall()
+        self._loader_hook.uninstall()
         for timer in self._timers.values():
             timer.release()
+
+    def _on_loader(self, loader: Any, running_stage: Any) -> Any:
+        """Every loader Lightning sets up passes here (before its iterator exists): look inside training's."""
+        timer = self._timers.get(Stage.TRAIN)
+        if timer is not None and running_stage == "train":  # RunningStage.TRAINING
+            probe = instrument(loader)
+            if probe not in timer.probes:
+                timer.probes.append(probe)
+        return loader
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -292,7 +306,20 @@ class DataPerfCallback(Callback):
         )
         if (copies := CopyStats.of(timer.epoch_copies)) is not None:
             summary = dataclasses.replace(summary, copies=copies)
+        if (loader := timer.epoch_loader_stats()) is not None:
+            summary = dataclasses.replace(summary, loader=loader)
+        if stage is Stage.TRAIN and summary.epoch_start is not None and (search := self._autotune_seconds(trainer)):
+            # the search ran inside train_dataloader(), after the epoch's anchor: it is autotune's time, not start-up
+            summary = dataclasses.replace(summary, epoch_start=max(0.0, summary.epoch_start - search))
         self._report(trainer, summary)
+
+    def _autotune_seconds(self, trainer: pl.Trainer) -> float:
+        """Seconds of a search run in this fit, before its first training epoch (once; 0 for a cache hit)."""
+        result = getattr(trainer.datamodule, "autotune_result", None)
+        if result is None or result is self._autotune_before or getattr(result, "cached", False):
+            return 0.0
+        self._autotune_before = result
+        return float(getattr(result, "search_seconds", 0.0))
 
     def _report(self, trainer: pl.Trainer, summary: EpochSummary) -> None:
         diagnosis = diagnose(self._evidence(trainer, summary))
@@ -306,41 +333,21 @@ class DataPerfCallback(Callback):
         self.outputs.publish(trainer, summary, diagnosis)
 
     def _evidence(self, trainer: pl.Trainer, summary: EpochSummary) -> Evidence:
-        train = summary.stage == Stage.TRAIN
-        loader = first_loader(trainer.train_dataloader) if train else None
-        system = self.sampler.epoch_means() if self.sampler is not None and train else SystemStats()
-        hardware = self.hardware
-        return Evidence(
-            summary=summary,
-            loader=LoaderFacts.of(loader),
-            system=system,
-            side_stream_transfer=isinstance(trainer.strategy, SideStreamTransferMixin),
-            usable_cpus=None if hardware is None else hardware.cpus_per_rank,
-            pcie_capacity_mbps=pcie_capacity_of_device(hardware, trainer.strategy.root_device),
+        stage = Stage(summary.stage)
+        timer = self._timers.get(stage)
+        return gather_evidence(
+            trainer,
+            summary,
+            system=self.sampler.epoch_means() if self.sampler is not None and stage is Stage.TRAIN else SystemStats(),
+            hardware=self.hardware,
+            loader_blind=timer.blind
+            if timer is not None and timer.probes
+            else "this stage's loader is not instrumented",
         )
 
     def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
         if trainer.is_global_zero:
             log_metrics(trainer.loggers, metrics, step=trainer.global_step)
-
-    def _batch_size(self, batch: Any) -> int | None:
-        try:
-            if self.batch_size_fn is not None:
-                return int(self.batch_size_fn(batch))
-            if (samples := samples_in(batch)) is not None:
-                return samples
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return extract_batch_size(batch)
-        except Exception as error:  # a batch we cannot size must never stop training
-            if not self._batch_size_warned:
-                self._batch_size_warned = True
-                warnings.warn(
-                    f"DataPerfCallback could not tell the batch size ({error}); throughput is not logged. "
-                    "Pass DataPerfCallback(batch_size_fn=lambda batch: ...) to fix this.",
-                    stacklevel=2,
-                )
-            return None
 
     # ------------------------------------------------------------------ training hooks
     @override

@@ -18,140 +18,14 @@ from collections.abc import Callable
 from lightning_dataperf import tags
 from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.findings import Diagnosis, Finding
+from lightning_dataperf.input_rules import SIGNIFICANT_SHARE, input_bound
 
 __all__ = ["RULES", "diagnose"]
 
-#: A stage that costs at least this share of the step is called a bottleneck.
-SIGNIFICANT_SHARE = 0.10
-
+#: Fewer steady steps than this in an epoch are too few to judge.
+MIN_STEPS = 5
 
 Rule = Callable[[Evidence], "Finding | None"]
-
-
-def _input_bound(evidence: Evidence) -> Finding | None:
-    summary = evidence.summary
-    share = summary.input_stall_fraction
-    if share is None or share < SIGNIFICANT_SHARE:
-        return None
-    if summary.on_device and not evidence.host_explains_idle():
-        return None  # the GPU idles but the host was not waiting for data: host-bound, not input-bound
-    loader = evidence.loader
-    numbers: dict[str, float] = {"input_stall_fraction": share}
-    wait = evidence.timing(tags.DATA_LOADING)
-    if wait is not None:
-        numbers["data_wait_ms"] = 1e3 * wait
-    if summary.on_device and (idle := evidence.timing(tags.DEVICE_IDLE)) is not None:
-        numbers["device_idle_ms"] = 1e3 * idle
-    where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
-    kind, cause = _input_cause(evidence)
-    advice = _input_advice(evidence, kind, cause)
-    if loader.num_workers is not None:
-        numbers["num_workers"] = float(loader.num_workers)
-    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_percent_mean"):
-        if (value := getattr(evidence.system, key)) is not None:
-            numbers[key] = value
-    if (disk := evidence.system.disk_util_percent) is not None and kind == "input_bound_storage":
-        numbers["disk_util_percent"] = disk
-    return Finding(
-        kind=kind,
-        headline=f"input-bound ({cause}): {where} {100 * share:.0f}% of the step time",
-        share=share,
-        evidence=numbers,
-        advice=advice,
-    )
-
-
-#: Loader workers busier than this (% of one core each) are doing CPU work, not waiting on I/O.
-WORKER_BUSY_PERCENT = 70.0
-#: Mean CPU busy % above which the cores count as saturated.
-SATURATED_PERCENT = 90.0
-SATURATED_CAUSE = "CPU: every core is busy and the workers get only their share of it"
-#: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
-IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
-
-
-def _input_cause(evidence: Evidence) -> tuple[str, str]:
-    system = evidence.system
-    iowait = system.cpu_iowait_percent_mean
-    disk_util = system.disk_util_percent
-    if (iowait is not None and iowait > IOWAIT_PERCENT) or (disk_util is not None and disk_util > DISK_UTIL_PERCENT):
-        return "input_bound_storage", "storage"
-    workers = evidence.loader.num_workers or 0
-    worker_cpu = system.worker_cpu_percent_mean
-    if workers > 0 and worker_cpu is not None and worker_cpu > WORKER_BUSY_PERCENT:
-        return "input_bound_cpu", "CPU preprocessing"
-    if workers > 0 and worker_cpu is not None and _starved_of_cpu(evidence, worker_cpu):
-        return "input_bound_cpu", SATURATED_CAUSE
-    if workers == 0:
-        return "input_bound_workers", "batches are loaded in the training process (num_workers=0)"
-    return "input_bound_workers", "too few loader workers / too little prefetch"
-
-
-def _starved_of_cpu(evidence: Evidence, worker_cpu: float) -> bool:
-    """Cores saturated, and the workers use most of the share a runnable task can get: they want CPU.
-
-    A worker waiting on I/O uses far less than its fair share even on a busy machine, so it is not
-    counted here; with ``R`` runnable tasks on ``C`` cores each gets about ``100 * C / R`` % of a core.
-    """
-    system = evidence.system
-    busy, runnable = system.cpu_busy_percent_mean, system.runnable_tasks
-    if busy is None or busy < SATURATED_PERCENT or runnable is None or evidence.usable_cpus is None:
-        return False
-    fair_share = 100.0 * min(1.0, evidence.usable_cpus / max(1.0, runnable))
-    return worker_cpu >= 0.6 * fair_share
-
-
-def _spare_cpus(evidence: Evidence) -> float | None:
-    """Idle cores, from mean CPU busy % and the CPUs this process may use."""
-    busy = evidence.system.cpu_busy_percent_mean
-    if busy is None or evidence.usable_cpus is None:
-        return None
-    return evidence.usable_cpus * (100.0 - busy) / 100.0
-
-
-def _input_advice(evidence: Evidence, kind: str, cause: str) -> list[str]:
-    loader = evidence.loader
-    advice: list[str] = []
-    workers = loader.num_workers
-    if kind == "input_bound_storage":
-        advice.append(
-            "storage is the limit: copy the dataset to local NVMe or RAM (/dev/shm), use a sequential "
-            "format (WebDataset/LitData shards) and raise prefetch_factor to keep more reads in flight"
-        )
-    elif cause == SATURATED_CAUSE:
-        advice.append(
-            "all cores are busy: the workers compete with other work for CPU, so more workers will not help; "
-            "stop competing processes (or other ranks' oversubscribed workers), make preprocessing cheaper, "
-            "or move augmentation to the GPU"
-        )
-    elif kind == "input_bound_cpu":
-        spare = _spare_cpus(evidence)
-        if workers and spare is not None and spare >= 1:
-            advice.append(
-                f"the workers are CPU-bound and about {spare:.0f} cores are idle: raise num_workers "
-                f"from {workers} to {workers + int(spare)}"
-            )
-        advice.append(
-            "make preprocessing cheaper: decode smaller images, move augmentation to the GPU (ship uint8 and "
-            "normalise on device: SideStreamStrategy(device_transform=...)), or cache decoded samples"
-        )
-    if workers == 0:
-        advice.append(
-            "num_workers=0 loads every batch in the training process: set num_workers > 0 "
-            "(TunedDataModule picks it from the CPUs this process may use)"
-        )
-    elif workers is not None and kind == "input_bound_workers":
-        more = workers * 2
-        if evidence.usable_cpus is not None:
-            more = max(workers + 1, min(more, evidence.usable_cpus - 1))
-        advice.append(
-            f"the workers are mostly waiting, not computing: raise num_workers from {workers} (try {more}) and "
-            f"prefetch_factor (now {loader.prefetch_factor}) to keep more batches in flight; "
-            "TunedDataModule(autotune=True) measures the best setting"
-        )
-    if loader.persistent_workers is False and workers:
-        advice.append("set persistent_workers=True so workers are not restarted every epoch")
-    return advice
 
 
 #: Share of the link's capacity above which PCIe counts as saturated.
@@ -160,6 +34,8 @@ PCIE_SATURATED = 0.8
 
 def _transfer_bound(evidence: Evidence) -> Finding | None:
     """The copy costs the step: on the compute stream (stock), or the side stream's copy left exposed."""
+    if not evidence.summary.on_device:
+        return None  # no device copy to speak of: CPU runs have no host-to-device transfer
     step, copies = evidence.step_mean, evidence.summary.copies
     # Side stream: what the compute stream waited for, not the copy itself (mostly hidden behind compute).
     transfer = copies.exposed_s if copies is not None else evidence.timing(tags.TRANSFER)
@@ -266,7 +142,8 @@ def _epoch_start(evidence: Evidence) -> Finding | None:
     if share < 0.2:
         return None
     advice = ["epoch start-up (worker spawn and first batches) dominates this short epoch"]
-    if not evidence.loader.persistent_workers:
+    several = evidence.planned_epochs is None or evidence.planned_epochs > 1
+    if evidence.loader.persistent_workers is False and evidence.loader.num_workers and several:
         advice.append("set persistent_workers=True to keep workers alive between epochs")
     advice.append("or make epochs longer (fewer, larger epochs) so start-up is amortised")
     return Finding(
@@ -283,13 +160,21 @@ def _straggler(evidence: Evidence) -> Finding | None:
     if summary.world_size < 2 or summary.straggler_ratio is None or summary.straggler_ratio < 1.5:
         return None
     waits = summary.rank_data_wait
-    slow = summary.slowest_rank
-    share = min(0.99, 1 - min(waits) / max(waits)) if waits and max(waits) > 0 else 0.0
+    slow, step = summary.slowest_rank, evidence.step_mean
+    if not waits or not step:
+        return None
+    excess = max(waits) - min(waits)  # what every rank would save per step if the slowest waited no longer
+    share = min(0.99, excess / step)
+    numbers = {f"rank{rank}_data_wait_ms": 1e3 * wait for rank, wait in enumerate(waits)}
+    numbers.update(straggler_excess_ms=1e3 * excess, step_ms=1e3 * step)
     return Finding(
         kind="straggler",
-        headline=(f"straggler: rank {slow} waits {summary.straggler_ratio:.1f}x longer for data than the fastest rank"),
+        headline=(
+            f"straggler: rank {slow} waits {summary.straggler_ratio:.1f}x longer for data than the fastest rank "
+            f"({1e3 * excess:.1f} ms more per {1e3 * step:.1f} ms step)"
+        ),
         share=share,
-        evidence={f"rank{rank}_data_wait_ms": 1e3 * wait for rank, wait in enumerate(waits)},
+        evidence=numbers,
         advice=[
             f"every rank waits for rank {slow} at each gradient all-reduce: check its node's CPU load, storage "
             "and shard sizes (uneven samples, slow files); give it more loader workers",
@@ -353,22 +238,56 @@ def _compute_evidence(evidence: Evidence, compute: float, share: float) -> dict[
     return numbers
 
 
+def _stalls(evidence: Evidence) -> Finding | None:
+    """One or two long waits in an otherwise steady epoch: reported as what they are, apart from the steady share."""
+    summary, step = evidence.summary, evidence.step_mean
+    if not summary.stalls or not step:
+        return None
+    stalled = sum(stall.wait_s for stall in summary.stalls)
+    share = stalled / (stalled + step * max(1, summary.steps - len(summary.stalls)))
+    first = summary.stalls[0]
+    wait_p50 = evidence.timing(tags.DATA_LOADING, "p50")
+    steady = f"; the steady data wait is {1e3 * wait_p50:.1f} ms per step (p50)" if wait_p50 is not None else ""
+    more = f" (and {len(summary.stalls) - 1} more)" if len(summary.stalls) > 1 else ""
+    return Finding(
+        kind="stall",
+        headline=(
+            f"stall: batch {first.step} waited {first.wait_s:.2f} s for the loader, {first.at_s:.1f} s into the "
+            f"epoch{more}{steady}"
+        ),
+        share=share,
+        evidence={"stall_s": stalled, "stalls": float(len(summary.stalls)), "step_ms": 1e3 * step},
+        advice=[
+            "a one-off, not the steady state: look at what happened then (storage or network hiccup, a worker "
+            "restart, another process); the watchdog reports waits longer than hang_timeout as they happen"
+        ],
+    )
+
+
 RULES: tuple[Rule, ...] = (
-    _input_bound,
+    input_bound,
     _transfer_bound,
     _host_bound,
     _straggler,
+    _stalls,
     _epoch_start,
     _memory_pressure,
 )
 
 
 def diagnose(evidence: Evidence, rules: tuple[Rule, ...] = RULES) -> Diagnosis:
-    """Apply every rule; the largest share is the bottleneck. Falls back to compute-bound."""
+    """Apply every rule; the largest share is the bottleneck. Falls back to compute-bound.
+
+    An epoch of fewer than ``MIN_STEPS`` steady steps gets no verdict, only a note saying so.
+    """
+    summary = evidence.summary
+    if summary.steps < MIN_STEPS:
+        note = f"too few steps to judge ({summary.steps} measured, {MIN_STEPS} needed)"
+        return Diagnosis(stage=summary.stage, epoch=summary.epoch, findings=[], note=note)
     findings = [finding for rule in rules if (finding := rule(evidence)) is not None]
     findings.sort(key=lambda finding: finding.share, reverse=True)
     if not any(finding.share >= SIGNIFICANT_SHARE for finding in findings):
         compute = _compute_bound(evidence)
         if compute is not None:
             findings.insert(0, compute)
-    return Diagnosis(stage=evidence.summary.stage, epoch=evidence.summary.epoch, findings=findings)
+    return Diagnosis(stage=summary.stage, epoch=summary.epoch, findings=findings)

@@ -29,6 +29,9 @@ class Evidence:
     side_stream_transfer: bool = False
     usable_cpus: int | None = None
     pcie_capacity_mbps: float | None = None
+    planned_epochs: int | None = None  # the Trainer's max_epochs (None: unknown or unlimited)
+    autotune: str | None = None  # what autotune measured for this loader, when it ran (quoted, not suggested)
+    loader_blind: str | None = None  # why the loader's inside was not measured, when it was not
 
     def timing(self, name: str, statistic: str = "mean") -> float | None:
         summary = self.summary.timings.get(name)

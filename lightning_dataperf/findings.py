@@ -48,6 +48,7 @@ class Diagnosis:
     stage: str
     epoch: int
     findings: list[Finding]
+    note: str | None = None  # why there is no verdict, or what was not measured
 
     @property
     def bottleneck(self) -> str:
@@ -73,11 +74,13 @@ class Diagnosis:
             )
             for raw in data.get("findings", [])
         ]
-        return cls(stage=data["stage"], epoch=int(data["epoch"]), findings=findings)
+        return cls(stage=data["stage"], epoch=int(data["epoch"]), findings=findings, note=data.get("note"))
 
     def format(self) -> str:
         if not self.findings:
-            return f"DataPerf verdict ({self.stage} epoch {self.epoch}): not enough steps measured yet."
+            return (
+                f"DataPerf verdict ({self.stage} epoch {self.epoch}): {self.note or 'not enough steps measured yet'}."
+            )
         lines = [f"DataPerf verdict ({self.stage} epoch {self.epoch}): {self.findings[0].headline}"]
         for index, finding in enumerate(self.findings):
             if index:

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from lightning_dataperf.copier import SideStreamCopier, _InFlight
 
-__all__ = ["LookaheadIterator", "with_lookahead"]
+__all__ = ["LookaheadIterator", "add_iterator_wrapper", "with_lookahead"]
 
 MakeIterator = Callable[[Iterator], Iterator]
 
@@ -61,20 +61,38 @@ class LookaheadIterator(Iterator):
         return getattr(self._iterator, name)
 
 
-_LOOKAHEAD_CLASSES: dict[type, type] = {}
+_WRAPPING_CLASSES: dict[type, type] = {}
 
 
-def _lookahead_class(loader_class: type[DataLoader]) -> type[DataLoader]:
-    """A subclass of the user's DataLoader class whose iterator copies ahead (keeps isinstance checks)."""
-    if loader_class not in _LOOKAHEAD_CLASSES:
+def _wrapping_class(loader_class: type[DataLoader]) -> type[DataLoader]:
+    """A subclass of the user's DataLoader class whose iterators are wrapped (keeps isinstance checks)."""
+    if loader_class not in _WRAPPING_CLASSES:
 
         def __iter__(self: DataLoader) -> Iterator:  # noqa: N807
-            inner = super(subclass, self).__iter__()
-            return self._dataperf_make_iterator(inner)
+            iterator = super(subclass, self).__iter__()
+            for wrap in self._dataperf_wrappers:  # type: ignore[attr-defined]
+                iterator = wrap(iterator)
+            return iterator
 
-        subclass = type(f"SideStream{loader_class.__name__}", (loader_class,), {"__iter__": __iter__})
-        _LOOKAHEAD_CLASSES[loader_class] = subclass
-    return _LOOKAHEAD_CLASSES[loader_class]
+        subclass = type(f"DataPerf{loader_class.__name__}", (loader_class,), {"__iter__": __iter__})
+        _WRAPPING_CLASSES[loader_class] = subclass
+    return _WRAPPING_CLASSES[loader_class]
+
+
+def add_iterator_wrapper(loader: DataLoader, wrap: MakeIterator, inner: bool = False) -> None:
+    """Wrap every iterator of ``loader`` in ``wrap``; ``inner`` wrappers sit closest to the loader's own iterator.
+
+    The loader keeps its class's behaviour and ``isinstance`` checks: a subclass is swapped in once,
+    and wrappers compose (the loader probe's unwrapping inside, the look-ahead copy outside).
+    """
+    if not hasattr(loader, "_dataperf_wrappers"):
+        loader.__class__ = _wrapping_class(type(loader))
+        loader._dataperf_wrappers = []  # type: ignore[attr-defined]
+    wrappers: list[MakeIterator] = loader._dataperf_wrappers  # type: ignore[attr-defined]
+    if inner:
+        wrappers.insert(0, wrap)
+    else:
+        wrappers.append(wrap)
 
 
 class _LookaheadIterable:
@@ -99,7 +117,6 @@ class _LookaheadIterable:
 def with_lookahead(loader: Any, make_iterator: MakeIterator) -> Any:
     """``loader`` whose iterators are ``make_iterator(inner iterator)``; a DataLoader keeps its class."""
     if isinstance(loader, DataLoader):
-        loader.__class__ = _lookahead_class(type(loader))
-        loader._dataperf_make_iterator = make_iterator  # type: ignore[attr-defined]
+        add_iterator_wrapper(loader, make_iterator)
         return loader
     return _LookaheadIterable(loader, make_iterator)

@@ -81,7 +81,7 @@ class EpochOutputs:
             if isinstance(logger, TensorBoardLogger):
                 tag = Stage(summary.stage).prefix + tags.DIAGNOSIS_TEXT
                 logger.experiment.add_text(tag, f"```\n{text}\n```", trainer.global_step)
-        if self.write_json and (directory := log_dir(trainer)) is not None:
+        if self.write_json and not trainer.fast_dev_run and (directory := log_dir(trainer)) is not None:
             os.makedirs(directory, exist_ok=True)
             record = {
                 "summary": summary.to_dict(),

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dataperf.copy_stats import CopyStats, CopyTiming
+from lightning_dataperf.loader_probe import BatchTiming, LoaderProbe
+from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.stats import EpochAccumulator, window_metrics
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepClock, StepTiming
@@ -39,12 +41,28 @@ class StageTimer:
     dataloader_idx: int = 0
     copies: list[CopyTiming] = field(default_factory=list)
     epoch_copies: list[CopyTiming] = field(default_factory=list)
+    probes: list[LoaderProbe] = field(default_factory=list)
+    batches_window: list[BatchTiming] = field(default_factory=list)
+    batches_epoch: list[BatchTiming] = field(default_factory=list)
 
     def collect(self) -> None:
-        """Take the steps the device has finished (never blocks)."""
+        """Take the steps the device has finished (never blocks) and the loader's batch timings."""
         done = self.clock.completed()
         self.window.extend(done)
         self.accumulator.update(done)
+        self._collect_batches()
+
+    def _collect_batches(self) -> None:
+        for probe in self.probes:
+            batches = probe.drain()
+            self.batches_window.extend(batches)
+            self.batches_epoch.extend(batches)
+
+    @property
+    def blind(self) -> str | None:
+        """Why the inside of this stage's loader is not seen (``None``: it is, or no loader was processed)."""
+        reasons = [probe.blind for probe in self.probes if probe.blind]
+        return "; ".join(reasons) if reasons else None
 
     def collect_copies(self, strategy: Any) -> None:
         """Take the side-stream copy timings that have finished, if the strategy makes any."""
@@ -60,6 +78,8 @@ class StageTimer:
         self.window.clear()
         self.copies.clear()
         self.epoch_copies.clear()
+        self._collect_batches()  # what arrived before the epoch (the first batches are fetched early)
+        self.batches_window.clear()
         self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
 
     def window_metrics(self) -> dict[str, float]:
@@ -67,8 +87,11 @@ class StageTimer:
         metrics = window_metrics(self.window, self.stage)
         if (copies := CopyStats.of(self.copies)) is not None:
             metrics.update(copies.to_metrics(self.stage.prefix))
+        if (loader := LoaderStats.of(self.batches_window)) is not None:
+            metrics.update(loader.to_metrics(self.stage.prefix))
         self.window.clear()
         self.copies.clear()
+        self.batches_window.clear()
         return metrics
 
     def finish_epoch(self) -> None:
@@ -76,7 +99,14 @@ class StageTimer:
         done = self.clock.flush()
         self.window.extend(done)
         self.accumulator.update(done)
+        self._collect_batches()
         self.active = False
+
+    def epoch_loader_stats(self) -> LoaderStats | None:
+        """The epoch's loader figures; clears them for the next epoch."""
+        stats = LoaderStats.of(self.batches_epoch)
+        self.batches_epoch.clear()
+        return stats
 
     def release(self) -> None:
         """Drop all state (teardown, exceptions)."""

@@ -24,10 +24,11 @@ from torchmetrics.aggregation import CatMetric
 
 from lightning_dataperf import tags
 from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepTiming
 
-__all__ = ["TIMINGS", "EpochAccumulator", "EpochSummary", "TimingSummary", "window_metrics"]
+__all__ = ["TIMINGS", "EpochAccumulator", "EpochSummary", "Stall", "TimingSummary", "find_stalls", "window_metrics"]
 
 #: Logged name -> StepTiming attribute. Data wait, step time and device idle of an epoch's first step
 #: are start-up cost, reported as ``Time/EpochStart`` and kept out of these.
@@ -63,6 +64,37 @@ def stall_totals(timings: Iterable[StepTiming]) -> tuple[float, float]:
         lost += timing.input_stall
         base += timing.stall_base
     return lost, base
+
+
+#: A step whose data wait exceeds the epoch's median by this much (and by STALL_FACTOR times) is a stall...
+STALL_MIN_S, STALL_FACTOR = 0.25, 10.0
+#: ... as long as such steps are rare (at most this share of the steps, or two); otherwise they are the steady state.
+STALL_MAX_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One long wait for the loader in an otherwise steady epoch: which batch, how long, when."""
+
+    step: int
+    wait_s: float
+    at_s: float  # seconds into the epoch's steady steps when the wait began (after the epoch start-up)
+
+
+def find_stalls(timings: Sequence[StepTiming]) -> list[Stall]:
+    """The rare steps whose data wait is far above the epoch's median (robust: one stall, not a trend)."""
+    steady = [timing for timing in timings if not timing.first_of_epoch]
+    if len(steady) < 5:
+        return []
+    waits = sorted(timing.data_wait for timing in steady)
+    median = waits[len(waits) // 2]
+    threshold = median + max(STALL_MIN_S, STALL_FACTOR * median)
+    stalls, elapsed = [], 0.0
+    for timing in steady:
+        if timing.data_wait > threshold:
+            stalls.append(Stall(timing.step, timing.data_wait, elapsed))
+        elapsed += timing.step_time or (timing.data_wait + timing.compute)
+    return stalls if len(stalls) <= max(2, STALL_MAX_SHARE * len(steady)) else []
 
 
 def throughput_totals(timings: Iterable[StepTiming]) -> tuple[int, float]:
@@ -129,6 +161,8 @@ class EpochSummary:
     straggler_ratio: float | None = None
     on_device: bool = False
     copies: CopyStats | None = None
+    loader: LoaderStats | None = None
+    stalls: list[Stall] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,6 +174,9 @@ class EpochSummary:
         known["timings"] = {name: TimingSummary(**values) for name, values in raw.get("timings", {}).items()}
         if known.get("copies") is not None:
             known["copies"] = CopyStats(**known["copies"])
+        if known.get("loader") is not None:
+            known["loader"] = LoaderStats(**known["loader"])
+        known["stalls"] = [Stall(**stall) for stall in raw.get("stalls", [])]
         return cls(**known)
 
     def to_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
@@ -189,6 +226,13 @@ class EpochSummary:
             lines.append("  " + " | ".join(facts))
         if self.copies is not None:
             lines.append("  " + self.copies.format())
+        if self.loader is not None:
+            lines.append("  " + self.loader.format())
+        for stall in self.stalls:
+            lines.append(
+                f"  stall: batch {stall.step} waited {stall.wait_s:.2f} s for the loader, "
+                f"{stall.at_s:.1f} s into the epoch (left out of the steady-state figures)"
+            )
         if self.straggler_ratio is not None and self.world_size > 1:
             waits = ", ".join(f"{1e3 * wait:.1f}" for wait in self.rank_data_wait)
             lines.append(
@@ -239,8 +283,9 @@ class EpochAccumulator:
         self._timings.extend(timings)
         self.steps += len(timings)
 
-    def _totals(self) -> list[float]:
-        timings = self._timings
+    def _totals(self, stalls: list[Stall]) -> list[float]:
+        stalled = {stall.step for stall in stalls}
+        timings = [timing for timing in self._timings if timing.step not in stalled]
         lost, base = stall_totals(timings)
         samples, seconds = throughput_totals(timings)
         wait = sum(steady_values(timings, "data_wait"))
@@ -269,7 +314,8 @@ class EpochAccumulator:
             metric.reset()
             if summary.count:
                 timings[name] = summary
-        local = torch.tensor(self._totals(), dtype=torch.float64, device=device)
+        stalls = find_stalls(self._timings)
+        local = torch.tensor(self._totals(stalls), dtype=torch.float64, device=device)
         per_rank = local.unsqueeze(0) if all_gather is None or world_size == 1 else all_gather(local)
         per_rank = per_rank.reshape(-1, local.numel()).cpu()
         totals = per_rank.sum(0)
@@ -289,6 +335,7 @@ class EpochAccumulator:
             slowest_rank=slowest,
             straggler_ratio=ratio,
             on_device=any(timing.device_step_time is not None for timing in self._timings),
+            stalls=stalls,
         )
 
 

@@ -17,8 +17,11 @@ from lightning_dataperf import SideStreamStrategy
 from lightning_dataperf._lightning_hooks import (
     FETCH_HOOKS,
     FetchHooks,
+    ProcessDataloaderHook,
     check_lightning_compatibility,
     fetching_loops,
+    pin_batch,
+    replace_loader_dataset,
     shutdown_loader_iterator,
 )
 from lightning_dataperf.tags import Stage
@@ -88,3 +91,33 @@ def test_loader_iterators_shut_their_workers_down_on_request():
     shutdown_loader_iterator(iterator)
     assert not any(worker.is_alive() for worker in workers), "PyTorch's _shutdown_workers no longer stops them"
     shutdown_loader_iterator(iter(range(3)))  # not a loader iterator: nothing to stop, no error
+
+
+def test_a_constructed_loader_refuses_a_new_dataset_except_through_the_hook():
+    loader = DataLoader(list(range(8)), batch_size=4)
+    with pytest.raises(ValueError, match="dataset"):
+        loader.dataset = list(range(4))  # PyTorch guards it; the probe must swap it before the first iterator
+    replace_loader_dataset(loader, [10 * value for value in range(8)])
+    assert [batch.tolist() for batch in loader] == [[0, 10, 20, 30], [40, 50, 60, 70]]
+    assert pin_batch({"x": [1, 2]}) == {"x": [1, 2]}  # PyTorch's nested walk: non-tensors pass through
+
+
+def test_lightning_hands_every_loader_to_process_dataloader_before_iterating(tmp_path):
+    from lightning.pytorch.trainer.connectors import data_connector
+
+    source = inspect.getsource(data_connector._process_dataloader)
+    assert "_prepare_dataloader" in source and "trainer.strategy.process_dataloader(dataloader)" in source
+    assert source.index("_prepare_dataloader") < source.index("process_dataloader(dataloader)")
+    seen = []
+    hook = ProcessDataloaderHook(after=lambda loader, stage: seen.append((type(loader).__name__, stage)) or loader)
+    trainer = pl.Trainer(max_epochs=1, **trainer_kwargs(tmp_path))
+
+    class Install(pl.Callback):
+        def setup(self, trainer, pl_module, stage):
+            hook.install(trainer)
+
+    trainer.callbacks.append(Install())
+    trainer.fit(SleepyModel(), sleepy_loader(8, 4, 0.0))
+    assert seen == [("DataLoader", "train")]
+    hook.uninstall()
+    assert "process_dataloader" not in trainer.strategy.__dict__

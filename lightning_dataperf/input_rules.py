@@ -1,0 +1,277 @@
+"""The input-bound verdict: why the step waits for the loader, and what would help by how much.
+
+The cause comes from what was measured in this epoch, in this order: the loader's inside
+(:class:`~lightning_dataperf.loader_stats.LoaderStats`: fetch and collate time per batch, the workers'
+busy fraction measured in the workers), telemetry (iowait, disk, each worker's CPU against its fair
+share of the cores), the loader's own settings. What was not measured is said, not guessed. Advice
+that changes a setting carries the gain it predicts from those figures.
+
+Example::
+
+    finding = input_bound(evidence)
+    finding.kind          # "input_bound_cpu"
+    finding.advice[0]     # "15 workers are 97% busy and the CPUs are spent: more workers cannot help ..."
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lightning_dataperf import tags
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.findings import Finding
+
+__all__ = ["SIGNIFICANT_SHARE", "input_bound"]
+
+#: A stage that costs at least this share of the step is called a bottleneck.
+SIGNIFICANT_SHARE = 0.10
+#: Workers busier than this (fetch + collate over wall time, measured in the workers) are the limit.
+SATURATED_BUSY = 0.85
+#: A worker using less CPU than this share of its fair share of the cores is waiting (I/O, sleeps), not computing.
+CPU_SHARE_OF_FAIR = 0.6
+#: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
+IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
+
+
+@dataclass(frozen=True)
+class _Cause:
+    kind: str
+    words: str
+    advice: list[str]
+
+
+def input_bound(evidence: Evidence) -> Finding | None:
+    summary = evidence.summary
+    share = summary.input_stall_fraction
+    if share is None or share < SIGNIFICANT_SHARE:
+        return None
+    if summary.on_device and not evidence.host_explains_idle():
+        return None  # the GPU idles but the host was not waiting for data: host-bound, not input-bound
+    numbers: dict[str, float] = {"input_stall_fraction": share}
+    if (wait := evidence.timing(tags.DATA_LOADING)) is not None:
+        numbers["data_wait_ms"] = 1e3 * wait
+    if summary.on_device and (idle := evidence.timing(tags.DEVICE_IDLE)) is not None:
+        numbers["device_idle_ms"] = 1e3 * idle
+    if evidence.loader.num_workers is not None:
+        numbers["num_workers"] = float(evidence.loader.num_workers)
+    inside = summary.loader
+    if inside is not None:
+        numbers["loader_fetch_ms"] = 1e3 * inside.fetch_s
+        numbers["loader_collate_ms"] = 1e3 * inside.collate_s
+        if inside.busy_fraction is not None:
+            numbers["workers_busy_fraction"] = inside.busy_fraction
+    system = evidence.system
+    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_percent_mean"):
+        if (value := getattr(system, key)) is not None:
+            numbers[key] = value
+    cause = _cause(evidence)
+    if cause.kind == "input_bound_storage" and system.disk_util_percent is not None:
+        numbers["disk_util_percent"] = system.disk_util_percent
+    where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
+    advice = list(cause.advice)
+    if evidence.loader.persistent_workers is False and evidence.loader.num_workers and _several_epochs(evidence):
+        advice.append("set persistent_workers=True so workers are not restarted every epoch")
+    return Finding(
+        kind=cause.kind,
+        headline=f"input-bound ({cause.words}): {where} {100 * share:.0f}% of the step time",
+        share=share,
+        evidence=numbers,
+        advice=advice,
+    )
+
+
+def _several_epochs(evidence: Evidence) -> bool:
+    return evidence.planned_epochs is None or evidence.planned_epochs > 1
+
+
+def _cause(evidence: Evidence) -> _Cause:
+    system, loader, inside = evidence.system, evidence.loader, evidence.summary.loader
+    iowait, disk = system.cpu_iowait_percent_mean, system.disk_util_percent
+    if (iowait is not None and iowait > IOWAIT_PERCENT) or (disk is not None and disk > DISK_UTIL_PERCENT):
+        return _Cause("input_bound_storage", "storage", [_STORAGE_ADVICE])
+    if loader.num_workers == 0:
+        return _in_main_process(evidence)
+    if inside is None or inside.busy_fraction is None:
+        return _without_inside(evidence)
+    if inside.busy_fraction >= SATURATED_BUSY:
+        if _waiting_not_computing(evidence):
+            return _latency_bound(evidence)
+        return _cpu_bound(evidence)
+    return _Cause(
+        "input_bound_handover",
+        "the batches' hand-over to the training process",
+        [
+            f"the workers are only {100 * inside.busy_fraction:.0f}% busy, yet the step waits: each batch spends "
+            f"{1e3 * inside.handover_s:.1f} ms in the hand-over (worker queue, unpickling in the training process)"
+            + (f" and {1e3 * inside.pin_s:.1f} ms being pinned" if inside.pin_s else "")
+            + "; send fewer, larger tensors per batch (one stacked tensor instead of many small ones) and raise "
+            f"prefetch_factor (now {loader.prefetch_factor}) so ready batches queue up"
+        ],
+    )
+
+
+def _waiting_not_computing(evidence: Evidence) -> bool:
+    """Busy in ``__getitem__`` but using little CPU there: the time goes to I/O latency or sleeps.
+
+    On a saturated machine a CPU-bound worker gets only its fair share of a core (``100 * C / R`` % with
+    ``R`` runnable tasks on ``C`` CPUs), so its CPU% is compared with that share, not with 100%.
+    """
+    cpu = evidence.system.worker_cpu_percent_mean
+    if cpu is None:
+        return False
+    return cpu < CPU_SHARE_OF_FAIR * _fair_share_percent(evidence)
+
+
+def _fair_share_percent(evidence: Evidence) -> float:
+    runnable, cpus = evidence.system.runnable_tasks, evidence.usable_cpus
+    if runnable is None or cpus is None:
+        return 100.0
+    return 100.0 * min(1.0, cpus / max(1.0, runnable))
+
+
+def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
+    step = evidence.step_mean
+    compute = evidence.timing(tags.COMPUTE)
+    return step, compute
+
+
+def _gain(step: float | None, new_step: float) -> str:
+    if not step or new_step <= 0:
+        return ""
+    return f" (predicted from this epoch: {step / new_step:.2f}x faster, {1e3 * step:.1f} -> {1e3 * new_step:.1f} ms)"
+
+
+def _budget(evidence: Evidence) -> int | None:
+    """Workers this rank can run next to its training process."""
+    return None if evidence.usable_cpus is None else max(1, evidence.usable_cpus - 1)
+
+
+def _in_main_process(evidence: Evidence) -> _Cause:
+    inside, step, compute = evidence.summary.loader, *_step_and_compute(evidence)
+    budget = _budget(evidence)
+    advice = []
+    if inside is not None and compute and budget:
+        work = inside.work_s + inside.pin_s
+        workers = max(1, min(budget, math.ceil(work / compute) + 1))
+        advice.append(
+            f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
+            f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
+            f"num_workers={workers}" + _gain(step, max(compute, work / workers))
+        )
+    else:
+        advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
+    advice.append(_autotune_line(evidence) or "TunedDataModule picks num_workers from the CPUs this process may use")
+    return _Cause("input_bound_workers", "batches are loaded in the training process (num_workers=0)", advice)
+
+
+def _cpu_bound(evidence: Evidence) -> _Cause:
+    inside, loader, system = evidence.summary.loader, evidence.loader, evidence.system
+    assert inside is not None and inside.busy_fraction is not None
+    workers = loader.num_workers or inside.workers
+    step, compute = _step_and_compute(evidence)
+    busy_pct = 100 * inside.busy_fraction
+    spare = _spare_cpus(evidence)
+    advice = []
+    spent = spare is None or spare < 1 or (evidence.usable_cpus is not None and workers + 1 >= evidence.usable_cpus)
+    if not spent and spare is not None and workers:
+        more = workers + int(spare)
+        predicted = max(compute or 0.0, (step or 0.0) * workers / more)
+        advice.append(
+            f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.0f} cores are idle: raise num_workers "
+            f"from {workers} to {more}" + _gain(step, predicted)
+        )
+        words = "CPU preprocessing, with idle cores"
+    else:
+        runnable = f", {system.runnable_tasks:.0f} runnable tasks" if system.runnable_tasks is not None else ""
+        cpus = f" on {evidence.usable_cpus} usable CPUs" if evidence.usable_cpus is not None else ""
+        advice.append(
+            f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are spent{runnable}{cpus}: more workers "
+            "cannot help"
+        )
+        words = "CPU preprocessing, the CPUs are spent"
+    advice.append(
+        f"__getitem__ (read, decode, augment) takes {1e3 * inside.fetch_s:.1f} ms of worker time per batch "
+        f"({100 * inside.fetch_share:.0f}% of the workers' time; collate {1e3 * inside.collate_s:.1f} ms): make it "
+        "cheaper (smaller stored images, cached decoded samples)"
+    )
+    if evidence.summary.on_device:
+        share = evidence.summary.input_stall_fraction or 0.0
+        advice.append(
+            "decode and augment on the GPU instead (JPEG: lightning_dataperf.gpu_decode, docs/gpu_decode.md; "
+            "otherwise ship uint8 and normalise with SideStreamStrategy(device_transform=...)): ceiling "
+            f"{1 / max(1e-6, 1 - share):.2f}x if input cost nothing"
+        )
+    if line := _autotune_line(evidence):
+        advice.append(line)
+    return _Cause("input_bound_cpu", words, advice)
+
+
+def _latency_bound(evidence: Evidence) -> _Cause:
+    inside, loader = evidence.summary.loader, evidence.loader
+    assert inside is not None and inside.busy_fraction is not None
+    workers = loader.num_workers or inside.workers
+    step, compute = _step_and_compute(evidence)
+    more = workers * 2
+    predicted = max(compute or 0.0, (step or 0.0) * workers / more)
+    cpu = evidence.system.worker_cpu_percent_mean or 0.0
+    advice = [
+        f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time in __getitem__ but use only "
+        f"{cpu:.0f}% of a core each: they wait (I/O latency, remote storage, sleeps), so more of them overlap the "
+        f"waits: raise num_workers from {workers} to {more}"
+        + _gain(step, predicted)
+        + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
+    ]
+    if line := _autotune_line(evidence):
+        advice.append(line)
+    return _Cause("input_bound_workers", "the workers wait on I/O latency", advice)
+
+
+def _without_inside(evidence: Evidence) -> _Cause:
+    """No in-loader figures: judge from process CPU%, and say so."""
+    blind = evidence.loader_blind or "no batch timings reached the training process this epoch"
+    note = f"inside the loader not measured ({blind}); judged from process CPU% only"
+    cpu = evidence.system.worker_cpu_percent_mean
+    if cpu is None:
+        return _Cause(
+            "input_bound_unknown",
+            "cause not measured",
+            [f"{note}, and no worker CPU sample was taken in this epoch (too short, or telemetry off)"],
+        )
+    fair = _fair_share_percent(evidence)
+    if cpu >= CPU_SHARE_OF_FAIR * fair:
+        return _Cause(
+            "input_bound_cpu",
+            "CPU preprocessing",
+            [
+                f"{note}: the workers use {cpu:.0f}% of a core each ({fair:.0f}% is their fair share): make "
+                "preprocessing cheaper or move it to the GPU"
+            ],
+        )
+    return _Cause(
+        "input_bound_workers",
+        "too few loader workers",
+        [
+            f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: raise num_workers from "
+            f"{evidence.loader.num_workers} and prefetch_factor (now {evidence.loader.prefetch_factor})"
+        ],
+    )
+
+
+def _spare_cpus(evidence: Evidence) -> float | None:
+    """Idle cores, from mean CPU busy % and the CPUs this process may use."""
+    busy = evidence.system.cpu_busy_percent_mean
+    if busy is None or evidence.usable_cpus is None:
+        return None
+    return evidence.usable_cpus * (100.0 - busy) / 100.0
+
+
+def _autotune_line(evidence: Evidence) -> str | None:
+    """What autotune measured, when it ran for this loader (then it is quoted, not suggested)."""
+    return None if evidence.autotune is None else f"autotune ran: {evidence.autotune}"
+
+
+_STORAGE_ADVICE = (
+    "storage is the limit: copy the dataset to local NVMe or RAM (/dev/shm), use a sequential format "
+    "(WebDataset/LitData shards) and raise prefetch_factor to keep more reads in flight"
+)

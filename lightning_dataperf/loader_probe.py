@@ -1,0 +1,241 @@
+"""Inside the loader: where a batch's time goes before the training process gets it.
+
+:func:`instrument` wraps a ``DataLoader``'s dataset and ``collate_fn`` so that, in the worker that
+builds a batch (or in the main process with ``num_workers=0``), the time spent in ``__getitem__`` /
+``__getitems__`` (summed over the batch's samples) and in the collate is measured, together with the
+worker's running busy time. The figures ride along with the batch as a :class:`TimedBatch`; the
+DataLoader's pin thread adds its pin time (``TimedBatch.pin_memory``), and an iterator in the main
+process unwraps the batch before Lightning sees it, adding when it was asked for and when it
+arrived. What ``training_step`` receives is unchanged.
+
+Per batch, the training process's wait splits into ``worker_wait_s`` (the worker had not finished
+the batch yet), ``pin_s`` (the pin thread's share of that) and ``handover_s`` (worker queue,
+unpickling, the main process's own bookkeeping); ``fetch_s`` and ``collate_s`` are the worker's
+work on it, and a worker's busy fraction is its fetch + collate time over its wall time, measured in
+the worker itself.
+
+Example::
+
+    probe = instrument(loader)                  # probe.blind: None, or why the inside cannot be seen
+    for batch in loader:
+        ...
+    stats = LoaderStats.of(probe.drain())       # Loader/fetch_s, Loader/busy_fraction, ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+from lightning_dataperf._lightning_hooks import pin_batch, replace_loader_dataset
+from lightning_dataperf.lookahead import add_iterator_wrapper
+
+__all__ = ["BatchTiming", "LoaderProbe", "TimedBatch", "instrument"]
+
+_now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable between the workers and the main process
+#: Records kept when nobody reads them (bounded so that they cannot pile up).
+MAX_RECORDS = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTiming:
+    """One batch, as its worker made it and the training process received it (seconds).
+
+    Attributes:
+        worker: the worker's id, or -1 for the main process (``num_workers=0``).
+        samples: samples fetched for the batch.
+        fetch_s: time in the dataset's ``__getitem__``/``__getitems__`` for this batch.
+        collate_s: time in ``collate_fn``.
+        busy_s / alive_s: the worker's fetch + collate time so far, and its wall time since its first fetch.
+        produced_at: when the collate ended (``perf_counter``).
+        pin_s: time in the pin thread (0 without ``pin_memory``).
+        requested_at / received_at: when the training process asked the iterator for it, and got it.
+    """
+
+    worker: int
+    samples: int
+    fetch_s: float
+    collate_s: float
+    busy_s: float
+    alive_s: float
+    produced_at: float
+    pin_s: float = 0.0
+    requested_at: float = 0.0
+    received_at: float = 0.0
+
+    @property
+    def ready_at(self) -> float:
+        return self.produced_at + self.pin_s
+
+    @property
+    def worker_wait_s(self) -> float:
+        """The part of the training process's wait during which the batch was still being made (or pinned)."""
+        return max(0.0, min(self.ready_at, self.received_at) - self.requested_at)
+
+    @property
+    def handover_s(self) -> float:
+        """The part of the wait after the batch was ready: queue, unpickling, bookkeeping."""
+        return max(0.0, self.received_at - max(self.ready_at, self.requested_at))
+
+    @property
+    def wait_s(self) -> float:
+        return max(0.0, self.received_at - self.requested_at)
+
+
+class _WorkerClock:
+    """Per process (each worker has its own copy): fetch time of the batch in progress, and busy time."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.first_fetch: float | None = None
+        self.fetch = 0.0
+        self.samples = 0
+        self.busy = 0.0
+
+    def fetched(self, started: float, ended: float, samples: int) -> None:
+        if self.first_fetch is None:
+            self.first_fetch = started
+        self.fetch += ended - started
+        self.samples += samples
+
+    def batch_done(self, collate_s: float, ended: float) -> BatchTiming:
+        fetch, samples = self.fetch, self.samples
+        self.fetch, self.samples = 0.0, 0
+        self.busy += fetch + collate_s
+        first = self.first_fetch if self.first_fetch is not None else ended - collate_s
+        info = get_worker_info()
+        worker = -1 if info is None else info.id
+        return BatchTiming(worker, samples, fetch, collate_s, self.busy, ended - first, ended)
+
+
+_CLOCK: _WorkerClock | None = None
+
+
+def _clock() -> _WorkerClock:
+    global _CLOCK  # noqa: PLW0603  (one per process; a forked worker starts from a copy and resets it)
+    if _CLOCK is None or _CLOCK.pid != os.getpid():
+        _CLOCK = _WorkerClock()
+    return _CLOCK
+
+
+class TimedDataset(Dataset):
+    """The user's map-style dataset, with the time of each ``__getitem__``/``__getitems__`` counted."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: Any) -> Any:
+        started = _now()
+        try:
+            return self.dataset[index]
+        finally:
+            _clock().fetched(started, _now(), 1)
+
+    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+        started = _now()
+        try:
+            many = getattr(self.dataset, "__getitems__", None)
+            return list(many(indices)) if many else [self.dataset[index] for index in indices]
+        finally:
+            _clock().fetched(started, _now(), len(indices))
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:  # set_epoch, attributes the user's code reads
+        if name == "dataset" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+@dataclass(frozen=True, slots=True)
+class TimedBatch:
+    """A batch and its :class:`BatchTiming`, on the way from a worker to the training process."""
+
+    batch: Any
+    timing: BatchTiming
+
+    def pin_memory(self, device: Any = None) -> TimedBatch:
+        """Called by the DataLoader's pin thread: pin the batch and count the time."""
+        started = _now()
+        pinned = pin_batch(self.batch)
+        return TimedBatch(pinned, dataclasses.replace(self.timing, pin_s=_now() - started))
+
+
+class TimedCollate:
+    """The user's ``collate_fn``, timed, returning a :class:`TimedBatch`."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
+        self.collate_fn = collate_fn
+
+    def __call__(self, samples: Any) -> TimedBatch:
+        started = _now()
+        batch = self.collate_fn(samples)
+        ended = _now()
+        return TimedBatch(batch, _clock().batch_done(ended - started, ended))
+
+
+class LoaderProbe:
+    """Where the main process leaves each received batch's timing, until the callback drains them."""
+
+    def __init__(self) -> None:
+        self.records: deque[BatchTiming] = deque(maxlen=MAX_RECORDS)
+        self.blind: str | None = None  # why the inside of the loader is not seen, if it is not
+
+    def unwrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        return _Unwrapping(iterator, self.records)
+
+    def drain(self) -> list[BatchTiming]:
+        done = list(self.records)
+        self.records.clear()
+        return done
+
+
+class _Unwrapping(Iterator):
+    """The loader's iterator, handing the batch on without its timing (which goes to the probe)."""
+
+    def __init__(self, iterator: Iterator[Any], records: deque[BatchTiming]) -> None:
+        self._iterator, self._records = iterator, records
+
+    def __next__(self) -> Any:
+        requested = _now()
+        item = next(self._iterator)
+        if type(item) is TimedBatch:
+            timing = dataclasses.replace(item.timing, requested_at=requested, received_at=_now())
+            self._records.append(timing)
+            return item.batch
+        return item
+
+    def __getattr__(self, name: str) -> Any:  # public attributes of the wrapped iterator
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._iterator, name)
+
+
+def instrument(loader: Any) -> LoaderProbe:
+    """Make ``loader`` report into a probe and return it; ``probe.blind`` says why it cannot, if it cannot.
+
+    A loader that cannot be seen into is left as it was. Instrumenting the same loader again returns
+    its probe (the Trainer may process one loader more than once).
+    """
+    existing = getattr(loader, "_dataperf_probe", None)
+    if isinstance(existing, LoaderProbe):
+        return existing
+    probe = LoaderProbe()
+    if not isinstance(loader, DataLoader):
+        probe.blind = f"the loader is a {type(loader).__name__}, not a torch DataLoader"
+    elif isinstance(loader.dataset, IterableDataset):
+        probe.blind = "the dataset is an IterableDataset (it fetches inside its own iterator)"
+    else:
+        replace_loader_dataset(loader, TimedDataset(loader.dataset))
+        loader.collate_fn = TimedCollate(loader.collate_fn)
+        add_iterator_wrapper(loader, probe.unwrap, inner=True)
+        loader._dataperf_probe = probe  # type: ignore[attr-defined]
+    return probe

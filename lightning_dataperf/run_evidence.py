@@ -1,0 +1,72 @@
+"""The evidence for one epoch's verdict, gathered from a Lightning run.
+
+Example::
+
+    evidence = gather_evidence(trainer, summary, system=sampler.epoch_means(), hardware=hardware)
+    diagnose(evidence)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.hardware import Hardware, pcie_capacity_of_device
+from lightning_dataperf.loaders import LoaderFacts, first_loader
+from lightning_dataperf.stats import EpochSummary
+from lightning_dataperf.strategies import SideStreamTransferMixin
+from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.tags import Stage
+
+__all__ = ["gather_evidence"]
+
+
+def gather_evidence(
+    trainer: pl.Trainer,
+    summary: EpochSummary,
+    system: SystemStats,
+    hardware: Hardware | None,
+    loader_blind: str | None = None,
+) -> Evidence:
+    """Everything the verdict may use about this epoch: the stage's own loader, telemetry, hardware, autotune."""
+    stage = Stage(summary.stage)
+    max_epochs = trainer.max_epochs
+    return Evidence(
+        summary=summary,
+        loader=LoaderFacts.of(first_loader(_stage_loaders(trainer, stage))),
+        system=system,
+        side_stream_transfer=isinstance(trainer.strategy, SideStreamTransferMixin),
+        usable_cpus=None if hardware is None else hardware.cpus_per_rank,
+        pcie_capacity_mbps=pcie_capacity_of_device(hardware, trainer.strategy.root_device),
+        planned_epochs=max_epochs if max_epochs is not None and max_epochs > 0 else None,
+        autotune=autotune_words(getattr(trainer.datamodule, "autotune_result", None)) if stage is Stage.TRAIN else None,
+        loader_blind=loader_blind,
+    )
+
+
+def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
+    """The loaders of one stage as the Trainer holds them (a CombinedLoader, a loader, a list, or None)."""
+    loaders = {
+        Stage.TRAIN: trainer.train_dataloader,
+        Stage.VAL: trainer.val_dataloaders,
+        Stage.TEST: trainer.test_dataloaders,
+        Stage.PREDICT: trainer.predict_dataloaders,
+    }[stage]
+    return loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+
+
+def autotune_words(result: Any) -> str | None:
+    """Autotune's measured choice in words (its own ``summary_line()`` when it has one)."""
+    if result is None:
+        return None
+    line = getattr(result, "summary_line", None)
+    if callable(line):
+        return str(line())
+    settings = result.settings
+    return (
+        f"it measured num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor} at "
+        f"{result.chosen_batches_per_sec:.1f} batches/s (best measured {result.best_batches_per_sec:.1f}), and that "
+        "is what this loader uses"
+    )

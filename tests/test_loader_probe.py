@@ -1,0 +1,131 @@
+"""Inside the loader: per-batch fetch/collate/pin/hand-over figures from the workers, batches unchanged."""
+
+from __future__ import annotations
+
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers import SleepyModel, scalar_tags, trainer_kwargs
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from lightning_dataperf import DataPerfCallback
+from lightning_dataperf.loader_probe import TimedBatch, instrument
+from lightning_dataperf.loader_stats import LoaderStats
+from lightning_dataperf.lookahead import add_iterator_wrapper
+
+
+class SleepPerSample(Dataset):
+    """Each sample costs ``sample_s`` in __getitem__; the collate costs ``collate_s`` per batch."""
+
+    def __init__(self, length: int, sample_s: float) -> None:
+        self.length, self.sample_s = length, sample_s
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(self.sample_s)
+        return torch.full((8,), float(index))
+
+
+class SlowCollate:
+    def __init__(self, collate_s: float) -> None:
+        self.collate_s = collate_s
+
+    def __call__(self, samples):
+        time.sleep(self.collate_s)
+        return torch.stack(samples)
+
+
+class Counting(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(16, dtype=torch.float32).reshape(8, 2))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batches_are_unchanged_and_their_inside_is_measured(workers):
+    loader = DataLoader(SleepPerSample(24, 0.01), batch_size=4, num_workers=workers, collate_fn=SlowCollate(0.02))
+    plain = [batch.clone() for batch in DataLoader(SleepPerSample(24, 0.0), batch_size=4)]
+    probe = instrument(loader)
+    assert probe.blind is None and isinstance(loader, DataLoader)
+    seen = list(loader)
+    assert all(type(batch) is torch.Tensor for batch in seen), "training_step must get the batch, not a wrapper"
+    assert [batch.tolist() for batch in seen] == [batch.tolist() for batch in plain]  # same batches, same order
+    stats = LoaderStats.of(probe.drain())
+    assert stats.batches == 6 and stats.samples == 4
+    # sleeps are lower bounds of the measured times (a loaded machine only adds)
+    assert stats.fetch_s >= 4 * 0.01 and stats.collate_s >= 0.02
+    assert stats.fetch_s < 4 * 0.01 + 0.5 and stats.collate_s < 0.02 + 0.5
+    assert stats.workers == workers
+    if workers:
+        assert stats.busy_fraction is not None and 0.5 < stats.busy_fraction <= 1.0, "workers never sit idle here"
+    else:
+        assert stats.busy_fraction is None  # the training process is no worker
+        assert stats.worker_wait_s == pytest.approx(stats.wait_s - stats.handover_s)
+    assert instrument(loader) is probe, "a loader processed twice keeps one probe"
+
+
+def test_pinned_batches_count_the_pin_thread():
+    loader = DataLoader(SleepPerSample(8, 0.0), batch_size=4, num_workers=1, pin_memory=True)
+    probe = instrument(loader)
+    batches = list(loader)
+    records = probe.drain()
+    assert len(records) == 2 and all(type(batch) is torch.Tensor for batch in batches)
+    if torch.cuda.is_available():
+        assert all(batch.is_pinned() for batch in batches) and all(record.pin_s > 0 for record in records)
+    assert all(record.wait_s == pytest.approx(record.worker_wait_s + record.handover_s, abs=1e-6) for record in records)
+
+
+def test_what_cannot_be_seen_is_named_and_left_alone():
+    iterable = DataLoader(Counting(), batch_size=4)
+    probe = instrument(iterable)
+    assert "IterableDataset" in probe.blind
+    assert [batch.tolist() for batch in iterable] == [
+        [[0, 1], [2, 3], [4, 5], [6, 7]],
+        [[8, 9], [10, 11], [12, 13], [14, 15]],
+    ]
+    assert "not a torch DataLoader" in instrument([torch.ones(2)]).blind
+
+
+def test_iterator_wrappers_compose_inner_first():
+    loader = DataLoader(list(range(6)), batch_size=2)
+    order = []
+
+    def tag(name):
+        def wrap(iterator):
+            order.append(name)
+            return iterator
+
+        return wrap
+
+    add_iterator_wrapper(loader, tag("outer"))
+    add_iterator_wrapper(loader, tag("inner"), inner=True)
+    assert isinstance(loader, DataLoader) and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
+    assert order == ["inner", "outer"]
+
+
+def test_timed_batches_survive_the_worker_queue():
+    loader = DataLoader(SleepPerSample(4, 0.0), batch_size=2, num_workers=1, collate_fn=lambda s: torch.stack(s))
+    instrument(loader)
+    inner = DataLoader.__iter__(loader)  # the loader's own iterator, before unwrapping
+    try:
+        assert type(next(inner)) is TimedBatch
+    finally:
+        inner._shutdown_workers()
+
+
+def test_callback_reports_the_loader_inside_for_a_plain_dataloader(tmp_path):
+    perf = DataPerfCallback(print_summary=False, telemetry=False)
+    model = SleepyModel(step_s=0.005)
+    trainer = pl.Trainer(max_epochs=2, callbacks=[perf], log_every_n_steps=2, **trainer_kwargs(tmp_path))
+    loader = DataLoader(SleepPerSample(32, 0.002), batch_size=4, num_workers=2, persistent_workers=True)
+    trainer.fit(model, loader)
+    assert torch.cat(model.seen).tolist() == [float(i) for i in range(32)] * 2
+    for summary in perf.summaries:
+        assert summary.loader is not None and summary.loader.batches == 8 and summary.loader.workers == 2
+        assert summary.loader.fetch_s >= 4 * 0.002
+    logged = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
+    for tag in ("Loader/fetch_s", "Loader/collate_s", "Loader/handover_s", "Loader/busy_fraction"):
+        assert tag in logged, tag
