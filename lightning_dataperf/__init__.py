@@ -53,8 +53,11 @@ _EXPORTS = {
     "StepTiming": "timing",
 }
 
-# the module whose import registers the strategies with Lightning's StrategyRegistry
-_STRATEGIES_MODULE = "strategies"
+# registry name -> (class in lightning_dataperf.strategies, init params Lightning passes to it)
+_STRATEGIES = {
+    "side_stream": ("SideStreamStrategy", {}),
+    "ddp_side_stream": ("SideStreamDDPStrategy", {"start_method": "popen"}),
+}
 
 __all__ = [
     "AutotuneResult",
@@ -118,10 +121,31 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
+def _deferred(class_name: str) -> Any:
+    """A factory that imports the strategy only when a Trainer asks for it by name.
+
+    Registering must not import ``lightning_dataperf.strategies`` while ``lightning.pytorch`` is still
+    loading (that module imports Lightning too); ``strategies`` replaces these with its classes on import.
+    """
+
+    def make(**kwargs: Any) -> Any:
+        strategies = importlib.import_module(f"{__name__}.strategies")
+        return getattr(strategies, class_name)(**kwargs)
+
+    make._dataperf_deferred = True  # type: ignore[attr-defined]
+    make.__doc__ = f"lightning_dataperf.strategies.{class_name} (imported on first use)"
+    return make
+
+
 def _register_strategies() -> None:
-    """Import the side-stream strategies, which register themselves in Lightning's StrategyRegistry."""
+    """Register ``strategy="side_stream"`` / ``"ddp_side_stream"`` with Lightning's StrategyRegistry."""
     try:
-        importlib.import_module(f"{__name__}.{_STRATEGIES_MODULE}")
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        for name, (class_name, init_params) in _STRATEGIES.items():
+            if name not in StrategyRegistry:
+                factory = _deferred(class_name)
+                StrategyRegistry.register(name, factory, description=factory.__doc__, **init_params)
     except Exception as error:  # never break the user's `import lightning`
         warnings.warn(
             f"lightning_dataperf could not register strategy='side_stream': {error!r}", RuntimeWarning, stacklevel=2

@@ -21,11 +21,11 @@ from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook
 from lightning_dataperf.batches import BatchFootprint, BatchSizer
-from lightning_dataperf.copy_stats import CopyStats
 from lightning_dataperf.diagnosis import diagnose
 from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.findings import Diagnosis
 from lightning_dataperf.hardware import Hardware, probe_hardware
+from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.loader_probe import instrument
 from lightning_dataperf.loaders import first_loader
 from lightning_dataperf.loggers import log_metrics
@@ -79,6 +79,9 @@ class DataPerfCallback(Callback):
         data_path: where the dataset lives, so disk metrics watch that device (else all disks).
         preflight: run the pre-flight checks at fit start and on the first batch.
         hang_timeout: seconds without a batch before the watchdog reports; ``None`` turns it off.
+        host_gap_probe: on CUDA, profile a few steps per epoch to split the step's device span into GPU
+            busy time and host gap (``Time/GpuBusy``, ``Time/HostGap``); ``False`` turns it off, a
+            :class:`~lightning_dataperf.host_gap.HostGapProbe` sets which steps.
         clock: host clock in seconds (default ``time.perf_counter``; tests inject a fake one).
 
     Example::
@@ -104,6 +107,7 @@ class DataPerfCallback(Callback):
         data_path: str | os.PathLike[str] | None = None,
         preflight: bool = True,
         hang_timeout: float | None = 300.0,
+        host_gap_probe: HostGapProbe | bool | None = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         known = [stage.value for stage in Stage]
@@ -140,6 +144,7 @@ class DataPerfCallback(Callback):
         self._boundary = clock()
         self._train_epochs_started = 0
         self._batch_size = BatchSizer(batch_size_fn)
+        self._host_gap_option = host_gap_probe
 
     # ------------------------------------------------------------------ results
     @property
@@ -159,6 +164,10 @@ class DataPerfCallback(Callback):
         self._timers = {name: StageTimer(StepClock(device, self._clock), name) for name in self.stages}
         self._hooks.install(trainer)
         self._loader_hook.install(trainer)
+        train = self._timers.get(Stage.TRAIN)
+        if train is not None and device.type == "cuda" and self._host_gap_option:
+            probe = self._host_gap_option
+            train.host_gap = probe if isinstance(probe, HostGapProbe) else HostGapProbe()
         self._autotune_before = getattr(trainer.datamodule, "autotune_result", None)
         self._boundary = self._clock()
         self._train_epochs_started = 0
@@ -297,17 +306,7 @@ class DataPerfCallback(Callback):
         window = timer.window_metrics()
         if stage is Stage.TRAIN:
             self._log(trainer, window)
-        summary = timer.accumulator.summarize(
-            stage.value,
-            trainer.current_epoch,
-            device=trainer.strategy.root_device,
-            all_gather=trainer.strategy.all_gather,
-            world_size=trainer.world_size,
-        )
-        if (copies := CopyStats.of(timer.epoch_copies)) is not None:
-            summary = dataclasses.replace(summary, copies=copies)
-        if (loader := timer.epoch_loader_stats()) is not None:
-            summary = dataclasses.replace(summary, loader=loader)
+        summary = timer.summarize(trainer.current_epoch, trainer.strategy, trainer.world_size)
         if stage is Stage.TRAIN and summary.epoch_start is not None and (search := self._autotune_seconds(trainer)):
             # the search ran inside train_dataloader(), after the epoch's anchor: it is autotune's time, not start-up
             summary = dataclasses.replace(summary, epoch_start=max(0.0, summary.epoch_start - search))
@@ -368,6 +367,8 @@ class DataPerfCallback(Callback):
             self._check_first_batch(trainer, batch)  # before the step's clock starts: not counted as compute
         timer = self._timers.get(Stage.TRAIN)
         if timer is not None and timer.active:
+            if timer.host_gap is not None:
+                timer.host_gap.step_started(timer.batches)
             timer.clock.step_started()
 
     @override
@@ -379,6 +380,8 @@ class DataPerfCallback(Callback):
         if timer is None or not timer.active:
             return
         timer.clock.step_finished(timer.batches, samples=self._batch_size(batch))
+        if timer.host_gap is not None and timer.host_gap.step_finished(timer.batches):
+            timer.clock.break_continuity()  # stopping the profiler waited for the GPU: not the next step's time
         timer.batches += 1
         if timer.batches % (self.log_every_n_steps or trainer.log_every_n_steps or 1) == 0:
             self._log_window(trainer, timer)

@@ -110,6 +110,45 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
     )
 
 
+def _host_gap(evidence: Evidence) -> Finding | None:
+    """CUDA, from the host-gap probe: inside the step, the GPU waits for kernels the host launches late."""
+    gap, step = evidence.summary.host_gap, evidence.step_mean
+    if gap is None or not step:
+        return None
+    share = min(gap.host_gap_s, step) / step
+    if share < SIGNIFICANT_SHARE:
+        return None
+    numbers = {
+        "host_gap_ms": 1e3 * gap.host_gap_s,
+        "gpu_busy_ms": 1e3 * gap.gpu_busy_s,
+        "step_span_ms": 1e3 * gap.span_s,
+        "profiled_steps": float(gap.steps),
+    }
+    system, workers, cpus = evidence.system, evidence.loader.num_workers, evidence.usable_cpus
+    runnable = system.runnable_tasks
+    crowded = workers and runnable is not None and cpus is not None and runnable > cpus
+    if crowded:
+        numbers.update(runnable_tasks=runnable, usable_cpus=float(cpus), num_workers=float(workers))
+        headline = (
+            f"host-bound: the main thread is starved for CPU by {workers} busy workers (runnable tasks "
+            f"{runnable:.0f} on {cpus} usable CPUs): the GPU waits for it {100 * share:.0f}% of each step"
+        )
+        advice = [
+            f"leave cores for the training process: num_workers <= {max(1, cpus - 2)}, or move decode/augment off "
+            "the CPU (lightning_dataperf.gpu_decode for JPEG); the step would take about "
+            f"{1e3 * (step - gap.host_gap_s):.1f} ms instead of {1e3 * step:.1f} ms without the gap",
+        ]
+    else:
+        headline = f"host-bound: inside each step the GPU waits {100 * share:.0f}% of the time for kernel launches"
+        without = step - gap.host_gap_s
+        advice = [
+            "Python or kernel-launch overhead inside the step: torch.compile or CUDA graphs, a larger batch, and no "
+            f"per-step host syncs (.item(), .cpu()); without the gap a step would take {1e3 * without:.1f} ms "
+            f"instead of {1e3 * step:.1f} ms",
+        ]
+    return Finding(kind="host_bound", headline=headline, share=share, evidence=numbers, advice=advice)
+
+
 def _loop_overhead(evidence: Evidence) -> Finding | None:
     """CPU: time outside data wait, transfer and the step itself (hooks, callbacks, logging) dominates."""
     compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
@@ -232,6 +271,8 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
 
 def _compute_evidence(evidence: Evidence, compute: float, share: float) -> dict[str, float]:
     numbers = {"compute_ms": 1e3 * compute, "compute_share": share}
+    if (gap := evidence.summary.host_gap) is not None:
+        numbers["gpu_busy_ms"] = 1e3 * gap.gpu_busy_s
     for key in ("gpu_util_percent", "gpu_slowdown", "gpu_power_capped", "gpu_sm_clock_mhz"):
         if (value := getattr(evidence.system, key)) is not None:
             numbers[key] = value
@@ -268,6 +309,7 @@ RULES: tuple[Rule, ...] = (
     input_bound,
     _transfer_bound,
     _host_bound,
+    _host_gap,
     _straggler,
     _stalls,
     _epoch_start,

@@ -14,13 +14,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from lightning_dataperf.copy_stats import CopyStats, CopyTiming
+from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.loader_probe import BatchTiming, LoaderProbe
 from lightning_dataperf.loader_stats import LoaderStats
-from lightning_dataperf.stats import EpochAccumulator, window_metrics
+from lightning_dataperf.stats import EpochAccumulator, EpochSummary, window_metrics
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepClock, StepTiming
 
@@ -44,6 +46,7 @@ class StageTimer:
     probes: list[LoaderProbe] = field(default_factory=list)
     batches_window: list[BatchTiming] = field(default_factory=list)
     batches_epoch: list[BatchTiming] = field(default_factory=list)
+    host_gap: HostGapProbe | None = None
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
@@ -79,6 +82,8 @@ class StageTimer:
         self.copies.clear()
         self.epoch_copies.clear()
         self._collect_batches()  # what arrived before the epoch (the first batches are fetched early)
+        if self.host_gap is not None:
+            self.host_gap.reset_epoch()
         self.batches_window.clear()
         self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
 
@@ -102,14 +107,20 @@ class StageTimer:
         self._collect_batches()
         self.active = False
 
-    def epoch_loader_stats(self) -> LoaderStats | None:
-        """The epoch's loader figures; clears them for the next epoch."""
-        stats = LoaderStats.of(self.batches_epoch)
+    def summarize(self, epoch: int, strategy: Any, world_size: int) -> EpochSummary:
+        """The epoch's summary, reduced across ranks (a collective), with this rank's copy, loader, host-gap figures."""
+        summary = self.accumulator.summarize(
+            self.stage.value, epoch, device=strategy.root_device, all_gather=strategy.all_gather, world_size=world_size
+        )
+        loader = LoaderStats.of(self.batches_epoch)
         self.batches_epoch.clear()
-        return stats
+        host_gap = None if self.host_gap is None else self.host_gap.result()
+        return dataclasses.replace(summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap)
 
     def release(self) -> None:
         """Drop all state (teardown, exceptions)."""
+        if self.host_gap is not None:
+            self.host_gap.reset_epoch()  # stops a profiler left running by an exception
         self.clock.reset()
         self.window.clear()
         self.active = False

@@ -24,6 +24,7 @@ from torchmetrics.aggregation import CatMetric
 
 from lightning_dataperf import tags
 from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.host_gap import HostGapStats
 from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepTiming
@@ -145,6 +146,8 @@ class EpochSummary:
     the CPU. ``rank_data_wait`` holds each rank's mean data wait per step; ``slowest_rank`` is the
     rank that waits longest for its loader, and ``straggler_ratio`` the max/min ratio of those waits
     (the min floored at 1 ms so that a rank that never waits does not make the ratio infinite).
+    ``loader`` (the loader's inside), ``stalls`` and ``host_gap`` are this rank's own; the rest is
+    reduced over all ranks.
     """
 
     stage: str
@@ -163,6 +166,7 @@ class EpochSummary:
     copies: CopyStats | None = None
     loader: LoaderStats | None = None
     stalls: list[Stall] = field(default_factory=list)
+    host_gap: HostGapStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,6 +181,8 @@ class EpochSummary:
         if known.get("loader") is not None:
             known["loader"] = LoaderStats(**known["loader"])
         known["stalls"] = [Stall(**stall) for stall in raw.get("stalls", [])]
+        if known.get("host_gap") is not None:
+            known["host_gap"] = HostGapStats(**known["host_gap"])
         return cls(**known)
 
     def to_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
@@ -194,6 +200,9 @@ class EpochSummary:
             tags.EPOCH_SLOWEST_RANK: None if self.slowest_rank is None else float(self.slowest_rank),
         }
         metrics.update({stage.prefix + key: value for key, value in optional.items() if value is not None})
+        if self.host_gap is not None:
+            metrics[tags.time(tags.GPU_BUSY, stage)] = self.host_gap.gpu_busy_s
+            metrics[tags.time(tags.HOST_GAP, stage)] = self.host_gap.host_gap_s
         return metrics
 
     def mean_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
@@ -228,6 +237,8 @@ class EpochSummary:
             lines.append("  " + self.copies.format())
         if self.loader is not None:
             lines.append("  " + self.loader.format())
+        if self.host_gap is not None:
+            lines.append("  " + self.host_gap.format())
         for stall in self.stalls:
             lines.append(
                 f"  stall: batch {stall.step} waited {stall.wait_s:.2f} s for the loader, "

@@ -182,12 +182,14 @@ class SideStreamDDPStrategy(SideStreamTransferMixin, DDPStrategy):
 
 
 def _register() -> None:
-    if "side_stream" not in StrategyRegistry:
-        StrategyRegistry.register("side_stream", SideStreamStrategy, description=SideStreamStrategy.__doc__)
-    if "ddp_side_stream" not in StrategyRegistry:
-        StrategyRegistry.register(
-            "ddp_side_stream", SideStreamDDPStrategy, description=SideStreamDDPStrategy.__doc__, start_method="popen"
-        )
+    """Register the classes (replacing the package's import-time factories, see ``lightning_dataperf.__init__``)."""
+    for name, strategy, params in (
+        ("side_stream", SideStreamStrategy, {}),
+        ("ddp_side_stream", SideStreamDDPStrategy, {"start_method": "popen"}),
+    ):
+        current = dict.get(StrategyRegistry, name)  # the entry itself (StrategyRegistry.get builds a strategy)
+        if current is None or getattr(current.get("strategy"), "_dataperf_deferred", False):
+            StrategyRegistry.register(name, strategy, description=strategy.__doc__, override=True, **params)
 
 
 _register()

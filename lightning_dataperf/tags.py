@@ -54,6 +54,9 @@ COMPUTE = "Compute"  # the step's work
 STEP = "Step"  # wall time between step ends
 DEVICE_IDLE = "DeviceIdle"  # CUDA: GPU idle between steps, waiting for this step's input
 TIMINGS = (DATA_LOADING, TRANSFER, COMPUTE, STEP, DEVICE_IDLE)
+#: CUDA, from the host-gap probe's profiled steps: the step's device span split into GPU work and waiting for the host.
+GPU_BUSY = "GpuBusy"
+HOST_GAP = "HostGap"
 
 EPOCH_START = "Time/EpochStart"
 SAMPLES_PER_SEC = "Throughput/samples_per_sec"

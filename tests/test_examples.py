@@ -22,7 +22,9 @@ def test_input_bound_example_fixes_what_it_diagnoses(tmp_path, capsys):
 
     results = input_bound.main(["--samples", "384", "--autotune-seconds", "4", "--logdir", str(tmp_path)])
     out = capsys.readouterr().out
-    assert "input-bound" in out and "num_workers=0 loads every batch" in out
+    assert (
+        "input-bound" in out and "loaded in the training process (num_workers=0)" in out and "set num_workers=" in out
+    )
     assert results["after_num_workers"] > 0, "the fix the verdict names (loader workers) was applied"
     # a 1 ms sleep per sample dominates: workers overlap the sleeps, whatever else loads the machine
     assert results["after_samples_per_sec"] > 1.5 * results["before_samples_per_sec"]

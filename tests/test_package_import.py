@@ -58,3 +58,17 @@ def test_every_export_resolves_and_star_import_works():
     assert set(dir(lightning_dataperf)) >= set(lightning_dataperf.__all__)
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
         lightning_dataperf.NoSuchThing  # noqa: B018
+
+
+def test_importing_a_submodule_first_still_registers_the_strategies():
+    # loader_probe imports lightning itself; registering then must not hit a half-imported package module
+    code = (
+        "import warnings; warnings.simplefilter('error', RuntimeWarning)\n"
+        "import lightning_dataperf.loader_probe\n"
+        "import lightning.pytorch as pl\n"
+        "trainer = pl.Trainer(strategy='side_stream', accelerator='cpu', logger=False, enable_progress_bar=False)\n"
+        "print(type(trainer.strategy).__name__)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().endswith("SideStreamStrategy")

@@ -1,0 +1,181 @@
+"""Host gap: how much of a CUDA step's device span the GPU spent waiting for the host, not computing.
+
+CUDA events at a step's start and end give its device span, but a main thread that launches kernels
+late (starved for CPU by busy loader workers, Python overhead, syncs) stretches that span with gaps in
+which the GPU has nothing to run. Those gaps are invisible to events and to NVML's coarse utilisation.
+Once per epoch, :class:`HostGapProbe` records a few consecutive training steps with the PyTorch
+profiler (CUDA activity only: kernels, copies and the runtime calls that launched them), assigns each
+kernel to the step whose host window launched it, and splits each step's device span (first to last
+of its kernels) into GPU busy time (the union of its kernels' intervals) and host gap (the rest).
+
+The probe costs the steps it records a little host time per launch (CUPTI), and stopping the profiler
+waits for the GPU once; the step after the probe is therefore left out of the step-time figures.
+
+Example::
+
+    probe = HostGapProbe(start_step=20, steps=8)
+    ...  # in the training loop: probe.step_started(i) / probe.step_finished(i)
+    probe.result()        # HostGapStats(steps=8, span_s=0.0193, gpu_busy_s=0.0109, host_gap_s=0.0084)
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["HostGapProbe", "HostGapStats", "split_device_span"]
+
+#: Kernel-like device activity: what keeps the GPU busy.
+_DEVICE_WORK = ("kernel", "memcpy", "memset")
+
+
+@dataclass(frozen=True)
+class HostGapStats:
+    """Means per profiled step, in seconds: device span = GPU busy + host gap."""
+
+    steps: int
+    span_s: float
+    gpu_busy_s: float
+    host_gap_s: float
+    first_step: int
+
+    @property
+    def gap_share(self) -> float:
+        return self.host_gap_s / self.span_s if self.span_s > 0 else 0.0
+
+    def format(self) -> str:
+        last = self.first_step + self.steps - 1
+        return (
+            f"GPU busy {1e3 * self.gpu_busy_s:.2f} ms + host gap {1e3 * self.host_gap_s:.2f} ms of a "
+            f"{1e3 * self.span_s:.2f} ms step span (profiled steps {self.first_step}-{last})"
+        )
+
+
+def split_device_span(intervals: list[tuple[int, int]]) -> tuple[int, int]:
+    """``(span, busy)`` of device intervals ``(start_ns, end_ns)``: first start to last end, and their union."""
+    if not intervals:
+        return 0, 0
+    ordered = sorted(intervals)
+    busy, current_start, current_end = 0, ordered[0][0], ordered[0][1]
+    for start, end in ordered[1:]:
+        if start > current_end:
+            busy += current_end - current_start
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    busy += current_end - current_start
+    span = max(end for _, end in ordered) - ordered[0][0]
+    return span, busy
+
+
+class HostGapProbe:
+    """Profiles ``steps`` consecutive training steps from ``start_step`` of each epoch (CUDA only).
+
+    Args:
+        start_step: the first step of an epoch to profile (after warm-up).
+        steps: how many consecutive steps to profile.
+    """
+
+    def __init__(self, start_step: int = 20, steps: int = 8) -> None:
+        if start_step < 0 or steps < 1:
+            raise ValueError(f"HostGapProbe(start_step={start_step}, steps={steps}): need start_step >= 0, steps >= 1.")
+        self.start_step, self.steps = start_step, steps
+        self.disabled: str | None = None
+        self._profiler: Any = None
+        self._windows: list[tuple[int, int]] = []  # host (realtime ns) window of each profiled step
+        self._open: int | None = None
+        self._result: HostGapStats | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._profiler is not None
+
+    def reset_epoch(self) -> None:
+        self._stop()
+        self._windows, self._open, self._result = [], None, None
+
+    def step_started(self, step: int) -> None:
+        if self.disabled is not None:
+            return
+        if step == self.start_step and self._profiler is None and self._result is None:
+            self._start()
+        if self._profiler is not None:
+            self._open = time.time_ns()
+
+    def step_finished(self, step: int) -> bool:
+        """Close the step; ``True`` when this ended the probe (the profiler stopped, waiting for the GPU)."""
+        if self._profiler is None or self._open is None:
+            return False
+        self._windows.append((self._open, time.time_ns()))
+        self._open = None
+        if len(self._windows) < self.steps:
+            return False
+        self._result = self._finish()
+        return True
+
+    def result(self) -> HostGapStats | None:
+        return self._result
+
+    def _start(self) -> None:
+        try:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            self._profiler.__enter__()
+        except Exception as error:  # no CUPTI, another profiler running: say so once, never stop training
+            self._profiler = None
+            self.disabled = f"{type(error).__name__}: {error}"
+            warnings.warn(
+                f"DataPerf host-gap probe is off ({self.disabled}); the host gap is not measured.", stacklevel=3
+            )
+
+    def _stop(self) -> Any:
+        profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            profiler.__exit__(None, None, None)
+        return profiler
+
+    def _finish(self) -> HostGapStats | None:
+        profiler = self._stop()
+        try:
+            events = list(profiler.profiler.kineto_results.events())
+        except Exception as error:
+            self.disabled = f"profiler results unreadable ({type(error).__name__}: {error})"
+            return None
+        return _stats(events, self._windows, self.start_step)
+
+
+def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -> HostGapStats | None:
+    """Per step: kernels launched inside its host window -> their device span and busy union."""
+    launches: dict[int, int] = {}  # correlation id -> launch time (ns, host clock)
+    device: list[tuple[int, int, int]] = []  # (correlation id, start, end) of device work
+    for event in events:
+        name = event.name()
+        if str(event.device_type()).endswith("CPU"):
+            if "Launch" in name or "Memcpy" in name or "Memset" in name:
+                launches[event.correlation_id()] = event.start_ns()
+        elif any(kind in str(event.activity_type()).lower() for kind in _DEVICE_WORK) or "CUDA" in str(
+            event.device_type()
+        ):
+            start = event.start_ns()
+            device.append((event.correlation_id(), start, start + event.duration_ns()))
+    per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
+    for correlation, start, end in device:
+        launched = launches.get(correlation)
+        if launched is None:
+            continue
+        for index, (opened, closed) in enumerate(windows):
+            if opened <= launched <= closed:
+                per_step[index].append((start, end))
+                break
+    splits = [split_device_span(intervals) for intervals in per_step if intervals]
+    if not splits:
+        return None
+    count = len(splits)
+    span = sum(span for span, _ in splits) / count / 1e9
+    busy = sum(busy for _, busy in splits) / count / 1e9
+    return HostGapStats(
+        steps=count, span_s=span, gpu_busy_s=busy, host_gap_s=max(0.0, span - busy), first_step=first_step
+    )
