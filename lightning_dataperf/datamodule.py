@@ -46,8 +46,9 @@ from lightning_dataperf.sampler import (
     EpochAwareSamplerWrapper,
     EpochPublishingSampler,
     UnpaddedDistributedSampler,
+    make_resumable,
 )
-from lightning_dataperf.seeding import EpochSeededWorkerInit, SharedEpoch
+from lightning_dataperf.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
 from lightning_dataperf.tags import Stage
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
@@ -276,6 +277,16 @@ class TunedDataModule(pl.LightningDataModule):
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
         return {"sampler": sampler, "shuffle": None}
 
+    def _finish(self, stage: str, loader: DataLoader) -> None:
+        """After construction: a training loader with our own sampler becomes resumable (Lightning's
+        ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
+        sampler = loader.sampler
+        if stage != "train" or type(sampler) is not EpochAwareDistributedSampler or sampler.position is None:
+            return
+        make_resumable(loader, sampler)
+        if loader.num_workers == 0:
+            seed_batches_in_main_process(loader, self._seed(), self._ranks()[0], sampler.position)
+
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
         from lightning_dataperf.autotune_lightning import autotune_for_datamodule
 
@@ -342,6 +353,7 @@ def _tuning_new_loaders(module: TunedDataModule, stage: str, plans: list[LoaderP
         final = {**explicit, **extra, **updates}
         final = {name: value for name, value in final.items() if value is not None or name not in updates}
         original_init(loader, **final)
+        module._finish(stage, loader)
 
     _INSIDE_HOOK.active = True
     DataLoader.__init__ = init  # type: ignore[method-assign]
