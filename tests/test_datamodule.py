@@ -98,7 +98,9 @@ def test_user_values_win_and_the_policy_fills_the_rest(tmp_path, capsys):
     (val,) = datamodule.loader_plans["val"]
     assert val.chosen["num_workers"] == datamodule.loader_settings.num_workers
     assert val.chosen["pin_memory"] is False  # no CUDA here
-    assert "TunedDataModule [train]" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "TunedDataModule [train]" in printed and "num_workers=0: each batch is fetched with" in printed
+    assert not val.notes, "evaluation loaders are left unseeded"
     loader = datamodule.train_dataloader()
     assert loader.num_workers == 0 and loader.pin_memory is False
 
