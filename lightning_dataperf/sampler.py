@@ -7,6 +7,15 @@ mid-epoch resume replays the epoch's first batches instead of the remaining ones
 take a ``position`` callable that returns ``(epoch, batches_already_done)`` when iteration starts, so
 the order is the one an uninterrupted run would have produced.
 
+:func:`make_resumable` gives a training loader with an :class:`EpochAwareDistributedSampler` Lightning's
+stateful-loader protocol (``state_dict`` / ``load_state_dict``, checked with ``isinstance(loader,
+_Stateful)`` in ``lightning/pytorch/loops/training_epoch_loop.py``), so Lightning stores it in the
+checkpoint and does not warn that the loader cannot resume mid-epoch. The position itself (epoch,
+batches done) is in Lightning's own loop counters, which the checkpoint holds anyway; the loader's state
+is what else decides the order (seed, shuffle, ranks, dataset length, batch size), and loading it warns
+when this run's differs. Lightning's rule for stateful loaders applies: a checkpoint written with one must
+be resumed with a stateful loader in the same place.
+
 Example::
 
     sampler = EpochAwareDistributedSampler(dataset, num_replicas=2, rank=0, seed=42, shuffle=True)
@@ -23,13 +32,16 @@ from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DistributedSampler, Sampler
 
 __all__ = [
     "EpochAwareDistributedSampler",
     "EpochAwareSamplerWrapper",
     "EpochPublishingSampler",
+    "LoaderResumeState",
     "UnpaddedDistributedSampler",
+    "make_resumable",
 ]
 
 #: Returns ``(epoch, batches already consumed in that epoch)`` at the moment iteration starts.
@@ -164,3 +176,56 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         return iter(range(self.rank, self.total_size, self.num_replicas))
+
+
+class LoaderResumeState:
+    """The part of a training loader's order that Lightning's loop counters do not hold.
+
+    ``state_dict()`` records it when Lightning saves a checkpoint; ``load_state_dict()`` (called by
+    Lightning when it restarts from one) warns, naming each change, when this run's loader differs, since
+    the order after the resume is then not the one the interrupted run would have had.
+    """
+
+    FORMAT = 1
+
+    def __init__(self, sampler: EpochAwareDistributedSampler, batch_size: int) -> None:
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def state_dict(self) -> dict[str, Any]:
+        sampler = self.sampler
+        return {
+            "format": self.FORMAT,
+            "sampler": type(sampler).__name__,
+            "seed": int(sampler.seed),
+            "shuffle": bool(sampler.shuffle),
+            "num_replicas": int(sampler.num_replicas),
+            "drop_last": bool(sampler.drop_last),
+            "dataset_length": len(sampler.dataset),  # type: ignore[arg-type]
+            "batch_size": int(self.batch_size),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        current = self.state_dict()
+        changed = [
+            f"{name} {state_dict[name]!r} -> {value!r}"
+            for name, value in current.items()
+            if name != "format" and name in state_dict and state_dict[name] != value
+        ]
+        if changed:
+            rank_zero_warn(
+                "lightning_dataperf: this run's training loader differs from the checkpoint's ("
+                + ", ".join(changed)
+                + "), so the order after the resume is not the one the interrupted run would have had."
+            )
+
+
+def make_resumable(loader: Any, sampler: EpochAwareDistributedSampler) -> LoaderResumeState:
+    """Give ``loader`` (whose sampler is ``sampler``) ``state_dict`` / ``load_state_dict``.
+
+    They are set on this loader object only: a loader Lightning re-creates from its arguments (to
+    replace the sampler) is not stateful, and Lightning warns for it as for any other.
+    """
+    state = LoaderResumeState(sampler, loader.batch_size or 1)
+    loader.state_dict = state.state_dict
+    loader.load_state_dict = state.load_state_dict
+    return state

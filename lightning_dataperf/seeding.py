@@ -10,6 +10,18 @@ Persistent workers live across epochs, so the epoch reaches them through shared 
 (:class:`SharedEpoch`): on the first sample of a new epoch a worker reseeds itself and calls the
 dataset's ``set_epoch(epoch)`` if it has one (in the worker's own copy of the dataset).
 
+With ``num_workers=0`` the dataset runs in the training process, whose generators also serve the
+model (dropout) and everything else, so the draws after a resume depend on what ran before it.
+:func:`seed_batches_in_main_process` makes such a loader's iterator fetch each batch under
+``random``, NumPy and torch CPU generators seeded from ``(seed, epoch, rank, batch index)`` and put
+the training process's own states back afterwards: a resumed run (also mid-epoch) draws exactly what
+the uninterrupted run drew, and model-side randomness never sees the dataset's draws. Cost: one
+save, seed and restore of the three generators per batch, independent of the batch size: about
+0.16 ms per batch on a 2-core CPU machine, 0.14 ms of it NumPy's ``get_state``/``set_state`` (an
+in-memory ``TensorDataset`` of 64-sample batches went from 0.17 to 0.33 ms per batch; a dataset
+that decodes or augments takes milliseconds per sample). Loaders with workers are not affected. The CUDA generators are
+neither seeded nor restored (a dataset that draws on CUDA in ``__getitem__`` is not covered).
+
 Example::
 
     shared = SharedEpoch()
@@ -20,21 +32,122 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["EpochSeededWorkerInit", "SharedEpoch", "worker_seed"]
+__all__ = [
+    "EpochSeededWorkerInit",
+    "SharedEpoch",
+    "batch_seed",
+    "main_process_seeded",
+    "seed_batches_in_main_process",
+    "worker_seed",
+]
+
+#: Returns ``(epoch, batches already consumed in that epoch)`` when an iterator starts (sampler.Position).
+Position = Callable[[], tuple[int, int]]
 
 
 def worker_seed(seed: int, epoch: int, rank: int, worker_id: int) -> int:
     """A 64-bit seed that depends only on its four inputs."""
     digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}/{worker_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
+
+
+def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
+    """A 64-bit seed for batch ``batch`` of ``epoch`` on ``rank``, fetched in the main process.
+
+    Its key never equals a worker's (:func:`worker_seed`), so the two kinds of streams do not collide.
+    """
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}/batch/{batch}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@contextlib.contextmanager
+def main_process_seeded(seed: int) -> Iterator[None]:
+    """Within the block ``random``, NumPy's global generator and torch's CPU generator start from
+    ``seed``; afterwards each is back in the state it had before (also when the block raises)."""
+    try:
+        import numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        numpy = None  # type: ignore[assignment]
+    python_state = random.getstate()
+    torch_state = torch.default_generator.get_state()
+    numpy_state = None if numpy is None else numpy.random.get_state()
+    try:
+        random.seed(seed)
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
+        if numpy is not None:
+            numpy.random.seed(seed % 2**32)
+        yield
+    finally:
+        random.setstate(python_state)
+        torch.default_generator.set_state(torch_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+class _SeededBatches:
+    """A DataLoader iterator whose every ``next()`` (sampling, ``__getitem__``, collate) runs seeded."""
+
+    def __init__(self, inner: Iterator[Any], seed: int, rank: int, position: Position) -> None:
+        self._inner, self._seed, self._rank, self._position = inner, seed, rank, position
+        self._epoch: int | None = None
+        self._batch = 0
+
+    def __iter__(self) -> _SeededBatches:
+        return self
+
+    def __next__(self) -> Any:
+        if self._epoch is None:  # the sampler reads the same position inside this first next()
+            self._epoch, self._batch = self._position()
+        with main_process_seeded(batch_seed(self._seed, self._epoch, self._rank, self._batch)):
+            batch = next(self._inner)
+        self._batch += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped iterator's own attributes
+        if name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+_SEEDED_LOADERS: dict[type, type] = {}
+
+
+def seed_batches_in_main_process(loader: Any, seed: int, rank: int, position: Position) -> None:
+    """Make every iterator of ``loader`` (``num_workers=0``) fetch batch ``b`` of epoch ``e`` seeded
+    from ``batch_seed(seed, e, rank, b)``, where ``position()`` gives ``(e, first b)`` when it starts.
+
+    ``iter()`` looks ``__iter__`` up on the type, so the loader's class is swapped for a subclass
+    (same name) that wraps its iterators; a copy Lightning re-creates from the loader's arguments
+    iterates unseeded.
+    """
+    base = type(loader)
+    if base not in _SEEDED_LOADERS.values():
+        seeded = _SEEDED_LOADERS.get(base)
+        if seeded is None:
+            seeded = _SEEDED_LOADERS[base] = _make_seeded_loader(base)
+        loader.__class__ = seeded
+    loader._dataperf_batch_seeding = (seed, rank, position)
+
+
+def _make_seeded_loader(base: type) -> type:
+    def __iter__(self: Any) -> Any:  # noqa: N807
+        iterator = base.__iter__(self)
+        seeding = self.__dict__.get("_dataperf_batch_seeding")
+        return iterator if seeding is None else _SeededBatches(iterator, *seeding)
+
+    return type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
 
 
 def seed_everything_here(seed: int) -> None:

@@ -276,3 +276,50 @@ def reference(data: bytes, box, flip: bool, size: int) -> torch.Tensor:
     crop = rgb[None, :, top : top + height, left : left + width].float()
     out = torch.nn.functional.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False)[0]
     return out.flip(-1) if flip else out
+
+
+class DrawingDataset(Dataset):
+    """Sample ``i`` is ``[i, random.random(), torch.rand(1), numpy.random.random()]``: one draw from each of
+    the three global generators an augmentation may use (``[i, 0, 0, 0]`` with ``draws=False``)."""
+
+    def __init__(self, length: int, draws: bool = True) -> None:
+        self.length, self.draws = length, draws
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        import numpy
+
+        if not self.draws:
+            return torch.tensor([float(index), 0.0, 0.0, 0.0], dtype=torch.float64)
+        values = [float(index), random.random(), torch.rand(1).item(), float(numpy.random.random())]
+        return torch.tensor(values, dtype=torch.float64)
+
+
+class DrawingData(TunedDataModule):
+    def __init__(self, length=30, batch_size=4, workers=0, draws=True, **kwargs):
+        super().__init__(**kwargs)
+        self.length, self.batch_size, self.workers, self.draws = length, batch_size, workers, draws
+
+    def train_dataloader(self):
+        dataset = DrawingDataset(self.length, self.draws)
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=True, num_workers=self.workers)
+
+
+class DrawingModel(pl.LightningModule):
+    """Records ``(epoch, index, draws...)`` per training sample and one ``torch.rand`` per step (model side)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(1, 1)
+        self.rows: list[tuple[float, ...]] = []
+        self.model_draws: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        self.rows.extend((self.current_epoch, *row) for row in batch.tolist())
+        self.model_draws.append(torch.rand(1).item())
+        return self.layer(batch[:, :1].float()).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)

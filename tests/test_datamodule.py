@@ -3,22 +3,37 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import warnings
 
 import lightning.pytorch as pl
+import numpy
 import pytest
-from helpers import IndexData, IndexedDataset, RecordingModel, fake_hardware, trainer_kwargs
-from lightning.pytorch.callbacks import ModelCheckpoint
+import torch
+from helpers import (
+    DrawingData,
+    DrawingModel,
+    IndexData,
+    IndexedDataset,
+    RecordingModel,
+    fake_hardware,
+    trainer_kwargs,
+)
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import TunedDataModule, article_settings, recommend_loader_settings
 from lightning_dataperf.hardware import StorageInfo
 from lightning_dataperf.policy import check_loader_kwargs
+from lightning_dataperf.sampler import EpochAwareDistributedSampler, LoaderResumeState
+from lightning_dataperf.seeding import batch_seed, main_process_seeded, worker_seed
+
+NOT_RESUMABLE = "your dataloader is not resumable"
 
 
-def fit(tmp_path, datamodule, epochs=3, ckpt_path=None, every_n_train_steps=None):
-    model = RecordingModel()
-    callbacks = []
+def fit(tmp_path, datamodule, epochs=3, ckpt_path=None, every_n_train_steps=None, model=None, callbacks=()):
+    model = RecordingModel() if model is None else model
+    callbacks = list(callbacks)
     if every_n_train_steps:
         callbacks.append(ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=every_n_train_steps, save_top_k=-1))
     options = trainer_kwargs(tmp_path, enable_checkpointing=bool(every_n_train_steps), num_sanity_val_steps=0)
@@ -83,7 +98,9 @@ def test_user_values_win_and_the_policy_fills_the_rest(tmp_path, capsys):
     (val,) = datamodule.loader_plans["val"]
     assert val.chosen["num_workers"] == datamodule.loader_settings.num_workers
     assert val.chosen["pin_memory"] is False  # no CUDA here
-    assert "TunedDataModule [train]" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "TunedDataModule [train]" in printed and "num_workers=0: each batch is fetched with" in printed
+    assert not val.notes, "evaluation loaders are left unseeded"
     loader = datamodule.train_dataloader()
     assert loader.num_workers == 0 and loader.pin_memory is False
 
@@ -105,8 +122,7 @@ def test_new_order_each_epoch_and_identical_rerun(tmp_path, workers):
     assert sorted(order(first, 0)) == list(range(30)), "every sample exactly once per epoch"
     assert order(first, 0) != order(first, 1) != order(first, 2)
     assert [row[:3] for row in first.rows] == [row[:3] for row in again.rows], "same seed: same order"
-    if workers:  # in the main process the draws are the user's RNG (seed_everything), not ours
-        assert first.rows == again.rows, "same seed: same augmentation draws in the workers"
+    assert first.rows == again.rows, "same seed: same draws (workers or main process)"
     assert order(first, 0) != order(other, 0)
     assert [row[2] for row in first.rows] == [row[0] for row in first.rows], "the dataset knows the epoch"
 
@@ -122,8 +138,110 @@ def test_resume_yields_the_uninterrupted_order(tmp_path, workers, checkpoint, do
     )
     assert order(resumed, 1) == order(full, 1)[4 * done_in_epoch_1 :], "remaining batches, not a replay"
     assert order(resumed, 2) == order(full, 2)
-    if workers:
-        assert draws(resumed, 2) == draws(full, 2), "worker streams are keyed by epoch, not by history"
+    assert draws(resumed, 2) == draws(full, 2), "streams are keyed by epoch (and batch), not by history"
+    if not workers:  # workers restart their round-robin at the resumed batch (README, Limitations)
+        assert draws(resumed, 1) == draws(full, 1)[4 * done_in_epoch_1 :], "main-process batches are seeded"
+
+
+class StopAtStep(Callback):
+    """Stops the run (as a crash would) before the batch that would make ``step`` optimizer steps + 1."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise RuntimeError("stopped mid-epoch")
+
+
+def test_main_process_draws_after_a_mid_epoch_resume_are_the_uninterrupted_ones(tmp_path):
+    """num_workers=0: random, torch and NumPy draws in __getitem__ are exact after a resume."""
+    full = fit(tmp_path / "full", DrawingData(seed=5, verbose=False), epochs=2, model=DrawingModel())
+    stopped = DrawingModel()
+    with pytest.raises(RuntimeError, match="stopped mid-epoch"):
+        fit(tmp_path / "stopped", DrawingData(seed=5, verbose=False), 2, None, 1, stopped, [StopAtStep(13)])
+    random.random(), torch.rand(3), numpy.random.random()  # the resumed process's generators differ anyway
+    resumed = fit(
+        tmp_path / "resumed",
+        DrawingData(seed=5, verbose=False),
+        epochs=2,
+        ckpt_path=tmp_path / "stopped" / "ckpt" / "epoch=1-step=13.ckpt",
+        model=DrawingModel(),
+    )
+    assert len(stopped.rows) == 8 * 4 - 2 + 5 * 4, "stopped after 5 of epoch 1's 8 batches"
+    assert stopped.rows + resumed.rows == full.rows, "the same (epoch, index, draws) for every sample"
+    assert len({row[2] for row in full.rows}) == len(full.rows), "every batch and sample draws anew"
+
+
+def test_main_process_seeding_leaves_the_training_generators_alone(tmp_path):
+    """The model's own draws do not depend on what the dataset draws."""
+    pl.seed_everything(7)
+    drawing = fit(tmp_path / "a", DrawingData(seed=5, verbose=False), epochs=2, model=DrawingModel())
+    pl.seed_everything(7)
+    quiet = fit(tmp_path / "b", DrawingData(seed=5, draws=False, verbose=False), epochs=2, model=DrawingModel())
+    assert drawing.model_draws == quiet.model_draws
+    assert [row[:2] for row in drawing.rows] == [row[:2] for row in quiet.rows]
+
+
+def test_main_process_seeded_restores_each_generator():
+    before = (random.getstate(), torch.get_rng_state(), numpy.random.get_state()[1].copy())
+    seed = batch_seed(5, 1, 0, 3)
+    with main_process_seeded(seed):
+        first = (random.random(), torch.rand(1).item(), numpy.random.random())
+    with main_process_seeded(seed):
+        assert (random.random(), torch.rand(1).item(), numpy.random.random()) == first
+    with pytest.raises(KeyError), main_process_seeded(seed):
+        raise KeyError("restored also when the fetch raises")
+    assert random.getstate() == before[0] and torch.equal(torch.get_rng_state(), before[1])
+    assert (numpy.random.get_state()[1] == before[2]).all()
+    assert len({batch_seed(5, epoch, rank, batch) for epoch in (0, 1) for rank in (0, 1) for batch in (0, 1)}) == 8
+
+
+def resume_warnings(tmp_path, datamodule):
+    fit(tmp_path / "full", datamodule, epochs=2, every_n_train_steps=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(tmp_path / "resumed", datamodule, epochs=2, ckpt_path=tmp_path / "full" / "ckpt" / "epoch=1-step=13.ckpt")
+    return [str(warning.message) for warning in caught]
+
+
+class PlainData(pl.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(IndexedDataset(30), batch_size=4, shuffle=True)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_lightning_does_not_call_a_tuned_loader_unresumable(tmp_path, workers):
+    messages = resume_warnings(tmp_path, IndexData(workers=workers, seed=5, verbose=False))
+    assert not [message for message in messages if NOT_RESUMABLE in message]
+    assert not [message for message in messages if "lightning_dataperf" in message]
+
+
+def test_lightning_still_warns_for_a_plain_loader_resumed_mid_epoch(tmp_path):
+    messages = resume_warnings(tmp_path, PlainData())
+    assert [message for message in messages if NOT_RESUMABLE in message]
+
+
+def test_resuming_with_a_different_loader_says_what_changed(tmp_path):
+    fit(tmp_path / "full", IndexData(workers=0, seed=5, verbose=False), epochs=2, every_n_train_steps=1)
+    with pytest.warns(UserWarning, match=r"seed 5 -> 6, dataset_length 30 -> 31\), so the order after the resume"):
+        fit(
+            tmp_path / "resumed",
+            IndexData(length=31, workers=0, seed=6, verbose=False),
+            epochs=2,
+            ckpt_path=tmp_path / "full" / "ckpt" / "epoch=1-step=13.ckpt",
+        )
+    state = LoaderResumeState(EpochAwareDistributedSampler(list(range(10)), num_replicas=1, rank=0), 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state.load_state_dict(state.state_dict())
+
+
+def test_worker_streams_are_still_keyed_by_seed_epoch_rank_and_worker(tmp_path):
+    model = fit(tmp_path, IndexData(workers=2, seed=5, verbose=False), epochs=1)
+    streams = [random.Random(worker_seed(5, 0, 0, worker)) for worker in (0, 1)]
+    expected = [streams[(position // 4) % 2].random() for position in range(30)]  # batches go round-robin
+    assert draws(model, 0) == torch.tensor(expected).tolist()  # the samples are float32
 
 
 def test_workers_never_share_a_random_stream(tmp_path):
