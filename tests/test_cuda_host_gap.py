@@ -1,0 +1,44 @@
+"""Host gap on a real GPU: a step that makes the GPU wait for the host is split into busy time and gap."""
+
+import time
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers import sleepy_loader, trainer_kwargs
+
+from lightning_dataperf import DataPerfCallback
+from lightning_dataperf.host_gap import HostGapProbe
+from lightning_dataperf.testing import calibrate_cuda_sleep
+
+pytestmark = pytest.mark.cuda
+
+
+class LateLaunch(pl.LightningModule):
+    """2 ms of GPU work, 6 ms of host time before the next launch, 2 ms more: busy 4 ms, gap ~4 ms."""
+
+    def __init__(self, cycles_per_ms: float) -> None:
+        super().__init__()
+        self.cycles = int(2.0 * cycles_per_ms)
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        torch.cuda._sleep(self.cycles)
+        time.sleep(0.006)
+        torch.cuda._sleep(self.cycles)
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_probe_splits_the_device_span_into_busy_and_gap(tmp_path):
+    perf = DataPerfCallback(print_summary=False, host_gap_probe=HostGapProbe(start_step=5, steps=6))
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path, accelerator="cuda"))
+    trainer.fit(LateLaunch(calibrate_cuda_sleep()), sleepy_loader(8 * 20, 8, 0.0))
+    gap = perf.last_summary.host_gap
+    assert gap is not None and gap.steps == 6
+    assert gap.gpu_busy_s == pytest.approx(0.004, rel=0.3), gap  # the two sleeps (plus the small layer's kernels)
+    assert gap.host_gap_s == pytest.approx(0.004, rel=0.4), gap  # the host's 6 ms less the first kernel's 2 ms
+    assert perf.last_diagnosis.findings, perf.last_diagnosis.format()
+    assert "host_bound" in [finding.kind for finding in perf.last_diagnosis.findings], perf.last_diagnosis.format()
