@@ -164,15 +164,44 @@ def row(name: str, expected: str, before: dict, after: dict | None = None, note:
     return result
 
 
+def guarded(name: str, make: object) -> list[dict]:
+    """One row's runs; a failure is recorded as the row's result instead of ending the benchmark."""
+    try:
+        made = make()
+        return made if isinstance(made, list) else [made]
+    except Exception as error:
+        print(f"\n=== {name}: FAILED {type(error).__name__}: {error}", flush=True)
+        return [
+            {
+                "row": name,
+                "expected": "",
+                "verdict": f"error: {error}",
+                "right": False,
+                "before_sps": 0.0,
+                "after_sps": None,
+                "predicted": None,
+                "measured": None,
+            }
+        ]
+
+
 def rows_cuda(cycles: float, selected: set[str]) -> list[dict]:
-    results = []
-    if "zero_workers" in selected:  # 8 x 2 ms per batch in the training process, 6 ms of GPU work
+    results: list[dict] = guarded("jpeg", jpeg_rows) if "jpeg" in selected else []
+
+    def zero_workers() -> list[dict]:  # 8 x 2 ms per batch in the training process, 6 ms of GPU work
+        local: list[dict] = []
         before = run(GpuSleepModel(6.0, cycles), DataLoader(Samples(8 * 200, 2.0), batch_size=8), batches=120)
         workers = advised_workers(before["diagnosis"]) or 4
         loader = DataLoader(Samples(8 * 200, 2.0), batch_size=8, num_workers=workers, persistent_workers=True)
         after = run(GpuSleepModel(6.0, cycles), loader, batches=120)
-        results.append(row("zero_workers", "input_bound_workers", before, after, f"applied num_workers={workers}"))
-    if "io_latency" in selected:  # 20 ms of latency per sample, 2 workers, 10 ms of GPU work
+        local.append(row("zero_workers", "input_bound_workers", before, after, f"applied num_workers={workers}"))
+        return local
+
+    if "zero_workers" in selected:
+        results += guarded("zero_workers", zero_workers)
+
+    def io_latency() -> list[dict]:  # 20 ms of latency per sample, 2 workers, 10 ms of GPU work
+        local: list[dict] = []
 
         def latency_loader(workers: int) -> DataLoader:
             return DataLoader(Samples(8 * 400, 20.0), batch_size=8, num_workers=workers, persistent_workers=True)
@@ -180,8 +209,14 @@ def rows_cuda(cycles: float, selected: set[str]) -> list[dict]:
         before = run(GpuSleepModel(10.0, cycles), latency_loader(2), batches=60)
         workers = advised_workers(before["diagnosis"]) or 4
         after = run(GpuSleepModel(10.0, cycles), latency_loader(workers), batches=60)
-        results.append(row("io_latency", "input_bound_workers", before, after, f"applied num_workers={workers}"))
-    if "cpu_heavy" in selected:  # busy CPU work at the full CPU budget: more workers measured to give nothing
+        local.append(row("io_latency", "input_bound_workers", before, after, f"applied num_workers={workers}"))
+        return local
+
+    if "io_latency" in selected:
+        results += guarded("io_latency", io_latency)
+
+    def cpu_heavy() -> list[dict]:  # busy CPU work at the full CPU budget: more workers measured to give nothing
+        local: list[dict] = []
 
         def busy_loader(workers: int) -> DataLoader:
             return DataLoader(
@@ -190,15 +225,27 @@ def rows_cuda(cycles: float, selected: set[str]) -> list[dict]:
 
         before = run(GpuSleepModel(2.0, cycles), busy_loader(15), batches=60)
         after = run(GpuSleepModel(2.0, cycles), busy_loader(16), batches=60)
-        results.append(
+        local.append(
             row("cpu_heavy_full_budget", "input_bound_cpu", before, after, "16 workers tried: expected no gain")
         )
-    if "tiny_batches" in selected:
+        return local
+
+    if "cpu_heavy" in selected:
+        results += guarded("cpu_heavy", cpu_heavy)
+
+    def tiny_batches() -> list[dict]:
+        local: list[dict] = []
         before = run(
             GpuSleepModel(0.2, cycles), DataLoader(Samples(2000), batch_size=1), batches=300, callbacks=(HostWork(),)
         )
-        results.append(row("tiny_batches_host_work", "host_bound", before))
-    if "pageable" in selected:  # 64 MB float batches from pageable memory, stock copy
+        local.append(row("tiny_batches_host_work", "host_bound", before))
+        return local
+
+    if "tiny_batches" in selected:
+        results += guarded("tiny_batches", tiny_batches)
+
+    def pageable() -> list[dict]:  # 64 MB float batches from pageable memory, stock copy
+        local: list[dict] = []
 
         def big(pin: bool) -> DataLoader:
             return DataLoader(
@@ -207,19 +254,37 @@ def rows_cuda(cycles: float, selected: set[str]) -> list[dict]:
 
         before = run(BigModel(3.0, cycles), big(False), batches=30)
         after = run(BigModel(3.0, cycles), big(True), batches=30, strategy=SideStreamStrategy())
-        results.append(row("pageable_transfer", "transfer_bound", before, after, "applied pin_memory + side_stream"))
-    if "compute" in selected:
+        local.append(row("pageable_transfer", "transfer_bound", before, after, "applied pin_memory + side_stream"))
+        return local
+
+    if "pageable" in selected:
+        results += guarded("pageable", pageable)
+
+    def compute() -> list[dict]:
+        local: list[dict] = []
         before = run(GpuSleepModel(20.0, cycles), DataLoader(Samples(8 * 100), batch_size=8, num_workers=2), batches=60)
-        results.append(row("compute_bound", "compute_bound", before))
-    if "stall" in selected:
+        local.append(row("compute_bound", "compute_bound", before))
+        return local
+
+    if "compute" in selected:
+        results += guarded("compute", compute)
+
+    def stall() -> list[dict]:
+        local: list[dict] = []
         loader = DataLoader(Samples(8 * 300, stall_at=8 * 150), batch_size=8, num_workers=0)
         before = run(GpuSleepModel(5.0, cycles), loader, batches=300)
-        results.append(row("one_long_stall", "stall", before))
-    if "short_epoch" in selected:
+        local.append(row("one_long_stall", "stall", before))
+        return local
+
+    if "stall" in selected:
+        results += guarded("stall", stall)
+
+    def short_epoch() -> list[dict]:
+        local: list[dict] = []
         loader = DataLoader(Samples(8 * 12), batch_size=8, num_workers=4)  # 12 steps, workers restarted
         before = run(GpuSleepModel(5.0, cycles), loader, batches=12)
         text = before["diagnosis"].format()
-        results.append(
+        local.append(
             row(
                 "short_single_epoch",
                 "epoch_start",
@@ -227,8 +292,11 @@ def rows_cuda(cycles: float, selected: set[str]) -> list[dict]:
                 note="persistent_workers advised" if "persistent_workers" in text else "no persistent_workers advice",
             )
         )
-    if "jpeg" in selected:
-        results.extend(jpeg_rows())
+        return local
+
+    if "short_epoch" in selected:
+        results += guarded("short_epoch", short_epoch)
+
     return results
 
 

@@ -27,9 +27,6 @@ from typing import Any
 
 __all__ = ["HostGapProbe", "HostGapStats", "split_device_span"]
 
-#: Kernel-like device activity: what keeps the GPU busy.
-_DEVICE_WORK = ("kernel", "memcpy", "memset")
-
 
 @dataclass(frozen=True)
 class HostGapStats:
@@ -138,13 +135,13 @@ class HostGapProbe:
         return profiler
 
     def _finish(self) -> HostGapStats | None:
-        profiler = self._stop()
         try:
-            events = list(profiler.profiler.kineto_results.events())
-        except Exception as error:
+            profiler = self._stop()
+            return _stats(list(profiler.profiler.kineto_results.events()), self._windows, self.start_step)
+        except Exception as error:  # a profiler this code does not know: say so once, never stop training
             self.disabled = f"profiler results unreadable ({type(error).__name__}: {error})"
+            warnings.warn(f"DataPerf host-gap probe is off: {self.disabled}.", stacklevel=3)
             return None
-        return _stats(events, self._windows, self.start_step)
 
 
 def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -> HostGapStats | None:
@@ -153,14 +150,11 @@ def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -
     device: list[tuple[int, int, int]] = []  # (correlation id, start, end) of device work
     for event in events:
         name = event.name()
-        if str(event.device_type()).endswith("CPU"):
-            if "Launch" in name or "Memcpy" in name or "Memset" in name:
-                launches[event.correlation_id()] = event.start_ns()
-        elif any(kind in str(event.activity_type()).lower() for kind in _DEVICE_WORK) or "CUDA" in str(
-            event.device_type()
-        ):
+        if str(event.device_type()).endswith("CUDA"):  # work on the GPU: kernels, copies, memsets
             start = event.start_ns()
             device.append((event.correlation_id(), start, start + event.duration_ns()))
+        elif "Launch" in name or "Memcpy" in name or "Memset" in name:  # the runtime call that queued it
+            launches[event.correlation_id()] = event.start_ns()
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
     for correlation, start, end in device:
         launched = launches.get(correlation)
