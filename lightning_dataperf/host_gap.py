@@ -8,8 +8,10 @@ profiler (CUDA activity only: kernels, copies and the runtime calls that launche
 kernel to the step whose host window launched it, and splits each step's device span (first to last
 of its kernels) into GPU busy time (the union of its kernels' intervals) and host gap (the rest).
 
-The probe costs the steps it records a little host time per launch (CUPTI), and stopping the profiler
-waits for the GPU once; the step after the probe is therefore left out of the step-time figures.
+The profiler starts one step early (CUPTI's set-up lands in that warm-up step, not in a recorded one);
+it costs the recorded steps a little host time per launch, and stopping it waits for the GPU once. The
+warm-up step, the recorded steps and the one after them (:attr:`HostGapProbe.covered`) are therefore
+left out of the epoch's step figures.
 
 Example::
 
@@ -89,16 +91,26 @@ class HostGapProbe:
     def active(self) -> bool:
         return self._profiler is not None
 
+    @property
+    def active_this_epoch(self) -> bool:
+        """Whether the profiler ran (or runs) in this epoch."""
+        return self._profiler is not None or self._result is not None or bool(self._windows)
+
     def reset_epoch(self) -> None:
         self._stop()
         self._windows, self._open, self._result = [], None, None
 
+    @property
+    def covered(self) -> range:
+        """The steps of an epoch whose figures the probe disturbs: its warm-up, the recorded ones, the next."""
+        return range(max(0, self.start_step - 1), self.start_step + self.steps + 1)
+
     def step_started(self, step: int) -> None:
         if self.disabled is not None:
             return
-        if step == self.start_step and self._profiler is None and self._result is None:
+        if step == max(0, self.start_step - 1) and self._profiler is None and self._result is None:
             self._start()
-        if self._profiler is not None:
+        if self._profiler is not None and step >= self.start_step:
             self._open = time.time_ns()
 
     def step_finished(self, step: int) -> bool:

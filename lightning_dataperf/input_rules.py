@@ -30,6 +30,8 @@ SIGNIFICANT_SHARE = 0.10
 SATURATED_BUSY = 0.85
 #: A worker using less CPU than this share of its fair share of the cores is waiting (I/O, sleeps), not computing.
 CPU_SHARE_OF_FAIR = 0.6
+#: ... and, measured in the worker itself: CPU time over wall time in fetch + collate below this is waiting.
+FETCH_CPU_WAITING = 0.3
 #: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 
@@ -114,9 +116,13 @@ def _cause(evidence: Evidence) -> _Cause:
 def _waiting_not_computing(evidence: Evidence) -> bool:
     """Busy in ``__getitem__`` but using little CPU there: the time goes to I/O latency or sleeps.
 
-    On a saturated machine a CPU-bound worker gets only its fair share of a core (``100 * C / R`` % with
-    ``R`` runnable tasks on ``C`` CPUs), so its CPU% is compared with that share, not with 100%.
+    Measured in the workers (their threads' CPU time over wall time in fetch + collate) where possible.
+    Otherwise from process CPU%: on a saturated machine a CPU-bound worker gets only its fair share of a
+    core (``100 * C / R`` % with ``R`` runnable tasks on ``C`` CPUs), so it is compared with that share.
     """
+    inside = evidence.summary.loader
+    if inside is not None and (ratio := inside.cpu_fraction) is not None:
+        return ratio < FETCH_CPU_WAITING
     cpu = evidence.system.worker_cpu_percent_mean
     if cpu is None:
         return False
@@ -214,10 +220,15 @@ def _latency_bound(evidence: Evidence) -> _Cause:
     step, compute = _step_and_compute(evidence)
     more = workers * 2
     predicted = max(compute or 0.0, (step or 0.0) * workers / more)
-    cpu = evidence.system.worker_cpu_percent_mean or 0.0
+    ratio = inside.cpu_fraction
+    computing = (
+        f"compute only {100 * ratio:.0f}% of that time"
+        if ratio is not None
+        else f"use only {evidence.system.worker_cpu_percent_mean or 0.0:.0f}% of a core each"
+    )
     advice = [
-        f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time in __getitem__ but use only "
-        f"{cpu:.0f}% of a core each: they wait (I/O latency, remote storage, sleeps), so more of them overlap the "
+        f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time loading batches but {computing}: "
+        "they wait (I/O latency, remote storage, sleeps), so more of them overlap the "
         f"waits: raise num_workers from {workers} to {more}"
         + _gain(step, predicted)
         + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",

@@ -40,6 +40,7 @@ from lightning_dataperf.lookahead import add_iterator_wrapper
 __all__ = ["BatchTiming", "LoaderProbe", "TimedBatch", "instrument"]
 
 _now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable between the workers and the main process
+_cpu = time.thread_time  # this thread's CPU time: what the fetch computed, apart from what it waited
 #: Records kept when nobody reads them (bounded so that they cannot pile up).
 MAX_RECORDS = 65536
 
@@ -52,6 +53,7 @@ class BatchTiming:
         worker: the worker's id, or -1 for the main process (``num_workers=0``).
         samples: samples fetched for the batch.
         fetch_s: time in the dataset's ``__getitem__``/``__getitems__`` for this batch.
+        work_cpu_s: CPU time the worker's thread spent in the fetch and the collate (far below their time: it waited).
         collate_s: time in ``collate_fn``.
         busy_s / alive_s: the worker's fetch + collate time so far, and its wall time since its first fetch.
         produced_at: when the collate ended (``perf_counter``).
@@ -66,6 +68,7 @@ class BatchTiming:
     busy_s: float
     alive_s: float
     produced_at: float
+    work_cpu_s: float = 0.0
     pin_s: float = 0.0
     requested_at: float = 0.0
     received_at: float = 0.0
@@ -96,23 +99,25 @@ class _WorkerClock:
         self.pid = os.getpid()
         self.first_fetch: float | None = None
         self.fetch = 0.0
+        self.work_cpu = 0.0
         self.samples = 0
         self.busy = 0.0
 
-    def fetched(self, started: float, ended: float, samples: int) -> None:
+    def fetched(self, started: float, ended: float, samples: int, cpu: float) -> None:
         if self.first_fetch is None:
             self.first_fetch = started
         self.fetch += ended - started
+        self.work_cpu += cpu
         self.samples += samples
 
-    def batch_done(self, collate_s: float, ended: float) -> BatchTiming:
-        fetch, samples = self.fetch, self.samples
-        self.fetch, self.samples = 0.0, 0
+    def batch_done(self, collate_s: float, collate_cpu: float, ended: float) -> BatchTiming:
+        fetch, samples, work_cpu = self.fetch, self.samples, self.work_cpu + collate_cpu
+        self.fetch, self.samples, self.work_cpu = 0.0, 0, 0.0
         self.busy += fetch + collate_s
         first = self.first_fetch if self.first_fetch is not None else ended - collate_s
         info = get_worker_info()
         worker = -1 if info is None else info.id
-        return BatchTiming(worker, samples, fetch, collate_s, self.busy, ended - first, ended)
+        return BatchTiming(worker, samples, fetch, collate_s, self.busy, ended - first, ended, work_cpu)
 
 
 _CLOCK: _WorkerClock | None = None
@@ -132,19 +137,19 @@ class TimedDataset(Dataset):
         self.dataset = dataset
 
     def __getitem__(self, index: Any) -> Any:
-        started = _now()
+        started, cpu = _now(), _cpu()
         try:
             return self.dataset[index]
         finally:
-            _clock().fetched(started, _now(), 1)
+            _clock().fetched(started, _now(), 1, _cpu() - cpu)
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
-        started = _now()
+        started, cpu = _now(), _cpu()
         try:
             many = getattr(self.dataset, "__getitems__", None)
             return list(many(indices)) if many else [self.dataset[index] for index in indices]
         finally:
-            _clock().fetched(started, _now(), len(indices))
+            _clock().fetched(started, _now(), len(indices), _cpu() - cpu)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -176,10 +181,10 @@ class TimedCollate:
         self.collate_fn = collate_fn
 
     def __call__(self, samples: Any) -> TimedBatch:
-        started = _now()
+        started, cpu = _now(), _cpu()
         batch = self.collate_fn(samples)
         ended = _now()
-        return TimedBatch(batch, _clock().batch_done(ended - started, ended))
+        return TimedBatch(batch, _clock().batch_done(ended - started, _cpu() - cpu, ended))
 
 
 class LoaderProbe:

@@ -30,6 +30,7 @@ class LoaderStats:
         batches: batches the figures cover.
         samples: mean samples per batch.
         fetch_s: time in the dataset's ``__getitem__``/``__getitems__`` per batch (in the worker).
+        work_cpu_s: the worker thread's CPU time in the fetch and collate per batch (the rest was waiting).
         collate_s: time in ``collate_fn`` per batch (in the worker).
         pin_s: time in the pin thread per batch.
         worker_wait_s: per batch, how long the training process waited for a batch still being made.
@@ -52,6 +53,15 @@ class LoaderStats:
     busy_fraction: float | None = None
     busy_min: float | None = None
     busy_max: float | None = None
+    work_cpu_s: float = 0.0
+
+    @property
+    def cpu_fraction(self) -> float | None:
+        """CPU over wall time of the workers' fetch + collate: ~1 computing, ~0 waiting (I/O, sleeps).
+
+        Lower than 1 also when computing workers time-share too few cores. ``None`` when not measured.
+        """
+        return self.work_cpu_s / self.work_s if self.work_s > 0 and self.work_cpu_s > 0 else None
 
     @property
     def work_s(self) -> float:
@@ -90,6 +100,7 @@ class LoaderStats:
             busy_fraction=sum(busy) / len(busy) if busy else None,
             busy_min=min(busy) if busy else None,
             busy_max=max(busy) if busy else None,
+            work_cpu_s=mean("work_cpu_s"),
         )
 
     def to_metrics(self, prefix: str = "") -> dict[str, float]:
@@ -102,6 +113,8 @@ class LoaderStats:
         }
         if self.busy_fraction is not None:
             metrics[f"{prefix}{PREFIX}busy_fraction"] = self.busy_fraction
+        if (ratio := self.cpu_fraction) is not None:
+            metrics[f"{prefix}{PREFIX}cpu_fraction"] = ratio
         return metrics
 
     def format(self) -> str:

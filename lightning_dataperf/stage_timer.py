@@ -50,10 +50,15 @@ class StageTimer:
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
-        done = self.clock.completed()
+        self._take(self.clock.completed())
+        self._collect_batches()
+
+    def _take(self, done: list[StepTiming]) -> None:
+        if self.host_gap is not None and self.host_gap.active_this_epoch:
+            covered = self.host_gap.covered  # steps the profiler slowed down: not steady state
+            done = [timing for timing in done if timing.step not in covered]
         self.window.extend(done)
         self.accumulator.update(done)
-        self._collect_batches()
 
     def _collect_batches(self) -> None:
         for probe in self.probes:
@@ -101,9 +106,7 @@ class StageTimer:
 
     def finish_epoch(self) -> None:
         """Take every outstanding step (waits once for the last one's end event)."""
-        done = self.clock.flush()
-        self.window.extend(done)
-        self.accumulator.update(done)
+        self._take(self.clock.flush())
         self._collect_batches()
         self.active = False
 

@@ -33,7 +33,7 @@ def test_side_stream_batches_are_exact_and_complete(tmp_path, lookahead, pin_mem
     assert per_epoch == [list(range(64))] * 2
     copies = perf.summaries[-1].copies
     assert copies.copies == 2, "8 batches an epoch, one copy in timing_every=4 timed"
-    assert copies.gbps > 1 and copies.copy_s > 0
+    assert copies.gbps > 0 and copies.copy_s > 0  # 96 KiB copies: latency-bound, well below the link's GB/s
 
 
 @pytest.mark.parametrize("lookahead", [0, 2])

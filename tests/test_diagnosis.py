@@ -127,6 +127,21 @@ def test_saturated_workers_on_spent_cpus_are_not_told_to_add_workers():
     assert "lightning_dataperf.gpu_decode" in advice, "CPU decode on a CUDA machine points to GPU decoding"
 
 
+def test_the_workers_own_cpu_time_decides_computing_from_waiting():
+    # process CPU% reads low for workers that cannot go faster (time-shared cores); their threads' CPU time
+    # loading batches says they compute, so this is CPU-bound, not latency
+    system = SystemStats(worker_cpu_percent_mean=34.0, cpu_busy_percent_mean=99.0)
+    computing = dataclasses.replace(inside(0.99, workers=15), work_cpu_s=0.038)  # 90% of the 42 ms of work
+    measured = dataclasses.replace(INPUT_BOUND, loader=computing)
+    finding = diagnose(Evidence(measured, LoaderFacts(num_workers=15), system, usable_cpus=16)).findings[0]
+    assert finding.kind == "input_bound_cpu", finding.format() if hasattr(finding, "format") else finding
+    waiting = dataclasses.replace(inside(0.99, workers=15), work_cpu_s=0.002)  # 5%: it sleeps on I/O
+    finding = diagnose(
+        Evidence(dataclasses.replace(INPUT_BOUND, loader=waiting), LoaderFacts(num_workers=15), system, usable_cpus=16)
+    ).findings[0]
+    assert finding.kind == "input_bound_workers" and "compute only 5% of that time" in finding.advice[0]
+
+
 def test_busy_workers_that_use_little_cpu_wait_on_latency():
     system = SystemStats(worker_cpu_percent_mean=4.0, cpu_busy_percent_mean=20.0)
     measured = dataclasses.replace(INPUT_BOUND, loader=inside(0.99, workers=4))
