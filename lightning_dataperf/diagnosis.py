@@ -110,6 +110,10 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
     )
 
 
+#: The training thread waiting for a CPU (run queue) for at least this share of the host gap is starved.
+STARVED_SHARE_OF_GAP = 0.3
+
+
 def _host_gap(evidence: Evidence) -> Finding | None:
     """CUDA, from the host-gap probe: inside the step, the GPU waits for kernels the host launches late."""
     gap, step = evidence.summary.host_gap, evidence.step_mean
@@ -125,13 +129,24 @@ def _host_gap(evidence: Evidence) -> Finding | None:
         "profiled_steps": float(gap.steps),
     }
     system, workers, cpus = evidence.system, evidence.loader.num_workers, evidence.usable_cpus
-    runnable = system.runnable_tasks
-    crowded = workers and runnable is not None and cpus is not None and runnable > cpus
+    runnable, queued = system.runnable_tasks, gap.main_runqueue_s
+    if gap.main_cpu_fraction is not None:
+        numbers["main_thread_cpu_fraction"] = gap.main_cpu_fraction
+    if queued is not None:
+        numbers["main_thread_runqueue_ms"] = 1e3 * queued
+    # Starved, measured: the training thread waited on a run queue for a large part of the gap (schedstat),
+    # or more tasks were runnable than CPUs, while loader workers run next to it.
+    starved = queued is not None and queued >= STARVED_SHARE_OF_GAP * gap.host_gap_s
+    crowded = workers and (starved or (runnable is not None and cpus is not None and runnable > cpus))
     if crowded:
-        numbers.update(runnable_tasks=runnable, usable_cpus=float(cpus), num_workers=float(workers))
+        numbers.update(num_workers=float(workers))
+        if runnable is not None and cpus is not None:
+            numbers.update(runnable_tasks=runnable, usable_cpus=float(cpus))
+        queue_words = f"; it waited {1e3 * queued:.1f} ms per step for a CPU" if queued is not None else ""
+        load = f" (runnable tasks {runnable:.0f} on {cpus} usable CPUs)" if runnable is not None else ""
         headline = (
-            f"host-bound: the main thread is starved for CPU by {workers} busy workers (runnable tasks "
-            f"{runnable:.0f} on {cpus} usable CPUs): the GPU waits for it {100 * share:.0f}% of each step"
+            f"host-bound: the main thread is starved for CPU by {workers} busy workers{load}{queue_words}: the "
+            f"GPU waits for it {100 * share:.0f}% of each step"
         )
         advice = [
             f"leave cores for the training process: num_workers <= {max(1, cpus - 2)}, or move decode/augment off "

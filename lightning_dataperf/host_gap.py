@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
@@ -40,6 +41,15 @@ class HostGapStats:
     host_gap_s: float
     first_step: int
 
+    profiled_span_s: float | None = None  # the recorded steps' own span (longer: the profiler costs launches)
+    main_cpu_fraction: float | None = None  # the training thread's CPU time over wall time in the recorded steps
+    main_runqueue_s: float | None = None  # per step, time the training thread was runnable but waited for a CPU
+
+    def with_span(self, span_s: float) -> HostGapStats:
+        """The same busy time within the span of the steps the profiler did not slow down."""
+        gap = max(0.0, span_s - self.gpu_busy_s)
+        return dataclasses.replace(self, span_s=span_s, host_gap_s=gap, profiled_span_s=self.span_s)
+
     @property
     def gap_share(self) -> float:
         return self.host_gap_s / self.span_s if self.span_s > 0 else 0.0
@@ -48,7 +58,7 @@ class HostGapStats:
         last = self.first_step + self.steps - 1
         return (
             f"GPU busy {1e3 * self.gpu_busy_s:.2f} ms + host gap {1e3 * self.host_gap_s:.2f} ms of a "
-            f"{1e3 * self.span_s:.2f} ms step span (profiled steps {self.first_step}-{last})"
+            f"{1e3 * self.span_s:.2f} ms step span (GPU busy from profiled steps {self.first_step}-{last})"
         )
 
 
@@ -84,7 +94,11 @@ class HostGapProbe:
         self.disabled: str | None = None
         self._profiler: Any = None
         self._windows: list[tuple[int, int]] = []  # host (realtime ns) window of each profiled step
+        self._cpu: list[float] = []  # the training thread's CPU seconds in each window
+        self._runqueue: list[float] = []  # its seconds waiting for a CPU in each window (Linux schedstat)
         self._open: int | None = None
+        self._open_cpu = 0.0
+        self._open_runqueue: float | None = None
         self._result: HostGapStats | None = None
 
     @property
@@ -98,7 +112,7 @@ class HostGapProbe:
 
     def reset_epoch(self) -> None:
         self._stop()
-        self._windows, self._open, self._result = [], None, None
+        self._windows, self._cpu, self._runqueue, self._open, self._result = [], [], [], None, None
 
     @property
     def covered(self) -> range:
@@ -111,13 +125,17 @@ class HostGapProbe:
         if step == max(0, self.start_step - 1) and self._profiler is None and self._result is None:
             self._start()
         if self._profiler is not None and step >= self.start_step:
-            self._open = time.time_ns()
+            self._open, self._open_cpu, self._open_runqueue = time.time_ns(), time.thread_time(), _runqueue_wait()
 
     def step_finished(self, step: int) -> bool:
         """Close the step; ``True`` when this ended the probe (the profiler stopped, waiting for the GPU)."""
         if self._profiler is None or self._open is None:
             return False
         self._windows.append((self._open, time.time_ns()))
+        self._cpu.append(time.thread_time() - self._open_cpu)
+        waited = _runqueue_wait()
+        if waited is not None and self._open_runqueue is not None:
+            self._runqueue.append(waited - self._open_runqueue)
         self._open = None
         if len(self._windows) < self.steps:
             return False
@@ -149,11 +167,26 @@ class HostGapProbe:
     def _finish(self) -> HostGapStats | None:
         try:
             profiler = self._stop()
-            return _stats(list(profiler.profiler.kineto_results.events()), self._windows, self.start_step)
+            stats = _stats(list(profiler.profiler.kineto_results.events()), self._windows, self.start_step)
+            wall = sum(closed - opened for opened, closed in self._windows) / 1e9
+            if stats is not None and wall > 0:
+                stats = dataclasses.replace(stats, main_cpu_fraction=min(1.0, sum(self._cpu) / wall))
+            if stats is not None and self._runqueue and any(self._runqueue):
+                stats = dataclasses.replace(stats, main_runqueue_s=sum(self._runqueue) / len(self._runqueue))
+            return stats
         except Exception as error:  # a profiler this code does not know: say so once, never stop training
             self.disabled = f"profiler results unreadable ({type(error).__name__}: {error})"
             warnings.warn(f"DataPerf host-gap probe is off: {self.disabled}.", stacklevel=3)
             return None
+
+
+def _runqueue_wait() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a CPU (``/proc/thread-self/schedstat``)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -> HostGapStats | None:

@@ -96,7 +96,7 @@ def _cause(evidence: Evidence) -> _Cause:
         return _in_main_process(evidence)
     if inside is None or inside.busy_fraction is None:
         return _without_inside(evidence)
-    if inside.busy_fraction >= SATURATED_BUSY:
+    if inside.busy_fraction >= SATURATED_BUSY or _cpus_spent(evidence):
         if _waiting_not_computing(evidence):
             return _latency_bound(evidence)
         return _cpu_bound(evidence)
@@ -111,6 +111,12 @@ def _cause(evidence: Evidence) -> _Cause:
             f"prefetch_factor (now {loader.prefetch_factor}) so ready batches queue up"
         ],
     )
+
+
+def _cpus_spent(evidence: Evidence) -> bool:
+    """No core to spare: the workers (or other work) fill every CPU this rank may use."""
+    workers, cpus, busy = evidence.loader.num_workers, evidence.usable_cpus, evidence.system.cpu_busy_percent_mean
+    return bool(workers and cpus and (workers + 1 >= cpus or (busy is not None and busy >= 90.0)))
 
 
 def _waiting_not_computing(evidence: Evidence) -> bool:
@@ -179,7 +185,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
     busy_pct = 100 * inside.busy_fraction
     spare = _spare_cpus(evidence)
     advice = []
-    spent = spare is None or spare < 1 or (evidence.usable_cpus is not None and workers + 1 >= evidence.usable_cpus)
+    spent = spare is None or spare < 1 or _cpus_spent(evidence)
     if not spent and spare is not None and workers:
         more = workers + int(spare)
         predicted = max(compute or 0.0, (step or 0.0) * workers / more)

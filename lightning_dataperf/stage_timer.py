@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from lightning_dataperf import tags
 from lightning_dataperf.copy_stats import CopyStats, CopyTiming
 from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.loader_probe import BatchTiming, LoaderProbe
@@ -118,6 +119,10 @@ class StageTimer:
         loader = LoaderStats.of(self.batches_epoch)
         self.batches_epoch.clear()
         host_gap = None if self.host_gap is None else self.host_gap.result()
+        if host_gap is not None and (compute := summary.timings.get(tags.COMPUTE)) is not None:
+            # The profiler's own per-launch cost stretches the steps it records; the unrecorded steps' span
+            # (CUDA events, start to end of the step) is the honest span, and the busy time is the kernels'.
+            host_gap = host_gap.with_span(compute.p50)
         return dataclasses.replace(summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap)
 
     def release(self) -> None:
