@@ -398,6 +398,9 @@ class _Search:
             if self.better(trial, best):
                 best = trial
                 continue
+            if runner.remaining <= 0:  # the trial was cut short: it proves nothing
+                self.stop("time budget", f"the time budget ran out measuring {step} workers")
+                return best
             between = (best.num_workers + step) // 2
             if step - best.num_workers >= 3 and runner.remaining > 0:
                 middle = self.measure(between, best.prefetch_factor, best.pin_memory)

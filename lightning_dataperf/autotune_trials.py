@@ -2,13 +2,14 @@
 
 :class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far, the
 memory guard that refuses configurations whose batches in flight would not fit, the bounds of what the
-machine can give (:meth:`TrialRunner.worker_bound`) and the fixed sample order each trial reads a fresh
+machine can give (:meth:`TrialRunner.worker_bounds`) and the fixed sample order each trial reads a fresh
 slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consumer.TransferPath`
 training uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker
-start-up (reported apart as ``startup_s``) and the first round of batches the workers had ready when it
-ended; the trial stops as soon as its rate is known within ``Limits.precision`` (the standard error of
-rounds of ``num_workers`` batches), or at its time or batch cap. Trial loaders draw from their own
-generator and are shut down at once (workers and pin thread); :func:`rng_untouched` restores the global RNGs.
+start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
+(``workers x prefetch``); the trial stops as soon as its rate is known within ``Limits.precision``
+(the standard error of rounds of ``num_workers`` batches), or at its time or batch cap. Trial loaders draw
+from their own generator and are shut down at once (workers and pin thread); :func:`rng_untouched`
+restores the global RNGs.
 
 Example::
 
@@ -152,16 +153,18 @@ def rng_untouched() -> Iterator[None]:
                 numpy.random.set_state(numpy_state)
 
 
-def steady_rate(arrivals: list[float], round_size: int) -> tuple[float, float, int]:
+def steady_rate(arrivals: list[float], round_size: int, skip: int | None = None) -> tuple[float, float, int]:
     """Steady batches/s from batch arrival times, its relative standard error, and the batches it counts.
 
-    ``arrivals[0]`` is the first batch (the end of start-up). The first ``round_size`` batches are the
-    ones the workers had ready together (a burst that says nothing about the steady rate) and are skipped;
-    the rest is cut into rounds of ``round_size`` batches (workers deliver in rounds), whose durations give
-    the standard error. Returns ``(0, inf, 0)`` when there are not enough batches yet.
+    ``arrivals[0]`` is the first batch (the end of start-up). The ``skip`` batches after it (default
+    ``round_size - 1``; a trial passes ``workers x prefetch - 1``) are the ones the workers had queued
+    while the others were still starting (a burst that says nothing about the steady rate); the rest is
+    cut into rounds of ``round_size`` batches (workers deliver in rounds), whose durations give the
+    standard error. Returns ``(0, inf, 0)`` when there is not one whole round yet.
     """
     round_size = max(1, round_size)
-    steady = arrivals[round_size - 1 :] if round_size > 1 else arrivals
+    skip = round_size - 1 if skip is None else max(0, skip)
+    steady = arrivals[skip:]
     rounds = (len(steady) - 1) // round_size
     if rounds < 1 or rounds * round_size < 2:
         return 0.0, math.inf, 0
@@ -357,15 +360,15 @@ class TrialRunner:
         started = time.perf_counter()
         iterator = iter(loader)
         try:
-            arrivals, startup, busy, worker_mb = self._drain(iterator, started, workers)
+            arrivals, startup, busy, worker_mb = self._drain(iterator, started, workers, _skip(workers, prefetch))
         finally:
             shutdown_loader_iterator(iterator)
             del iterator, loader
             gc.collect()
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size
-        rate, error, counted = steady_rate(arrivals, workers)
-        if counted == 0 and len(arrivals) > 1:  # too short for rounds (the budget ran out): all but the first
+        rate, error, counted = steady_rate(arrivals, workers, _skip(workers, prefetch))
+        if counted == 0 and len(arrivals) > 1:  # the budget ran out before one steady round: a rough rate
             rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
         return Trial(
             workers,
@@ -382,9 +385,14 @@ class TrialRunner:
         )
 
     def _drain(
-        self, iterator: Iterator[Any], started: float, workers: int
+        self, iterator: Iterator[Any], started: float, workers: int, skip: int
     ) -> tuple[list[float], float, float | None, float | None]:
-        """Arrival times of the consumed batches, the start-up, each worker's CPU busy share and memory."""
+        """Arrival times of the consumed batches, the start-up, each worker's CPU busy share and memory.
+
+        The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
+        always sees one whole round after it unless the search's budget runs out: many workers on few
+        cores take seconds to start, and a trial cut short then measures only their staggered arrival.
+        """
         arrivals: list[float] = []
         consume = self.path.consumer()
         cap, limits = self.limits.trial_cap, self.limits
@@ -392,6 +400,8 @@ class TrialRunner:
         cpu_start = wall_start = None
         worker_mb = None
         last_report = started
+        round_size = max(1, workers)
+        startup = 0.0
         for batch in iterator:
             if not arrivals:
                 startup = time.perf_counter() - started
@@ -400,21 +410,22 @@ class TrialRunner:
             consume(batch)
             now = time.perf_counter()
             arrivals.append(now)
-            if workers_cpu is not None and len(arrivals) == max(1, workers):
-                cpu_start, wall_start = workers_cpu.seconds(), now
             count = len(arrivals)
+            if workers_cpu is not None and count == skip + 1:
+                cpu_start, wall_start = workers_cpu.seconds(), now
             if count > 1 and now - last_report > 0.25:
                 last_report = now
                 self.listener("progress", (count - 1) / (now - arrivals[0]))
-            if self.remaining <= 0 or (count >= 3 and (now - started > cap or count > limits.batch_budget)):
+            if self.remaining <= 0:
                 break
-            if count % max(1, workers) == 0:
-                _, error, counted = steady_rate(arrivals, workers)
-                if (
-                    counted >= MIN_STEADY_BATCHES
-                    and counted >= MIN_ROUNDS * max(1, workers)
-                    and error <= limits.precision
-                ):
+            if count < skip + 1 + round_size or count < 3:
+                continue  # not one steady round yet
+            if now - arrivals[skip] > cap or count > limits.batch_budget + skip:
+                break
+            if (count - skip - 1) % round_size == 0:
+                _, error, counted = steady_rate(arrivals, workers, skip)
+                enough_rounds = counted >= max(MIN_STEADY_BATCHES, MIN_ROUNDS * round_size)
+                if enough_rounds and error <= limits.precision:
                     break
         if workers_cpu is not None:
             worker_mb = workers_cpu.unique_mb()
@@ -427,6 +438,11 @@ class TrialRunner:
             if wall > 0:
                 busy = min(1.0, (workers_cpu.seconds() - cpu_start) / (wall * workers))
         return arrivals, (startup if arrivals else time.perf_counter() - started), busy, worker_mb
+
+
+def _skip(workers: int, prefetch: int | None) -> int:
+    """Batches after the first that the workers may have queued during start-up (the burst)."""
+    return max(0, workers * (prefetch or 0) - 1) if workers else 0
 
 
 class _WorkerCpu:
