@@ -156,7 +156,7 @@ def resnet_path(device: torch.device, side_stream: bool) -> TransferPath:
 
 
 def measure(dataset: Dataset, batch_size: int, config: Config, seconds: float, path: TransferPath) -> float:
-    """Steady batches/s through ``path``: after the queued batches and one round, for ``seconds``."""
+    """Steady batches/s through ``path``: after the queued batches and one round, whole rounds for ``seconds``."""
     workers, prefetch, pin = config
     options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers:
@@ -168,8 +168,8 @@ def measure(dataset: Dataset, batch_size: int, config: Config, seconds: float, p
     for _ in range(max(2, workers * (prefetch or 1) + workers)):  # start-up, the queued burst, one round
         consume(next(iterator))
     consume.finish()
-    started, batches = time.perf_counter(), 0
-    while batches < 3 or time.perf_counter() - started < seconds:
+    started, batches, round_size = time.perf_counter(), 0, max(1, workers)
+    while batches < 3 or batches % round_size or time.perf_counter() - started < seconds:  # whole rounds
         consume(next(iterator))
         batches += 1
     consume.finish()

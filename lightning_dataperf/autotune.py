@@ -13,7 +13,8 @@ hardware policy's recommendation the search
    down instead;
 2. doubles ``prefetch_factor`` while that gains, then tries the other ``pin_memory`` where the path
    allows both (the side stream wants pinned batches from the loader: only ``True``);
-3. repeats a trial whose rate is an outlier against its neighbours or that a close call depends on.
+3. repeats a trial whose rate is an outlier against its neighbours, the two trials whose comparison
+   ends the climb, and those a close call between the fastest depends on.
 
 A trial's rate excludes the worker start-up (kept apart as ``startup_s``; it decides
 ``persistent_workers``) and stops as soon as it is known within ``precision``. The cheapest
@@ -350,7 +351,7 @@ class _Search:
             return best
         start = best
         best = self._ascend(best)
-        if best is not start or self.stop_reason != "gain":
+        if best.config != start.config or self.stop_reason != "gain":
             return best
         lower = self._fewer(start.num_workers)
         if lower is None or self.runner.remaining <= 0:
@@ -401,6 +402,11 @@ class _Search:
             if runner.remaining <= 0:  # the trial was cut short: it proves nothing
                 self.stop("time budget", f"the time budget ran out measuring {step} workers")
                 return best
+            if best.measurements == 1 or trial.measurements == 1:  # the step that ends the climb, seen twice
+                best, trial = runner.remeasure(best), runner.remeasure(trial)
+                if self.better(trial, best):
+                    best = trial
+                    continue
             between = (best.num_workers + step) // 2
             if step - best.num_workers >= 3 and runner.remaining > 0:
                 middle = self.measure(between, best.prefetch_factor, best.pin_memory)
