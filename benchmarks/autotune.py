@@ -219,7 +219,7 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         batch_size,
         hardware=hardware,
         path=path,
-        min_workers=args.min_workers,
+        min_workers=0 if path.step_fn or path.step_seconds or path.host_step_seconds else args.min_workers,
         time_budget=args.budget,
         force=True,
         cache_path=os.path.join(args.cache_dir, "autotune_bench.json"),
@@ -288,7 +288,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="re-measurements of the named rows")
     parser.add_argument("--budget", type=float, default=30.0, help="autotune time budget (s)")
-    parser.add_argument("--min-workers", type=int, default=1, help="as TunedDataModule: 1")
+    parser.add_argument(
+        "--min-workers", type=int, default=1, help="as TunedDataModule: 1 (0 where the workload models its step)"
+    )
     parser.add_argument("--quick", action="store_true", help="prefetch 2 and 4 only in the grid")
     parser.add_argument("--cpus", type=int, default=None, help="pin this process (and workers) to N cores")
     parser.add_argument("--cache-dir", default=os.environ.get("OUT", "/tmp"))

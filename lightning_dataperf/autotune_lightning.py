@@ -74,7 +74,9 @@ def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> Autotun
     options = dict(module.autotune_options)
     trainer = getattr(module, "trainer", None)
     loader_kwargs = {key: value for key, value in explicit.items() if key not in {"dataset", "batch_size"}}
-    options.setdefault("min_workers", 1)  # the main process will be busy training
+    modelled = any(options.get(key) for key in ("step_seconds", "host_step_seconds", "step_fn"))
+    # Without a modelled step the trials would reward loading in the main process, which training keeps busy.
+    options.setdefault("min_workers", 0 if modelled else 1)
     if trainer is not None:
         options.setdefault("max_epochs", trainer.max_epochs)
     path = transfer_path_of(trainer, options)
