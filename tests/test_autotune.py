@@ -368,3 +368,27 @@ def test_summary_line_quotes_the_measurement_and_the_stop():
     )
     assert AutotuneResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
     assert "stopped: more gave nothing" in result.format()
+
+
+def test_trials_take_the_strategys_path_side_stream_pinned_only():
+    from types import SimpleNamespace
+
+    from lightning_dataperf.autotune_lightning import transfer_path_of
+    from lightning_dataperf.strategies import SideStreamTransferMixin
+
+    class FakeSideStream(SideStreamTransferMixin):
+        root_device = torch.device("cuda", 0)
+        side_stream_active = True
+
+    def transform(batch):
+        return batch
+
+    strategy = FakeSideStream.__new__(FakeSideStream)
+    strategy.pin, strategy.min_bytes, strategy.device_transform = True, 1024, transform
+    path = transfer_path_of(SimpleNamespace(strategy=strategy), {"step_seconds": 0.011})
+    assert path.side_stream and path.pin_choices() == (True,) and path.min_bytes == 1024
+    assert path.device_transform is transform and path.step_seconds == 0.011
+    stock = SimpleNamespace(root_device=torch.device("cuda", 0))
+    assert transfer_path_of(SimpleNamespace(strategy=stock), {}).pin_choices() == (True, False)
+    host = SimpleNamespace(root_device=torch.device("cpu"))
+    assert transfer_path_of(SimpleNamespace(strategy=host), {}).describe() == "host"
