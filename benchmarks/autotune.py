@@ -1,22 +1,31 @@
-"""Loader settings compared on three synthetic workloads: defaults, the article's tree, the policy, autotune.
+"""Autotune's pick against a grid measured in the same run, the policy's pick, and search time against grid time.
 
-For each workload an exhaustive grid over ``num_workers`` x ``prefetch_factor`` (x ``pin_memory`` on
-CUDA) gives the best measured throughput; every named configuration is re-measured with the same
-protocol (delivered batches/s after start-up, including the host-to-device copy on CUDA, median of
-``--repeats`` runs, interleaved; rows naming the same configuration pool their runs). "of best" is
-relative to the fastest of those re-measured configurations.
+Every measurement runs the batches through the workload's training path (the same
+:class:`~lightning_dataperf.autotune_consumer.TransferPath` autotune is given): the copy (stock
+``non_blocking`` or the side stream), the device transform, and the step. The grid covers
+``num_workers`` x ``prefetch_factor`` x ``pin_memory`` (pinned only for the side stream); each point is
+one measurement of ``--seconds`` after the batches queued during start-up and one round. Then the
+policy's pick, autotune's pick and the grid's best are re-measured ``--repeats`` times, interleaved,
+and pooled where they name the same configuration; "of best" is relative to the fastest re-measured
+row (the grid's single-run maximum is biased upward).
 
-    python benchmarks/autotune.py                      # this machine, all workloads
-    python benchmarks/autotune.py --workloads io --quick
+    python benchmarks/autotune.py                          # every workload this machine can run
+    python benchmarks/autotune.py --workloads io tiny --seconds 1.0
 
-Workloads: ``io`` (a 1 ms sleep per sample: I/O latency), ``cpu`` (decode-and-augment work on random
-uint8 images: resize, crop, flip, blur, normalise), ``tiny`` (16-float samples, batch 512: per-batch
-overhead dominates).
+Workloads:
+
+* ``jpeg`` (CUDA + torchvision): 320-px JPEGs generated in memory, PIL decode, RandomResizedCrop 224 +
+  flip to uint8, on the GPU float + normalise (``device_transform``), a ResNet-18 bf16 training step
+  (channels-last, SGD) as the consumer; batch 128; paths ``stock`` and ``side_stream``;
+* ``cpu``: CPU-heavy transform (resize, crop, flip, 3x3 blur, normalise of a 160-px image), batch 32;
+* ``io``: I/O latency, a 5 ms sleep per sample, batch 16, no CPU;
+* ``tiny``: 16 floats per sample, batch 64, 2 ms of main-thread host work per step (a busy-wait).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import statistics
 import time
@@ -28,14 +37,16 @@ from _common import print_table, write_json
 from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_dataperf import article_settings, autotune_loader, probe_hardware, recommend_loader_settings
-from lightning_dataperf.loaders import LoaderSettings
+from lightning_dataperf import autotune_loader, probe_hardware, recommend_loader_settings
+from lightning_dataperf.autotune_consumer import TransferPath
+
+Config = tuple[int, int | None, bool]
 
 
 class SleepySamples(Dataset):
     """I/O-bound: each sample waits ``sleep_ms`` (like a network read) and costs no CPU."""
 
-    def __init__(self, length: int = 100_000, sleep_ms: float = 1.0) -> None:
+    def __init__(self, length: int = 200_000, sleep_ms: float = 5.0) -> None:
         self.length, self.sleep_ms = length, sleep_ms
 
     def __len__(self) -> int:
@@ -49,7 +60,7 @@ class SleepySamples(Dataset):
 class DecodedImages(Dataset):
     """CPU-bound: a uint8 'decoded' image, resized, cropped, flipped, blurred and normalised."""
 
-    def __init__(self, length: int = 100_000, size: int = 160) -> None:
+    def __init__(self, length: int = 200_000, size: int = 160) -> None:
         self.length, self.size = length, size
         self.kernel = torch.full((3, 1, 3, 3), 1 / 9)
 
@@ -69,9 +80,7 @@ class DecodedImages(Dataset):
 
 
 class TinySamples(Dataset):
-    """Per-batch overhead: 16 floats per sample, large batches."""
-
-    def __init__(self, length: int = 2_000_000) -> None:
+    def __init__(self, length: int = 4_000_000) -> None:
         self.length = length
 
     def __len__(self) -> int:
@@ -81,143 +90,230 @@ class TinySamples(Dataset):
         return torch.full((16,), float(index))
 
 
-WORKLOADS = {
-    "io": (SleepySamples, 32),
-    "cpu": (DecodedImages, 32),
-    "tiny": (TinySamples, 512),
-}
+class JpegImages(Dataset):
+    """PIL decode of in-memory JPEGs + RandomResizedCrop(224) + flip, to a uint8 CHW tensor and a label."""
+
+    def __init__(self, count: int = 512, length: int = 200_000, size: int = 320) -> None:
+        from PIL import Image
+        from torchvision import transforms
+
+        generator = torch.Generator().manual_seed(0)
+        self.blobs = []
+        for _ in range(count):
+            base = torch.randint(0, 256, (3, size // 8, size // 8), dtype=torch.uint8, generator=generator)
+            image = functional.interpolate(base[None].float(), size=(size, size), mode="bilinear")[0]
+            image = (image + torch.randn(image.shape, generator=generator) * 12).clamp(0, 255).byte()
+            buffer = io.BytesIO()
+            Image.fromarray(image.permute(1, 2, 0).numpy()).save(buffer, format="JPEG", quality=90)
+            self.blobs.append(buffer.getvalue())
+        self.length = length
+        self.transform = transforms.Compose(
+            [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(), transforms.PILToTensor()]
+        )
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(self.blobs[index % len(self.blobs)])).convert("RGB")
+        return self.transform(image), index % 1000
 
 
-def measure(
-    dataset: Dataset, batch_size: int, workers: int, prefetch: int | None, pin: bool, seconds: float, device: Any
-) -> float:
-    """Batches per second after the first two (start-up), including the copy to ``device``."""
+def resnet_path(device: torch.device, side_stream: bool) -> TransferPath:
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.resnet18().to(device).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1) * 255
+    std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1) * 255
+
+    def normalise(batch: Any) -> Any:
+        images, labels = batch
+        images = ((images.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+        return images, labels
+
+    def step(batch: Any) -> None:
+        images, labels = batch
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = functional.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    warm = normalise(
+        (
+            torch.randint(0, 255, (128, 3, 224, 224), dtype=torch.uint8, device=device),
+            torch.zeros(128, dtype=torch.long, device=device),
+        )
+    )
+    for _ in range(10):
+        step(warm)
+    torch.cuda.synchronize(device)
+    return TransferPath(device=device, side_stream=side_stream, device_transform=normalise, step_fn=step)
+
+
+def measure(dataset: Dataset, batch_size: int, config: Config, seconds: float, path: TransferPath) -> float:
+    """Steady batches/s through ``path``: after the queued batches and one round, whole rounds for ``seconds``."""
+    workers, prefetch, pin = config
     options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
     if workers:
         options["prefetch_factor"] = prefetch
     start_index = int(torch.randint(0, len(dataset) // 2, ()).item())
     subset = torch.utils.data.Subset(dataset, range(start_index, len(dataset)))
     iterator = iter(DataLoader(subset, batch_size=batch_size, **options))
-    for _ in range(2):
-        next(iterator)
-    started, batches = time.perf_counter(), 0
-    while batches < 3 or time.perf_counter() - started < seconds:
-        batch = next(iterator)
-        if device is not None:
-            batch.to(device, non_blocking=True)
+    consume = path.consumer()
+    for _ in range(max(2, workers * (prefetch or 1) + workers)):  # start-up, the queued burst, one round
+        consume(next(iterator))
+    consume.finish()
+    started, batches, round_size = time.perf_counter(), 0, max(1, workers)
+    while batches < 3 or batches % round_size or time.perf_counter() - started < seconds:  # whole rounds
+        consume(next(iterator))
         batches += 1
-    if device is not None:
-        torch.cuda.synchronize(device)
+    consume.finish()
     elapsed = time.perf_counter() - started
     if callable(shutdown := getattr(iterator, "_shutdown_workers", None)):
         shutdown()
     return batches / elapsed
 
 
-def median_rate(*args: Any, repeats: int) -> float:
-    return statistics.median(measure(*args) for _ in range(repeats))
-
-
-def _config(settings: LoaderSettings, cuda: bool) -> tuple[int, int | None, bool]:
-    workers = settings.num_workers
-    return workers, settings.prefetch_factor if workers else None, settings.pin_memory and cuda
-
-
-def grid(cpus: int, cuda: bool, quick: bool) -> list[tuple[int, int | None, bool]]:
-    workers = sorted({0, 1, 2, cpus // 2, cpus - 1, cpus, 2 * cpus} | ({4, 8, 12} if cpus >= 12 else set()))
-    prefetches = (2, 8) if quick else (1, 2, 4, 8)
-    pins = (False, True) if cuda else (False,)
-    configs = []
-    for count in workers:
+def grid(cpus: int, pins: tuple[bool, ...], quick: bool, latency: bool = False) -> list[Config]:
+    """Worker counts around the CPUs (to 16x the CPUs for an I/O-latency loader) x prefetch x pin."""
+    if cpus >= 12:
+        counts = {4, 8, 12, cpus - 1, cpus, cpus + 2, cpus + 4, round(1.5 * cpus), 2 * cpus}
+    else:
+        counts = {0, 1, 2, cpus // 2, cpus - 1, cpus, 2 * cpus, 4 * cpus}
+    if latency:
+        counts |= {8 * cpus, 16 * cpus}
+    prefetches = (2, 4) if quick else (1, 2, 4, 8)
+    configs: list[Config] = []
+    for count in sorted(value for value in counts if value >= 0):
         for pin in pins:
             configs.extend([(count, None, pin)] if count == 0 else [(count, value, pin) for value in prefetches])
     return configs
 
 
-def run_workload(name: str, args: argparse.Namespace, device: Any) -> dict[str, Any]:
-    factory, batch_size = WORKLOADS[name]
-    dataset = factory()
+def _config(settings: Any, pins: tuple[bool, ...]) -> Config:
+    workers = settings.num_workers
+    pin = settings.pin_memory if settings.pin_memory in pins else pins[0]
+    return workers, settings.prefetch_factor if workers else None, pin
+
+
+def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path: TransferPath, args: Any) -> dict:
     hardware = probe_hardware()
     cpus = hardware.cpus_per_rank
-    cuda = device is not None
-    rates: dict[tuple[int, int | None, bool], float] = {}
-    for config in grid(cpus, cuda, args.quick):
-        rates[config] = median_rate(dataset, batch_size, *config, args.seconds, device, repeats=args.grid_repeats)
+    pins = path.pin_choices()
+    grid_started = time.perf_counter()
+    rates: dict[Config, float] = {}
+    for config in grid(cpus, pins, args.quick, latency=name == "io"):
+        rates[config] = measure(dataset, batch_size, config, args.seconds, path)
+        print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
+    grid_s = time.perf_counter() - grid_started
     best_config = max(rates, key=rates.get)
-    named: dict[str, LoaderSettings] = {
-        "defaults (num_workers=0)": LoaderSettings(0, False, False, None),
-        "article tree": article_settings(os.cpu_count() or 1, batch_size, epochs=10),
-        "policy": recommend_loader_settings(hardware, accelerator="cuda" if cuda else "cpu"),
-    }
-    started = time.perf_counter()
+    accelerator = "cuda" if path.cuda else "cpu"
+    policy = _config(recommend_loader_settings(hardware, accelerator=accelerator), pins)
     tuned = autotune_loader(
         dataset,
         batch_size,
         hardware=hardware,
-        device=device,
+        path=path,
+        min_workers=0 if path.step_fn or path.step_seconds or path.host_step_seconds else args.min_workers,
         time_budget=args.budget,
         force=True,
         cache_path=os.path.join(args.cache_dir, "autotune_bench.json"),
+        progress="log",
     )
-    search_s = time.perf_counter() - started
-    named["autotune"] = tuned.settings
-    # Re-measure every named configuration and the grid's best together, interleaved, so drift on a busy
-    # machine hits them alike.
-    named_configs = {label: _config(settings, cuda) for label, settings in named.items()}
-    named_configs["grid best"] = best_config
-    samples: dict[str, list[float]] = {label: [] for label in named_configs}
+    named = {"policy": policy, "autotune": _config(tuned.settings, pins), "grid best": best_config}
+    samples: dict[str, list[float]] = {row: [] for row in named}
     for _ in range(args.repeats):
-        for label, config in named_configs.items():
-            samples[label].append(measure(dataset, batch_size, *config, args.seconds, device))
-    # Rows that name the same configuration are one configuration: pool their measurements.
-    pooled: dict[tuple[int, int | None, bool], list[float]] = {}
-    for label, config in named_configs.items():
-        pooled.setdefault(config, []).extend(samples[label])
-    final = {label: statistics.median(pooled[config]) for label, config in named_configs.items()}
-    reference = max(final.values())  # the grid's winner re-measured can fall back (winner's curse)
-    rows, results = [], {}
-    for label, config in named_configs.items():
-        share = final[label] / reference
-        results[label] = {"config": config, "batches_per_sec": final[label], "of_best": share}
-        rows.append([name, label, *config, f"{final[label]:.1f}", f"{100 * share:.0f}%"])
+        for row, config in named.items():
+            samples[row].append(measure(dataset, batch_size, config, args.seconds, path))
+    pooled: dict[Config, list[float]] = {}
+    for row, config in named.items():
+        pooled.setdefault(config, []).extend(samples[row])
+    final = {row: statistics.median(pooled[config]) for row, config in named.items()}
+    reference = max(final.values())
+    rows = []
+    for row, config in named.items():
+        rows.append(
+            [name, label, row, *config, f"{final[row] * batch_size:,.0f}", f"{100 * final[row] / reference:.1f}%"]
+        )
+    share = 100 * tuned.search_seconds / grid_s
+    summary = (
+        f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials) vs grid {grid_s:.1f} s "
+        f"({len(rates)} points): {share:.0f}%; stop: {tuned.stop_reason}: {tuned.stop_detail}"
+    )
+    print(summary, flush=True)
+    print(tuned.format(), flush=True)
     return {
         "rows": rows,
-        "results": results,
+        "summary": summary,
+        "search_s": tuned.search_seconds,
+        "grid_s": grid_s,
         "grid": {str(config): rate for config, rate in rates.items()},
-        "grid_best": {"config": best_config, "batches_per_sec_in_grid": rates[best_config]},
-        "final_samples": {label: values for label, values in samples.items()},
-        "autotune_search_s": search_s,
-        "autotune_trials": len(tuned.trials),
+        "final_samples": samples,
+        "autotune": tuned.to_dict(),
         "cpus_per_rank": cpus,
     }
 
 
+def workloads(names: list[str], device: torch.device | None) -> list[tuple[str, str, Any, int, Any]]:
+    """``(name, path label, dataset factory, batch size, path factory)`` for each runnable workload."""
+    plans = []
+    host = TransferPath(device=device)
+    for name in names:
+        if name == "jpeg":
+            if device is None:
+                print("jpeg: needs CUDA and torchvision; skipped")
+                continue
+            plans.append(("jpeg", "stock", JpegImages, 128, lambda: resnet_path(device, False)))
+            plans.append(("jpeg", "side_stream", JpegImages, 128, lambda: resnet_path(device, True)))
+        elif name == "cpu":
+            plans.append(("cpu", "stock" if device else "host", DecodedImages, 32, lambda: host))
+        elif name == "io":
+            plans.append(("io", "stock" if device else "host", SleepySamples, 16, lambda: host))
+        elif name == "tiny":
+            tiny = TransferPath(device=device, host_step_seconds=0.002)
+            plans.append(
+                ("tiny", "stock+2ms host" if device else "host+2ms host", TinySamples, 64, lambda tiny=tiny: tiny)
+            )
+    return plans
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--seconds", type=float, default=0.6, help="timed seconds per measurement")
-    parser.add_argument("--repeats", type=int, default=3, help="measurements of each named configuration")
-    parser.add_argument("--grid-repeats", type=int, default=None, help="runs per grid point (default: --repeats)")
+    parser.add_argument("--workloads", nargs="+", default=["jpeg", "cpu", "io", "tiny"])
+    parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="re-measurements of the named rows")
     parser.add_argument("--budget", type=float, default=30.0, help="autotune time budget (s)")
-    parser.add_argument("--quick", action="store_true", help="fewer prefetch values in the grid")
+    parser.add_argument(
+        "--min-workers", type=int, default=1, help="as TunedDataModule: 1 (0 where the workload models its step)"
+    )
+    parser.add_argument("--quick", action="store_true", help="prefetch 2 and 4 only in the grid")
+    parser.add_argument("--cpus", type=int, default=None, help="pin this process (and workers) to N cores")
     parser.add_argument("--cache-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--cpu", action="store_true", help="do not copy to the GPU even if there is one")
+    parser.add_argument("--name", default=None, help="results file name")
     args = parser.parse_args()
-    args.grid_repeats = args.grid_repeats or args.repeats
+    if args.cpus:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.cpu else None
     payload: dict[str, Any] = {"args": vars(args), "workloads": {}}
-    rows = []
-    for name in args.workloads:
-        result = run_workload(name, args, device)
-        payload["workloads"][name] = result
+    rows, summaries = [], []
+    for name, label, factory, batch_size, make_path in workloads(args.workloads, device):
+        result = run_workload(name, label, factory(), batch_size, make_path(), args)
+        payload["workloads"][f"{name}/{label}"] = result
         rows.extend(result["rows"])
-        print(f"{name}: autotune searched {result['autotune_search_s']:.1f} s over {result['autotune_trials']} trials")
-    table = print_table(["workload", "settings", "workers", "prefetch", "pin", "batches/s", "of best"], rows)
-    payload["table"] = table
-    suffix = "cuda" if device is not None else "cpu"
-    path = write_json(f"autotune_{suffix}", payload)
-    print(f"wrote {path}")
+        summaries.append(result["summary"])
+        write_json(args.name or f"autotune_{'cuda' if device else 'cpu'}", payload)
+    headers = ["workload", "path", "row", "workers", "prefetch", "pin", "samples/s", "of best"]
+    payload["table"] = print_table(headers, rows)
+    payload["summaries"] = summaries
+    print("\n".join(summaries))
+    write_json(args.name or f"autotune_{'cuda' if device else 'cpu'}", payload)
 
 
 if __name__ == "__main__":

@@ -1,37 +1,51 @@
-"""Measured DataLoader autotuning: a short, bounded hill-climb on the user's real dataset.
+"""Measured DataLoader autotuning: a short hill-climb on the user's real dataset, the way training consumes it.
 
-Start from the hardware policy's recommendation, measure delivered batches per second (including the
-pinned host-to-device copy when a GPU is there), try the neighbours of the current best on each knob
-(``num_workers``, ``prefetch_factor``, ``pin_memory``), move along the knob with the largest gain, and
-stop when no knob gains more than the noise. The best three, and the cheapest configuration within 30%
-of the best, are then measured again in rounds (at least a fifth of the budget is kept for this, and
-rounds repeat while the budget holds one), so that one lucky trial cannot win and one unlucky trial
-cannot rule out the cheap choice. Of all configurations within
-noise of the best, the cheapest (fewest workers, least memory) wins. ``persistent_workers`` does not change steady-state
-throughput; it is chosen from the measured worker start-up cost and the number of epochs.
+Every trial runs the batches through the path training will use (:class:`TransferPath`: the stock
+``non_blocking`` copy or the side stream, the ``device_transform``, and a step as busy as training when
+its time or function is given), so settings that steal CPU from the main thread lose. From the
+hardware policy's recommendation the search
+
+1. grows ``num_workers`` while the gain holds (x2 steps while each worker is mostly idle, as an
+   I/O-latency loader is; x1.5 when busy), never past the smallest of the machine's bounds
+   (:meth:`TrialRunner.worker_bounds`: ``/dev/shm``, memory per worker measured in the trials, file
+   descriptors, the rank's CPU share divided by each worker's measured busy share, the dataset), and
+   tries one count between the last gain and the first miss; if fewer workers are as fast, it goes
+   down instead;
+2. doubles ``prefetch_factor`` while that gains, then tries the other ``pin_memory`` where the path
+   allows both (the side stream wants pinned batches from the loader: only ``True``);
+3. repeats a trial whose rate is an outlier against its neighbours, the two trials whose comparison
+   ends the climb, and those a close call between the fastest depends on.
+
+A trial's rate excludes the worker start-up (kept apart as ``startup_s``; it decides
+``persistent_workers``) and stops as soon as it is known within ``precision``. The cheapest
+configuration within ``choose_within`` of the fastest wins. The result records why the search
+stopped (``stop_reason``: ``"gain"``, a bound's name, ``"time budget"``, ...), each trial's time and
+the total; :meth:`AutotuneResult.summary_line` says it in one line.
 
 The search never leaves anything behind: every trial loader is shut down, trial loaders draw from
 their own ``torch.Generator`` and the global RNGs are restored, so the training order is the same as
-without autotuning. Results are cached in JSON keyed by hardware, dataset fingerprint, batch size and
-collate function.
+without autotuning. Results are cached in JSON keyed by hardware, dataset fingerprint (including its
+``transform``), batch size, collate function and the transfer path.
 
 Example::
 
     from lightning_dataperf import autotune_loader
 
     result = autotune_loader(train_set, batch_size=64, loader_kwargs={"collate_fn": my_collate})
-    print(result.format())
+    print(result.format())          # the trials, the winner, why the search stopped
+    print(result.summary_line())    # "autotune measured 16 workers ... at 3,810 samples/s; more gave nothing ..."
     loader = DataLoader(train_set, batch_size=64, shuffle=True, **result.settings.as_kwargs())
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 import warnings
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +53,8 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_dataperf.autotune_cache import cache_key, default_cache_path, read_entry, write_entry
+from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf.autotune_progress import make_progress
 from lightning_dataperf.autotune_trials import (
     Limits,
     Trial,
@@ -51,14 +67,36 @@ from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.loaders import LoaderSettings
 from lightning_dataperf.policy import recommend_loader_settings
 
-__all__ = ["AutotuneResult", "Trial", "autotune_loader", "confirmation_candidates", "default_cache_path"]
+__all__ = [
+    "AutotuneResult",
+    "TransferPath",
+    "Trial",
+    "autotune_loader",
+    "confirmation_candidates",
+    "default_cache_path",
+]
 
 SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
+#: Most doublings of ``prefetch_factor`` tried.
+MAX_PREFETCH = 16
+#: A trial slower than this share of its neighbours (or of the best, at the end of the climb) is measured again.
+OUTLIER_SHARE = 0.8
+
+Config = tuple[int, int | None, bool]
 
 
 @dataclass(frozen=True)
 class AutotuneResult:
-    """The chosen settings, every trial, and how long the search took.
+    """The chosen settings, every trial, why the search stopped, and how long it took.
+
+    ``search_seconds`` is the search's wall time (kept from the original search on a cache hit);
+    ``elapsed_s`` what this call cost (search or cache lookup) and ``ended_at`` its end on
+    ``time.perf_counter()``: subtract it from anything timed across the call (the first epoch's start-up).
+    ``stop_reason`` names what ended the worker climb: ``"gain"`` (more workers gave nothing),
+    ``"fewer"`` (fewer workers were as fast), one of :meth:`TrialRunner.worker_bounds`'s names
+    (``"/dev/shm"``, ``"memory"``, ``"file descriptors"``, ``"CPU share"``, ``"dataset"``),
+    ``"memory guard"``, ``"time budget"`` or ``"fixed"`` (you set ``num_workers``); ``stop_detail`` says it
+    with numbers and ``bounds`` holds every bound's worker count at the chosen prefetch.
 
     Example::
 
@@ -75,6 +113,13 @@ class AutotuneResult:
     chosen_batches_per_sec: float
     cached: bool = False
     key: str = ""
+    batch_size: int = 0
+    stop_reason: str = ""
+    stop_detail: str = ""
+    bounds: dict[str, int] = field(default_factory=dict)
+    transfer: str = ""
+    elapsed_s: float = 0.0
+    ended_at: float = 0.0
 
     @property
     def speedup_over_start(self) -> float:
@@ -86,22 +131,56 @@ class AutotuneResult:
         """Best measured throughput over the policy's starting point."""
         return self.best_batches_per_sec / self.baseline_batches_per_sec if self.baseline_batches_per_sec else 1.0
 
+    @property
+    def chosen_samples_per_sec(self) -> float:
+        return self.chosen_batches_per_sec * max(1, self.batch_size)
+
+    @property
+    def chosen_trial(self) -> Trial | None:
+        config = _config_of(self.settings)
+        return next((trial for trial in self.trials if trial.config == config), None)
+
+    @property
+    def trial_seconds(self) -> float:
+        """Time spent in trials (the rest of ``search_seconds`` is set-up and bookkeeping)."""
+        return sum(trial.seconds for trial in self.trials)
+
+    def summary_line(self) -> str:
+        """One line for a verdict to quote, e.g. ``autotune measured 16 workers (prefetch 2, pinned) at
+        3,810 samples/s; more gave nothing (24 workers: -1%)``."""
+        settings = self.settings
+        pin = "pinned" if settings.pin_memory else "not pinned"
+        prefetch = f"prefetch {settings.prefetch_factor}, " if settings.num_workers else ""
+        rate = (
+            f"{self.chosen_samples_per_sec:,.0f} samples/s"
+            if self.batch_size
+            else f"{self.chosen_batches_per_sec:,.1f} batches/s"
+        )
+        origin = " (cached)" if self.cached else ""
+        line = f"autotune{origin} measured {settings.num_workers} workers ({prefetch}{pin}) at {rate}"
+        return f"{line}; {self.stop_detail}" if self.stop_detail else line
+
     def format(self) -> str:
         origin = "cache hit" if self.cached else f"searched in {self.search_seconds:.1f} s"
         lines = [
-            f"DataPerf autotune ({origin}): num_workers={self.settings.num_workers}, "
+            f"DataPerf autotune ({origin}, {len(self.trials)} trials, {self.trial_seconds:.1f} s in trials"
+            f"{', path ' + self.transfer if self.transfer else ''}): num_workers={self.settings.num_workers}, "
             f"prefetch_factor={self.settings.prefetch_factor}, pin_memory={self.settings.pin_memory}, "
             f"persistent_workers={self.settings.persistent_workers}",
             f"  {self.chosen_batches_per_sec:.1f} batches/s, {self.speedup_over_start:.2f}x the policy's starting "
             f"point ({self.baseline_batches_per_sec:.1f}); best measured {self.best_batches_per_sec:.1f} "
             f"(ceiling speed-up over the start: {self.ceiling_speedup:.2f}x)",
-            "  workers prefetch pin   batches/s  start-up s  memory MB  runs",
         ]
+        if self.stop_detail:
+            lines.append(f"  stopped: {self.stop_detail}")
+        lines.append("  workers prefetch pin   batches/s  start-up s  trial s  worker busy  memory MB  runs")
         for trial in self.trials:
             status = f"refused: {trial.refused}" if trial.refused else f"{trial.batches_per_sec:9.1f}"
+            busy = "-" if trial.worker_busy is None else f"{100 * trial.worker_busy:.0f}%"
             lines.append(
                 f"  {trial.num_workers:7d} {trial.prefetch_factor!s:>8} {trial.pin_memory!s:5} {status:>11} "
-                f"{trial.startup_s:10.2f} {trial.memory_mb:10.0f} {trial.measurements:5d}"
+                f"{trial.startup_s:10.2f} {trial.seconds:8.1f} {busy:>12} {trial.memory_mb:10.0f} "
+                f"{trial.measurements:5d}"
             )
         return "\n".join(lines)
 
@@ -115,25 +194,13 @@ class AutotuneResult:
         data = dict(data)
         data["settings"] = LoaderSettings(**data["settings"])
         data["trials"] = tuple(Trial(**trial) for trial in data["trials"])
+        data["bounds"] = dict(data.get("bounds", {}))
         return cls(**data)
 
 
-def _neighbours(
-    config: tuple[int, int | None, bool], min_workers: int, max_workers: int, cuda: bool
-) -> dict[str, list[tuple]]:
-    workers, prefetch, pin = config
-    prefetch = prefetch or 2
-    steps = {workers // 2, round(workers * 1.5), workers * 2, workers - 1, workers + 1, max_workers}
-    worker_options = sorted({min(max_workers, value) for value in steps})
-    worker_options = [value for value in worker_options if min_workers <= value and value != workers]
-    options: dict[str, list[tuple]] = {"num_workers": [(value, prefetch, pin) for value in worker_options]}
-    if workers:
-        options["prefetch_factor"] = [
-            (workers, value, pin) for value in (prefetch // 2, prefetch * 2) if 1 <= value <= 16
-        ]
-    if cuda:
-        options["pin_memory"] = [(workers, prefetch, not pin)]
-    return options
+def _config_of(settings: LoaderSettings) -> Config:
+    workers = settings.num_workers
+    return workers, settings.prefetch_factor if workers else None, settings.pin_memory
 
 
 def autotune_loader(
@@ -143,14 +210,24 @@ def autotune_loader(
     *,
     hardware: Hardware | None = None,
     device: torch.device | str | None = None,
+    path: TransferPath | None = None,
+    side_stream: bool = False,
+    device_transform: Callable[[Any], Any] | None = None,
+    step_seconds: float = 0.0,
+    host_step_seconds: float = 0.0,
+    step_fn: Callable[[Any], Any] | None = None,
     time_budget: float = 30.0,
-    batch_budget: int = 200,
+    batch_budget: int = 400,
     noise: float = 0.03,
+    precision: float = 0.03,
+    choose_within: float = 0.02,
+    trial_seconds: float | None = None,
     memory_fraction: float = 0.5,
     max_epochs: int | None = None,
     min_workers: int = 0,
     cache_path: str | os.PathLike[str] | None = None,
     force: bool = False,
+    progress: Any = "auto",
 ) -> AutotuneResult:
     """Search the fastest cheap DataLoader settings for ``dataset`` on this machine.
 
@@ -160,41 +237,74 @@ def autotune_loader(
         loader_kwargs: your other DataLoader arguments (``collate_fn``, ``drop_last``, ...); any of
             ``num_workers``, ``prefetch_factor``, ``pin_memory`` given here are kept fixed.
         hardware: the probe to budget CPUs and memory by (per-rank CPUs under DDP).
-        device: include the pinned host-to-device copy to this device (default: CUDA if available).
-        time_budget: seconds for the whole search.
+        device: where batches go (default: CUDA if available); each trial copies them there.
+        path: the whole transfer path (overrides ``side_stream`` .. ``step_fn``); see :class:`TransferPath`.
+        side_stream: copy on a side stream as ``strategy="side_stream"`` does (only pinned loaders are tried).
+        device_transform: run on each device batch after the copy, as the strategy's.
+        step_seconds: the model step's time: GPU time on CUDA (``torch.cuda._sleep``), a main-thread
+            busy-wait otherwise. Without it trials measure the loader and the copy alone.
+        host_step_seconds: main-thread host work per step on top of that (a busy-wait).
+        step_fn: your step, called with each device batch (instead of ``step_seconds``).
+        time_budget: most seconds for the whole search (it usually ends sooner, when the gain stops).
         batch_budget: most batches per trial.
-        noise: relative throughput difference treated as equal.
+        noise: relative gain a step must beat to count.
+        precision: a trial stops once its rate's relative standard error is below this.
+        choose_within: the cheapest configuration within this share of the fastest wins.
+        trial_seconds: most seconds per trial (default: a fifteenth of the budget, at least 1 s).
         memory_fraction: refuse configurations whose ``/dev/shm`` plus pinned bytes exceed this
-            fraction of what is free.
+            fraction of what is free (also the share of RAM the workers' own memory may take).
         max_epochs: planned epochs, for ``persistent_workers``.
         min_workers: fewest workers to consider. Loading in the main process (0) can deliver more
             batches/s to an idle consumer on a small machine, but it cannot overlap with a training
             step; ``TunedDataModule`` therefore searches from 1.
         cache_path: JSON cache (default :func:`default_cache_path`).
         force: search again even when the cache has an answer.
+        progress: ``"auto"`` (a bar on a terminal, log lines otherwise), ``"bar"``, ``"log"``, or
+            ``False`` for silence.
     """
     if time_budget <= 0 or batch_budget < 2:
         raise ValueError(
             f"autotune_loader(time_budget={time_budget}, batch_budget={batch_budget}): need a positive time budget "
             "and at least 2 batches per trial."
         )
+    called = time.perf_counter()
     hardware = hardware or probe_hardware()
     loader_kwargs = dict(loader_kwargs or {})
-    if device is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    device = torch.device(device) if device is not None else None
-    device_name = "cpu" if device is None else device.type
-    key = cache_key(hardware, dataset, batch_size, loader_kwargs, f"{device_name}|min_workers={min_workers}")
-    path = Path(cache_path) if cache_path is not None else default_cache_path()
-    if not force and (hit := _cached(path, key)) is not None:
-        return dataclasses.replace(hit, cached=True)
+    if path is None:
+        if device is None and torch.cuda.is_available():
+            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device) if device is not None else None
+        path = TransferPath(
+            device=device,
+            side_stream=side_stream,
+            device_transform=device_transform,
+            step_seconds=step_seconds,
+            host_step_seconds=host_step_seconds,
+            step_fn=step_fn,
+        )
+    key = cache_key(hardware, dataset, batch_size, loader_kwargs, f"{path.describe()}|min_workers={min_workers}")
+    cache = Path(cache_path) if cache_path is not None else default_cache_path()
+    if not force and (hit := _cached(cache, key)) is not None:
+        now = time.perf_counter()
+        return dataclasses.replace(hit, cached=True, elapsed_s=now - called, ended_at=now)
+    reporter = make_progress(progress)
     started = time.perf_counter()
-    with rng_untouched(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="This DataLoader will create")  # trying more is the point
-        limits = Limits(time_budget, batch_budget, noise, memory_fraction, max_epochs, min_workers)
-        result = _search(dataset, batch_size, loader_kwargs, hardware, device, limits)
-    result = dataclasses.replace(result, search_seconds=time.perf_counter() - started, key=key)
-    write_entry(path, key, result.to_dict())
+    try:
+        with rng_untouched(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This DataLoader will create")  # trying more is the point
+            limits = Limits(
+                time_budget, batch_budget, noise, memory_fraction, max_epochs, min_workers, precision, trial_seconds
+            )
+            result = _search(dataset, batch_size, loader_kwargs, hardware, path, limits, choose_within, reporter)
+    except BaseException:
+        reporter.close()
+        raise
+    now = time.perf_counter()
+    result = dataclasses.replace(
+        result, search_seconds=now - started, key=key, elapsed_s=now - called, ended_at=now, transfer=path.describe()
+    )
+    reporter.close(result)
+    write_entry(cache, key, result.to_dict())
     return result
 
 
@@ -208,65 +318,222 @@ def _cached(path: Path, key: str) -> AutotuneResult | None:
         return None
 
 
+class _Search:
+    """One search's decisions over a :class:`TrialRunner`."""
+
+    def __init__(self, runner: TrialRunner, fixed: Mapping[str, Any], pins: tuple[bool, ...], limits: Limits) -> None:
+        self.runner, self.fixed, self.pins, self.limits = runner, fixed, pins, limits
+        self.stop_reason, self.stop_detail = "", ""
+
+    def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
+        workers = self.fixed.get("num_workers", workers)
+        prefetch = self.fixed.get("prefetch_factor", prefetch or 2) if workers else None
+        return workers, prefetch, self.fixed.get("pin_memory", pin)
+
+    def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
+        return self.runner.measure(*self.config(workers, prefetch, pin))
+
+    def better(self, trial: Trial, than: Trial) -> bool:
+        return trial.refused is None and trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
+
+    def as_fast(self, trial: Trial, than: Trial) -> bool:
+        return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - self.limits.noise)
+
+    def stop(self, reason: str, detail: str) -> None:
+        if not self.stop_reason:
+            self.stop_reason, self.stop_detail = reason, detail
+
+    # ------------------------------------------------------------------ workers
+    def climb_workers(self, best: Trial) -> Trial:
+        """Up while the gain holds; if the first step up gains nothing, down while fewer are as fast."""
+        if "num_workers" in self.fixed:
+            self.stop("fixed", f"num_workers={best.num_workers} is yours")
+            return best
+        start = best
+        best = self._ascend(best)
+        if best.config != start.config or self.stop_reason != "gain":
+            return best
+        lower = self._fewer(start.num_workers)
+        if lower is None or self.runner.remaining <= 0:
+            return best
+        trial = self.measure(lower, start.prefetch_factor, start.pin_memory)
+        if not self.as_fast(trial, start):
+            return best
+        self.stop_reason = ""
+        return self._descend(trial, start)
+
+    def _fewer(self, workers: int) -> int | None:
+        minimum = self.limits.min_workers
+        if workers <= minimum:
+            return None
+        return max(minimum, workers // 2)
+
+    def _descend(self, best: Trial, above: Trial) -> Trial:
+        while (lower := self._fewer(best.num_workers)) is not None and self.runner.remaining > 0:
+            trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory)
+            if not self.as_fast(trial, best):
+                self.stop("fewer", f"{lower} workers lost {_change(trial, best)}; {above.num_workers} gained nothing")
+                return best
+            best = trial
+        self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers}, {above.num_workers} no faster)")
+        return best
+
+    def _ascend(self, best: Trial) -> Trial:
+        runner = self.runner
+        while True:
+            bounds = runner.worker_bounds(best.prefetch_factor, best.pin_memory)
+            name, limit = min(bounds.items(), key=lambda item: item[1]) if bounds else ("", math.inf)
+            if best.num_workers >= limit:
+                self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)})")
+                return best
+            if runner.remaining <= 0:
+                self.stop("time budget", f"the time budget ran out at {best.num_workers} workers, still gaining")
+                return best
+            step = _next_workers(best, int(min(limit, 1 << 20)))
+            trial = self.measure(step, best.prefetch_factor, best.pin_memory)
+            if trial.refused is not None:
+                self.stop("memory guard", f"{step} workers refused: {trial.refused}")
+                return best
+            if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
+                trial = runner.remeasure(trial)  # more workers much slower: an artefact until seen twice
+            if self.better(trial, best):
+                best = trial
+                continue
+            if runner.remaining <= 0:  # the trial was cut short: it proves nothing
+                self.stop("time budget", f"the time budget ran out measuring {step} workers")
+                return best
+            if best.measurements == 1 or trial.measurements == 1:  # the step that ends the climb, seen twice
+                best, trial = runner.remeasure(best), runner.remeasure(trial)
+                if self.better(trial, best):
+                    best = trial
+                    continue
+            between = (best.num_workers + step) // 2
+            if step - best.num_workers >= 3 and runner.remaining > 0:
+                middle = self.measure(between, best.prefetch_factor, best.pin_memory)
+                if self.better(middle, best):
+                    self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, middle)})")
+                    return middle
+            self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, best)})")
+            return best
+
+    # ------------------------------------------------------------------ prefetch and pinning
+    def tune_prefetch(self, best: Trial) -> Trial:
+        if "prefetch_factor" in self.fixed or not best.num_workers:
+            return best
+        while (best.prefetch_factor or 2) * 2 <= MAX_PREFETCH and self.runner.remaining > 0:
+            trial = self.measure(best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory)
+            if not self.better(trial, best):
+                break
+            best = trial
+        return best
+
+    def tune_pin(self, best: Trial) -> Trial:
+        if "pin_memory" in self.fixed or len(self.pins) < 2 or self.runner.remaining <= 0:
+            return best
+        trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory)
+        return trial if self.better(trial, best) else best
+
+    # ------------------------------------------------------------------ honest numbers
+    def repeat_outliers(self) -> None:
+        """Measure again any trial much slower than both neighbours in worker count (a peak is real, a dip suspect)."""
+        runner = self.runner
+        groups: dict[tuple[int | None, bool], list[Trial]] = {}
+        for trial in self._measured():
+            if trial.num_workers:
+                groups.setdefault((trial.prefetch_factor, trial.pin_memory), []).append(trial)
+        for trials in groups.values():
+            trials.sort(key=lambda trial: trial.num_workers)
+            for left, middle, right in zip(trials, trials[1:], trials[2:], strict=False):
+                low = min(left.batches_per_sec, right.batches_per_sec)
+                outlier = middle.batches_per_sec < OUTLIER_SHARE * low  # a dip (start-up, memory artefacts)
+                if outlier and middle.measurements == 1 and runner.remaining > 0:
+                    runner.remeasure(runner.trials[middle.config])
+
+    def confirm_close_calls(self, count: int = 3) -> None:
+        """Measure again the fastest trials and the cheapest near them when they are within noise of each other."""
+        measured = self._measured()
+        if not measured:
+            return
+        top = max(trial.batches_per_sec for trial in measured)
+        close = [trial for trial in measured if trial.batches_per_sec >= top * (1 - 2 * self.limits.noise)]
+        if len(close) < 2:
+            return
+        for trial in confirmation_candidates(close, count, band=1 - 2 * self.limits.noise):
+            if self.runner.remaining <= 0:
+                return
+            self.runner.remeasure(self.runner.trials[trial.config])
+
+    def _measured(self) -> list[Trial]:
+        return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
+
+
+def _next_workers(best: Trial, limit: int) -> int:
+    """The next worker count: x2 while each worker is mostly idle (latency-bound), x1.5 when busy."""
+    workers = best.num_workers
+    if workers == 0:
+        return min(limit, 1)
+    busy = best.worker_busy
+    factor = 2.0 if busy is None or busy < 0.5 else 1.5
+    return max(workers + 1, min(limit, round(workers * factor)))
+
+
+def _change(trial: Trial, reference: Trial) -> str:
+    if not reference.batches_per_sec:
+        return "n/a"
+    return f"{100 * (trial.batches_per_sec / reference.batches_per_sec - 1):+.0f}%"
+
+
+def _bounds_text(bounds: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in sorted(bounds.items(), key=lambda item: item[1]))
+
+
 def _search(
     dataset: Dataset,
     batch_size: int,
     loader_kwargs: dict[str, Any],
     hardware: Hardware,
-    device: torch.device | None,
+    path: TransferPath,
     limits: Limits,
+    choose_within: float,
+    listener: Any,
 ) -> AutotuneResult:
-    noise, min_workers, max_epochs = limits.noise, limits.min_workers, limits.max_epochs
-    cuda = device is not None and device.type == "cuda"
-    policy = recommend_loader_settings(hardware, max_epochs=max_epochs, accelerator=device.type if device else "cpu")
+    max_epochs = limits.max_epochs
+    accelerator = path.device.type if path.device is not None else "cpu"
+    policy = recommend_loader_settings(hardware, max_epochs=max_epochs, accelerator=accelerator)
     fixed = {name: loader_kwargs.pop(name) for name in SEARCH_FIELDS if name in loader_kwargs}
     loader_kwargs.pop("persistent_workers", None)
-    search = TrialRunner(dataset, batch_size, loader_kwargs, hardware, device, limits)
-    max_workers = max(1, 2 * hardware.cpus_per_rank)  # beyond the cores only pays for I/O-latency-bound loading
-
-    def respect_fixed(config: tuple) -> tuple:
-        workers = fixed.get("num_workers", config[0])
-        prefetch = fixed.get("prefetch_factor", config[1]) if workers else None
-        return workers, prefetch, fixed.get("pin_memory", config[2])
-
-    search.learn_batch_size()
-    start_workers = max(min_workers, policy.num_workers)
-    start = respect_fixed((start_workers, policy.prefetch_factor, policy.pin_memory and cuda))
-    baseline = best = search.measure(*search.affordable(start))
-    while search.climb_remaining > 0:
-        gains = {}
-        for knob, candidates in _neighbours(best.config, min_workers, max_workers, cuda).items():
-            if knob in fixed:
-                continue
-            for candidate in candidates:
-                if search.climb_remaining <= 0:
-                    break
-                trial = search.measure(*respect_fixed(candidate))
-                if trial.refused is None and trial.batches_per_sec > gains.get(knob, best).batches_per_sec:
-                    gains[knob] = trial
-        if not gains:
-            break
-        winner = max(gains.values(), key=lambda trial: trial.batches_per_sec)
-        if winner.batches_per_sec <= best.batches_per_sec * (1 + noise):
-            break
-        best = winner
-    search.confirm()
-    baseline = search.trials[baseline.config]
-    measured = [trial for trial in search.trials.values() if trial.refused is None and trial.batches > 1]
+    runner = TrialRunner(dataset, batch_size, loader_kwargs, hardware, path, limits, listener)
+    pins = path.pin_choices()
+    search = _Search(runner, fixed, pins, limits)
+    runner.learn_batch_size()
+    start_pin = policy.pin_memory if policy.pin_memory in pins else pins[0]
+    start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
+    baseline = best = runner.measure(*runner.affordable(start))
+    best = search.climb_workers(best)
+    best = search.tune_prefetch(best)
+    best = search.tune_pin(best)
+    search.repeat_outliers()
+    search.confirm_close_calls()
+    baseline = runner.trials[baseline.config]
+    measured = search._measured()
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
-    cheapest = cheapest_near(measured, 1 - noise) or baseline
-    settings = _settings_from(cheapest, policy, max_epochs)
+    chosen = cheapest_near(measured, 1 - choose_within) or baseline
+    settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(
         settings=settings,
-        trials=tuple(search.trials.values()),
+        trials=tuple(runner.trials.values()),
         search_seconds=0.0,
         baseline_batches_per_sec=baseline.batches_per_sec,
         best_batches_per_sec=top,
-        chosen_batches_per_sec=cheapest.batches_per_sec,
+        chosen_batches_per_sec=chosen.batches_per_sec,
+        batch_size=batch_size,
+        stop_reason=search.stop_reason,
+        stop_detail=search.stop_detail,
+        bounds=runner.worker_bounds(chosen.prefetch_factor, chosen.pin_memory),
     )
 
 
-def _settings_from(trial: Trial, policy: LoaderSettings, max_epochs: int | None) -> LoaderSettings:
+def _settings_from(trial: Trial, max_epochs: int | None) -> LoaderSettings:
     persistent = trial.num_workers > 0 and max_epochs != 1
     reasons = {
         "num_workers": f"measured: {trial.batches_per_sec:.1f} batches/s, the cheapest within noise of the best",

@@ -1,8 +1,9 @@
 """The autotune cache: one JSON file of results, keyed by what decides the answer.
 
-The key changes with the hardware (CPUs per rank, GPU), the device the batches go to, the dataset
-(type, length and simple attributes, or its ``dataperf_fingerprint()``), the batch size and the
-collate function. A cache that cannot be read or written warns once, naming the path and the reason;
+The key changes with the hardware (CPUs per rank, RAM, GPU), the transfer path the batches take
+(device, stock copy or side stream, device transform, step), the dataset (type, length, simple
+attributes and its ``transform``, or its ``dataperf_fingerprint()``), the batch size and the collate
+function. A cache that cannot be read or written warns once, naming the path and the reason;
 training goes on and the next run searches again.
 
 Example::
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,8 +29,8 @@ from lightning_dataperf.hardware import Hardware
 
 __all__ = ["CACHE_VERSION", "cache_key", "dataset_fingerprint", "default_cache_path", "read_entry", "write_entry"]
 
-CACHE_VERSION = 2
-_WARNED: set[tuple[str, str]] = set()
+CACHE_VERSION = 3
+_WARNED: set[str] = set()
 
 
 def default_cache_path() -> Path:
@@ -49,7 +51,18 @@ def dataset_fingerprint(dataset: Any) -> str:
         if isinstance(value, (int, float, str, bool, tuple, type(None))) and not key.startswith("_")
     }
     kind = f"{type(dataset).__module__}.{type(dataset).__qualname__}"
-    return f"{kind}|{sized_len(dataset)}|{simple!r}"
+    transform = _describe(getattr(dataset, "transform", None))
+    return f"{kind}|{sized_len(dataset)}|{simple!r}|transform={transform}"
+
+
+def _describe(value: Any) -> str:
+    """A callable's repr without memory addresses (torchvision's ``Compose`` repr lists every parameter)."""
+    if value is None:
+        return "none"
+    text = repr(value)
+    if " at 0x" in text:  # a plain function or object: its qualified name is what is stable
+        text = f"{type(value).__module__}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+    return re.sub(r"0x[0-9a-f]+", "", text)
 
 
 def cache_key(hardware: Hardware, dataset: Any, batch_size: int, loader_kwargs: Mapping[str, Any], device: str) -> str:
@@ -61,6 +74,7 @@ def cache_key(hardware: Hardware, dataset: Any, batch_size: int, loader_kwargs: 
     parts = [
         f"v{CACHE_VERSION}",
         f"cpus={hardware.cpus_per_rank}",
+        f"ram_gb={round(hardware.ram_total_mb / 1024)}",
         f"gpu={gpu}",
         f"device={device}",
         dataset_fingerprint(dataset),
@@ -109,9 +123,9 @@ def write_entry(path: Path, key: str, entry: Mapping[str, Any]) -> bool:
 
 
 def _warn_once(path: Path, action: str, error: BaseException) -> None:
-    if (str(path), action) in _WARNED:
+    if str(path) in _WARNED:  # once per path: a cache that can be neither read nor written says it once
         return
-    _WARNED.add((str(path), action))
+    _WARNED.add(str(path))
     warnings.warn(
         f"DataPerf autotune cannot {action} its cache {path} ({error}); training goes on, but the next run "
         "searches again. Point LIGHTNING_DATAPERF_CACHE (or autotune_options={'cache_path': ...}) at a "

@@ -1,15 +1,21 @@
-"""Autotune's trials: run one DataLoader configuration on the real dataset and measure batches/s.
+"""Autotune's trials: run one DataLoader configuration on the real dataset, the way training will consume it.
 
-:class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far,
-the memory guard that refuses configurations whose batches in flight would not fit, and the fixed
-sample order each trial reads a fresh slice of. Trial loaders draw from their own generator and are
-shut down at once (workers and pin thread); :func:`rng_untouched` restores the global RNGs.
+:class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far, the
+memory guard that refuses configurations whose batches in flight would not fit, the bounds of what the
+machine can give (:meth:`TrialRunner.worker_bounds`) and the fixed sample order each trial reads a fresh
+slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consumer.TransferPath`
+training uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker
+start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
+(``workers x prefetch``); the trial stops as soon as its rate is known within ``Limits.precision``
+(the standard error of rounds of ``num_workers`` batches), or at its time or batch cap. Trial loaders draw
+from their own generator and are shut down at once (workers and pin thread); :func:`rng_untouched`
+restores the global RNGs.
 
 Example::
 
-    runner = TrialRunner(dataset, 64, {}, hardware, device=None, limits=Limits(10.0, 200, 0.03, 0.5, None, 0))
+    runner = TrialRunner(dataset, 64, {}, hardware, TransferPath(), limits=Limits(10.0, 200, 0.03, 0.5, None, 0))
     runner.learn_batch_size()
-    trial = runner.measure(4, 2, False)      # Trial(num_workers=4, ..., batches_per_sec=...)
+    trial = runner.measure(4, 2, False)      # Trial(num_workers=4, ..., batches_per_sec=..., startup_s=...)
 """
 
 from __future__ import annotations
@@ -17,9 +23,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import itertools
+import math
+import os
 import random
+import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,25 +38,47 @@ from lightning.fabric.utilities.data import sized_len
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
-from lightning_dataperf.batches import BatchFootprint, map_tensors
+from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
-from lightning_dataperf.preflight import pinned_bytes
+from lightning_dataperf.preflight import open_file_limit, pinned_bytes
 
-__all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "rng_untouched"]
+__all__ = [
+    "Limits",
+    "Trial",
+    "TrialRunner",
+    "cheapest_near",
+    "confirmation_candidates",
+    "rng_untouched",
+    "steady_rate",
+]
 
 _MB = 2**20
-#: Share of the time budget kept for re-measuring the best few configurations after the climb.
-CONFIRM_SHARE = 0.2
 #: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
 #: configuration within noise of the best, and one unlucky measurement must not rule it out.
 CONFIRM_BAND = 0.7
-#: Confirmation rounds at most; more run only while the budget holds another round.
-MAX_CONFIRM_ROUNDS = 4
+#: Fewest rounds of ``num_workers`` batches a trial's rate is computed from.
+MIN_ROUNDS = 3
+#: Fewest steady batches a trial's rate is computed from.
+MIN_STEADY_BATCHES = 6
+#: Busy workers per CPU the search may try. Past 1 it still pays when workers also wait (the queue, the
+#: pin thread, shared-memory hand-over): measured on the H200, PIL decode + crop workers busy 92% of the
+#: time delivered most at 20-32 workers on 16 cores. Past 2 it only costs memory and main-thread CPU.
+CPU_OVERSUBSCRIPTION = 2.0
+#: Share of the free file descriptors the loader's workers may take.
+FD_SHARE = 0.5
 
 
 @dataclass(frozen=True)
 class Trial:
-    """One measured (or refused) configuration."""
+    """One measured (or refused) configuration.
+
+    ``batches_per_sec`` is the steady rate (start-up and the first round of ready batches excluded);
+    ``startup_s`` the time to the first batch (worker start-up: paid every epoch by non-persistent
+    loaders); ``seconds`` the trial's whole wall time; ``worker_busy`` each worker's CPU busy share and
+    ``worker_mb`` its own (unique) memory, both measured during the trial; ``measurements`` > 1 when it
+    was measured again (an outlier against its neighbours, or a close call) and the rate is the mean.
+    """
 
     num_workers: int
     prefetch_factor: int | None
@@ -57,6 +89,10 @@ class Trial:
     memory_mb: float = 0.0
     refused: str | None = None
     measurements: int = 1
+    seconds: float = 0.0
+    worker_busy: float | None = None
+    worker_mb: float | None = None
+    precision: float | None = None
 
     @property
     def config(self) -> tuple[int, int | None, bool]:
@@ -78,6 +114,12 @@ class Limits:
     memory_fraction: float
     max_epochs: int | None
     min_workers: int
+    precision: float = 0.03
+    trial_seconds: float | None = None  # cap per trial; default: a fifteenth of the budget, at least 1 s
+
+    @property
+    def trial_cap(self) -> float:
+        return self.trial_seconds if self.trial_seconds is not None else max(1.0, self.time_budget / 15)
 
 
 class _Offsets(Sampler[int]):
@@ -115,6 +157,33 @@ def rng_untouched() -> Iterator[None]:
                 numpy.random.set_state(numpy_state)
 
 
+def steady_rate(arrivals: list[float], round_size: int, skip: int | None = None) -> tuple[float, float, int]:
+    """Steady batches/s from batch arrival times, its relative standard error, and the batches it counts.
+
+    ``arrivals[0]`` is the first batch (the end of start-up). The ``skip`` batches after it (default
+    ``round_size - 1``; a trial passes ``workers x prefetch - 1``) are the ones the workers had queued
+    while the others were still starting (a burst that says nothing about the steady rate); the rest is
+    cut into rounds of ``round_size`` batches (workers deliver in rounds), whose durations give the
+    standard error. Returns ``(0, inf, 0)`` when there is not one whole round yet.
+    """
+    round_size = max(1, round_size)
+    skip = round_size - 1 if skip is None else max(0, skip)
+    steady = arrivals[skip:]
+    rounds = (len(steady) - 1) // round_size
+    if rounds < 1 or rounds * round_size < 2:
+        return 0.0, math.inf, 0
+    ends = steady[::round_size][: rounds + 1]
+    durations = [later - earlier for earlier, later in itertools.pairwise(ends)]
+    total = ends[-1] - ends[0]
+    if total <= 0:
+        return 0.0, math.inf, 0
+    rate = rounds * round_size / total
+    if rounds < 2:
+        return rate, math.inf, rounds * round_size
+    error = statistics.stdev(durations) / statistics.fmean(durations) / math.sqrt(rounds)
+    return rate, error, rounds * round_size
+
+
 def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:
     """The ``count`` fastest trials, then the cheapest trial within ``band`` of the fastest if not among them."""
     ranked = sorted(trials, key=lambda trial: trial.batches_per_sec, reverse=True)
@@ -133,8 +202,11 @@ def cheapest_near(trials: list[Trial], share: float) -> Trial | None:
     return min((trial for trial in trials if trial.batches_per_sec >= share * top), key=lambda trial: trial.cost)
 
 
+TrialListener = Callable[[str, Any], None]
+
+
 class TrialRunner:
-    """State of one search: budgets, the measured trials, the memory guard."""
+    """State of one search: budgets, the measured trials, the memory guard, the machine's bounds."""
 
     def __init__(
         self,
@@ -142,15 +214,19 @@ class TrialRunner:
         batch_size: int,
         loader_kwargs: Mapping[str, Any],
         hardware: Hardware,
-        device: torch.device | None,
+        path: TransferPath,
         limits: Limits,
+        listener: TrialListener | None = None,
     ) -> None:
         self.dataset, self.batch_size, self.loader_kwargs = dataset, batch_size, dict(loader_kwargs)
-        self.hardware, self.device, self.limits = hardware, device, limits
+        self.hardware, self.path, self.limits = hardware, path, limits
+        self.listener = listener or (lambda event, value: None)
         self.deadline = time.perf_counter() + limits.time_budget
         self.trials: dict[tuple[int, int | None, bool], Trial] = {}
         self.batch_bytes: int | None = None
+        self.batch_tensors = 1
         length = sized_len(dataset) or 0
+        self.batches_per_epoch = length // max(1, batch_size) if length else None
         generator = torch.Generator().manual_seed(0)
         self.order = torch.randperm(length, generator=generator).tolist() if length else []
         self.offset = 0
@@ -159,50 +235,19 @@ class TrialRunner:
     def remaining(self) -> float:
         return self.deadline - time.perf_counter()
 
-    @property
-    def climb_remaining(self) -> float:
-        """Time left for the climb; the rest of the budget is kept for :meth:`confirm`."""
-        return self.remaining - CONFIRM_SHARE * self.limits.time_budget
-
-    def confirm(self, count: int = 3) -> None:
-        """Re-measure the best ``count`` configurations and the cheapest near them, in rounds, keeping means.
-
-        One lucky trial must not win, and one unlucky trial must not rule out the cheap choice. Each
-        round measures its candidates back to back (so drift on a busy machine hits them alike); rounds
-        repeat, up to ``MAX_CONFIRM_ROUNDS``, while the budget holds another one.
-        """
-        for _ in range(MAX_CONFIRM_ROUNDS):
-            started = time.perf_counter()
-            if not self._confirm_round(count):
-                return
-            if self.remaining < time.perf_counter() - started:
-                return
-
-    def _confirm_round(self, count: int) -> bool:
-        """One measurement more of each candidate; ``False`` when the budget ran out on the way."""
-        measured = [trial for trial in self.trials.values() if trial.refused is None and trial.batches > 1]
-        for trial in confirmation_candidates(measured, count):
-            if self.remaining <= 0:
-                return False
-            again = self._run(*trial.config)
-            if again.batches > 1:
-                rate = (trial.batches_per_sec * trial.measurements + again.batches_per_sec) / (trial.measurements + 1)
-                self.trials[trial.config] = dataclasses.replace(
-                    trial,
-                    batches_per_sec=rate,
-                    batches=trial.batches + again.batches,
-                    measurements=trial.measurements + 1,
-                )
-        return True
-
     def learn_batch_size(self) -> None:
         """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
         kwargs = {key: value for key, value in self.loader_kwargs.items() if key in {"collate_fn", "drop_last"}}
         sampler = _Offsets(self.order, self.offset) if self.order else None
         batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
         self.offset += self.batch_size
-        self.batch_bytes = BatchFootprint.of(batch).bytes
+        self._learn(batch)
 
+    def _learn(self, batch: Any) -> None:
+        self.batch_bytes = BatchFootprint.of(batch).bytes
+        self.batch_tensors = max(1, sum(1 for _ in iter_tensors(batch)))
+
+    # ------------------------------------------------------------------ bounds
     def affordable(self, config: tuple[int, int | None, bool]) -> tuple[int, int | None, bool]:
         """``config``, or the nearest one with fewer workers / less prefetch that the memory guard accepts."""
         workers, prefetch, pin = config
@@ -230,6 +275,47 @@ class TrialRunner:
             return f"needs ~{need:.0f} MB of /dev/shm and pinned RAM, over {100 * fraction:.0f}% of free"
         return None
 
+    def worker_bounds(self, prefetch: int | None, pin: bool) -> dict[str, int]:
+        """The most workers each resource allows at this prefetch: the search never goes past the smallest.
+
+        * ``"/dev/shm"``: batches in flight (workers x prefetch) within ``memory_fraction`` of the free space;
+        * ``"memory"``: each worker's own memory (measured in the trials) plus its batches in flight
+          within ``memory_fraction`` of the available RAM;
+        * ``"file descriptors"``: a worker's queues and shared tensors within half the free descriptors;
+        * ``"CPU share"``: twice the rank's CPUs divided by each worker's measured busy share (CPU-bound
+          workers: 2x the CPUs; an I/O-latency loader, busy 5% of the time, may use 40x the CPUs);
+        * ``"dataset"``: no more workers than batches in one epoch.
+        """
+        prefetch = prefetch or 2
+        fraction = self.limits.memory_fraction
+        batch_mb = (self.batch_bytes or 0) / _MB
+        bounds: dict[str, int] = {}
+        if batch_mb > 0 and self.hardware.shm_free_mb is not None:
+            pinned_mb = pinned_bytes(self.batch_bytes or 0, 1) / _MB if pin else 0.0
+            shm = fraction * min(self.hardware.shm_free_mb, self.hardware.ram_available_mb)
+            bounds["/dev/shm"] = max(0, int((shm / (batch_mb + pinned_mb) - 2) // prefetch))
+        worker_mb = self._measured("worker_mb", max)
+        if worker_mb is not None and self.hardware.ram_available_mb:
+            per_worker = worker_mb + batch_mb * prefetch
+            bounds["memory"] = max(1, int(fraction * self.hardware.ram_available_mb // max(per_worker, 1e-3)))
+        limit = open_file_limit()
+        if limit is not None:
+            free = limit - _open_files()
+            per_worker = 6 + 2 * prefetch * self.batch_tensors
+            bounds["file descriptors"] = max(1, int(FD_SHARE * free // per_worker))
+        busy = self._measured("worker_busy", max)
+        if busy is not None:
+            share = CPU_OVERSUBSCRIPTION * self.hardware.cpus_per_rank / max(busy, 0.02)
+            bounds["CPU share"] = max(1, math.floor(share))
+        if self.batches_per_epoch:
+            bounds["dataset"] = max(1, self.batches_per_epoch)
+        return bounds
+
+    def _measured(self, field: str, reduce: Callable[[list[float]], float]) -> float | None:
+        values = [getattr(trial, field) for trial in self.trials.values() if getattr(trial, field) is not None]
+        return reduce(values) if values else None
+
+    # ------------------------------------------------------------------ trials
     def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
         key = (workers, prefetch if workers else None, pin)
         if key in self.trials:
@@ -237,12 +323,35 @@ class TrialRunner:
         if (reason := self.refusal(*key)) is not None:
             trial = Trial(*key, memory_mb=self.memory_mb(*key), refused=reason)
         else:
+            self.listener("start", key)
             trial = self._run(*key)
+            self.listener("done", trial)
         self.trials[key] = trial
         return trial
 
+    def remeasure(self, trial: Trial) -> Trial:
+        """Measure ``trial`` once more; its rate becomes the mean of all its measurements."""
+        if trial.refused is not None or self.remaining <= 0:
+            return trial
+        self.listener("start", trial.config)
+        again = self._run(*trial.config)
+        if again.batches > 1 and again.batches_per_sec > 0:
+            count = trial.measurements
+            trial = dataclasses.replace(
+                trial,
+                batches_per_sec=(trial.batches_per_sec * count + again.batches_per_sec) / (count + 1),
+                batches=trial.batches + again.batches,
+                measurements=count + 1,
+                seconds=trial.seconds + again.seconds,
+                startup_s=min(trial.startup_s, again.startup_s),
+                worker_busy=again.worker_busy if again.worker_busy is not None else trial.worker_busy,
+                worker_mb=again.worker_mb if again.worker_mb is not None else trial.worker_mb,
+            )
+        self.trials[trial.config] = trial
+        self.listener("done", trial)
+        return trial
+
     def _run(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        per_trial = max(0.25, min(self.remaining, self.limits.time_budget / 20))
         sampler = _Offsets(self.order, self.offset) if self.order else None
         kwargs = {
             key: value
@@ -256,31 +365,128 @@ class TrialRunner:
         started = time.perf_counter()
         iterator = iter(loader)
         try:
-            batches, startup, elapsed = self._drain(iterator, started, per_trial)
+            arrivals, startup, busy, worker_mb = self._drain(iterator, started, workers, _skip(workers, prefetch))
         finally:
             shutdown_loader_iterator(iterator)
             del iterator, loader
             gc.collect()
-        self.offset += batches * self.batch_size
-        rate = (batches - 1) / elapsed if batches > 1 and elapsed > 0 else 0.0
-        return Trial(workers, prefetch, pin, rate, startup, batches, self.memory_mb(workers, prefetch, pin))
+        seconds = time.perf_counter() - started
+        self.offset += len(arrivals) * self.batch_size
+        rate, error, counted = steady_rate(arrivals, workers, _skip(workers, prefetch))
+        if counted == 0 and len(arrivals) > 1:  # the budget ran out before one steady round: a rough rate
+            rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
+        return Trial(
+            workers,
+            prefetch,
+            pin,
+            rate,
+            startup,
+            len(arrivals),
+            self.memory_mb(workers, prefetch, pin),
+            seconds=seconds,
+            worker_busy=busy,
+            worker_mb=worker_mb,
+            precision=None if math.isinf(error) else error,
+        )
 
-    def _drain(self, iterator: Iterator[Any], started: float, per_trial: float) -> tuple[int, float, float]:
-        """Time to the first batch (start-up), then steady batches/s until the trial's time or batch budget."""
-        batches, startup, steady_start = 0, 0.0, started
-        copy = self.device is not None and self.device.type == "cuda"
+    def _drain(
+        self, iterator: Iterator[Any], started: float, workers: int, skip: int
+    ) -> tuple[list[float], float, float | None, float | None]:
+        """Arrival times of the consumed batches, the start-up, each worker's CPU busy share and memory.
+
+        The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
+        always sees one whole round after it unless the search's budget runs out: many workers on few
+        cores take seconds to start, and a trial cut short then measures only their staggered arrival.
+        """
+        arrivals: list[float] = []
+        consume = self.path.consumer()
+        cap, limits = self.limits.trial_cap, self.limits
+        workers_cpu = _WorkerCpu() if workers else None
+        cpu_start = wall_start = None
+        worker_mb = None
+        last_report = started
+        round_size = max(1, workers)
+        startup = 0.0
         for batch in iterator:
-            if copy:
-                map_tensors(batch, lambda tensor: tensor.to(self.device, non_blocking=True))
-            batches += 1
-            now = time.perf_counter()
-            if batches == 1:
-                startup, steady_start = now - started, now
+            if not arrivals:
+                startup = time.perf_counter() - started
                 if self.batch_bytes is None:
-                    self.batch_bytes = BatchFootprint.of(batch).bytes
-            enough = batches >= 3 and (batches > self.limits.batch_budget or now - started > per_trial)
-            if enough or self.remaining <= 0:
+                    self._learn(batch)
+            consume(batch)
+            now = time.perf_counter()
+            arrivals.append(now)
+            count = len(arrivals)
+            if workers_cpu is not None and count == skip + 1:
+                cpu_start, wall_start = workers_cpu.seconds(), now
+            if count > 1 and now - last_report > 0.25:
+                last_report = now
+                self.listener("progress", (count - 1) / (now - arrivals[0]))
+            if self.remaining <= 0:
                 break
-        if copy:
-            torch.cuda.synchronize(self.device)
-        return batches, startup, time.perf_counter() - steady_start
+            if count < skip + 1 + round_size or count < 3:
+                continue  # not one steady round yet
+            if now - arrivals[skip] > cap or count > limits.batch_budget + skip:
+                break
+            if (count - skip - 1) % round_size == 0:
+                _, error, counted = steady_rate(arrivals, workers, skip)
+                enough_rounds = counted >= max(MIN_STEADY_BATCHES, MIN_ROUNDS * round_size)
+                if enough_rounds and error <= limits.precision:
+                    break
+        if workers_cpu is not None:
+            worker_mb = workers_cpu.unique_mb()
+        consume.finish()
+        if arrivals:
+            arrivals[-1] = time.perf_counter()  # the last batch is consumed once the device is done
+        busy = None
+        if workers_cpu is not None and cpu_start is not None and wall_start is not None:
+            wall = time.perf_counter() - wall_start
+            if wall > 0:
+                busy = min(1.0, (workers_cpu.seconds() - cpu_start) / (wall * workers))
+        return arrivals, (startup if arrivals else time.perf_counter() - started), busy, worker_mb
+
+
+def _skip(workers: int, prefetch: int | None) -> int:
+    """Batches after the first that the workers may have queued during start-up (the burst)."""
+    return max(0, workers * (prefetch or 0) - 1) if workers else 0
+
+
+class _WorkerCpu:
+    """CPU seconds and unique memory of this process's children (the trial loader's workers)."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+
+            self._me = psutil.Process()
+        except Exception:  # psutil missing or /proc unreadable: no busy share, no memory bound
+            self._me = None
+
+    def _children(self) -> list[Any]:
+        if self._me is None:
+            return []
+        try:
+            return self._me.children()
+        except Exception:
+            return []
+
+    def seconds(self) -> float:
+        total = 0.0
+        for child in self._children():
+            with contextlib.suppress(Exception):
+                times = child.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def unique_mb(self) -> float | None:
+        sizes = []
+        for child in self._children():
+            with contextlib.suppress(Exception):
+                sizes.append(child.memory_full_info().uss / _MB)
+        return max(sizes) if sizes else None
+
+
+def _open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0

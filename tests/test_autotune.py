@@ -13,7 +13,7 @@ from helpers import IndexData, RecordingModel, fake_hardware, run_two_ranks, tra
 
 from lightning_dataperf import autotune_loader
 from lightning_dataperf.autotune import AutotuneResult
-from lightning_dataperf.autotune_trials import Trial, confirmation_candidates
+from lightning_dataperf.autotune_trials import Trial, confirmation_candidates, steady_rate
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -58,7 +58,8 @@ def test_memory_guard_refuses_oversized_configurations(tmp_path):
     cramped = fake_hardware(usable_cpus=8, shm_free_mb=40.0, ram_available_mb=40.0, accelerator="cpu")
     result = autotune_loader(BigSamples(256), 16, hardware=cramped, time_budget=3.0, cache_path=tmp_path / "c.json")
     refused = [trial for trial in result.trials if trial.refused]
-    assert refused and all("over 50% of free" in trial.refused for trial in refused)
+    assert all("over 50% of free" in trial.refused for trial in refused)
+    assert result.stop_reason in {"/dev/shm", "memory guard"} and "/dev/shm" in result.bounds
     assert result.settings.num_workers * (result.settings.prefetch_factor or 0) * 16 <= 20
 
 
@@ -130,3 +131,264 @@ def test_confirmation_remeasures_the_fastest_and_the_cheapest_near_them():
     fastest_only = [trial.config for trial in confirmation_candidates(trials, count=3, band=0.9)]
     assert fastest_only == [(4, 2, False), (8, 2, False), (2, 2, False)], "(2, 2) is already the cheapest near"
     assert confirmation_candidates([], count=3) == []
+
+
+# ---------------------------------------------------------------------------------------------- issue 18
+class FakeRunner:
+    """Stands in for TrialRunner: rates from a function of the configuration, no processes, no clocks."""
+
+    def __init__(self, rate, bounds=None, busy=0.05):
+        self.rate, self.bounds, self.busy = rate, bounds or {}, busy
+        self.trials, self.remaining, self.measured, self.remeasured = {}, 100.0, [], []
+
+    def measure(self, workers, prefetch, pin):
+        key = (workers, prefetch if workers else None, pin)
+        if key not in self.trials:
+            self.measured.append(key)
+            self.trials[key] = Trial(*key, batches_per_sec=self.rate(*key), batches=20, worker_busy=self.busy)
+        return self.trials[key]
+
+    def remeasure(self, trial):
+        self.remeasured.append(trial.config)
+        again = dataclasses.replace(trial, batches_per_sec=self.rate(*trial.config), measurements=2)
+        self.trials[trial.config] = again
+        return again
+
+    def worker_bounds(self, prefetch, pin):
+        return dict(self.bounds)
+
+
+def _search_with(runner, cpus=2, min_workers=1):
+    from lightning_dataperf.autotune import _Search
+    from lightning_dataperf.autotune_trials import Limits
+
+    limits = Limits(30.0, 200, 0.03, 0.5, None, min_workers)
+    return _Search(runner, {}, (False,), limits)
+
+
+def test_io_latency_climb_goes_past_twice_the_cpus_and_says_why_it_stopped():
+    # 20 ms of latency per batch per worker, no CPU: the rate grows with workers until 1,000 batches/s.
+    runner = FakeRunner(lambda workers, prefetch, pin: min(50.0 * workers, 1000.0))
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(1, 2, False))
+    assert best.num_workers >= 20 > 2 * 2  # twice the 2 CPUs was the old ceiling
+    assert search.stop_reason == "gain" and "more gave nothing" in search.stop_detail
+
+
+def test_climb_stops_at_the_smallest_bound_and_names_it():
+    runner = FakeRunner(lambda workers, prefetch, pin: 50.0 * workers, bounds={"file descriptors": 24, "dataset": 99})
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(1, 2, False))
+    assert best.num_workers == 24 and max(config[0] for config in runner.measured) == 24
+    assert search.stop_reason == "file descriptors" and "24 workers" in search.stop_detail
+
+
+def test_cpu_bound_loader_climbs_down_when_fewer_workers_are_as_fast():
+    runner = FakeRunner(lambda workers, prefetch, pin: min(100.0 * workers, 200.0), busy=1.0)
+    search = _search_with(runner, min_workers=0)
+    best = search.climb_workers(runner.measure(8, 2, False))
+    assert best.num_workers == 2 and search.stop_reason == "fewer"
+
+
+def test_a_slow_trial_at_the_end_of_the_climb_is_measured_again_before_it_stops_the_search():
+    seen = set()
+
+    def rate(workers, prefetch, pin):
+        if workers == 8 and workers not in seen:  # start-up artefact: measured once at 2.5 batches/s
+            seen.add(workers)
+            return 2.5
+        return 50.0 * min(workers, 16)
+
+    runner = FakeRunner(rate)
+    best = _search_with(runner).climb_workers(runner.measure(4, 2, False))
+    assert (8, 2, False) in runner.remeasured and best.num_workers == 16
+
+
+def test_outliers_against_their_neighbours_are_repeated():
+    rates = {1: 50.0, 2: 100.0, 4: 30.0, 8: 400.0, 16: 420.0}
+    runner = FakeRunner(lambda workers, prefetch, pin: rates[workers])
+    for workers in rates:
+        runner.measure(workers, 2, False)
+    _search_with(runner).repeat_outliers()
+    assert runner.remeasured == [(4, 2, False)]
+
+
+def test_steady_rate_excludes_start_up_and_the_first_round():
+    # 4 workers: start-up ends at t=5 s, the first round arrives at once, then one round of 4 every 0.1 s.
+    arrivals = [5.0, 5.0001, 5.0002, 5.0003]
+    for round_index in range(1, 6):
+        arrivals += [5.0003 + 0.1 * round_index + 0.0001 * k for k in range(4)]
+    rate, error, counted = steady_rate(arrivals, 4)
+    assert rate == pytest.approx(40.0, rel=0.01) and counted == 20 and error < 0.01
+    assert steady_rate(arrivals[:5], 4)[2] == 0  # not one whole round yet: no rate
+
+
+class SlowStart(SleepingLoaderDataset):
+    def __getitem__(self, index):
+        threading.Event().wait(0.005)
+        return super().__getitem__(index)
+
+
+def _slow_worker_start(worker_id):
+    threading.Event().wait(1.0)
+
+
+def test_worker_start_up_is_reported_apart_and_not_ranked_on():
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_trials import Limits, TrialRunner
+
+    limits = Limits(20.0, 400, 0.03, 0.5, None, 1, trial_seconds=10.0)
+    runner = TrialRunner(
+        SlowStart(4000), 4, {"worker_init_fn": _slow_worker_start}, fake_hardware(), TransferPath(), limits
+    )
+    runner.learn_batch_size()
+    trial = runner.measure(2, 2, False)
+    assert trial.startup_s >= 0.95 and trial.seconds >= trial.startup_s
+    # Steady: 2 workers x 4 samples x 5 ms = 100 batches/s. With the 1 s start-up counted it would read
+    # below (batches / seconds) = well under 30 batches/s.
+    assert trial.batches_per_sec > 30.0 > trial.batches / trial.seconds
+
+
+def test_real_io_loader_goes_past_twice_the_cpus_and_stops_at_the_shm_bound(tmp_path):
+    class Latency(SleepingLoaderDataset):
+        def __getitem__(self, index):
+            threading.Event().wait(0.005)
+            return torch.zeros(16 * 1024)  # 64 KB per sample, 512 KB per batch of 8
+
+    small = fake_hardware(
+        logical_cpus=2, physical_cpus=2, usable_cpus=2, shm_free_mb=24.0, ram_available_mb=32_000, accelerator="cpu"
+    )
+    result = autotune_loader(
+        Latency(4000), 8, hardware=small, time_budget=20.0, cache_path=tmp_path / "c.json", progress=False
+    )
+    assert result.settings.num_workers > 4, result.format()
+    assert result.stop_reason in {"/dev/shm", "gain"}, result.format()
+    assert result.bounds["/dev/shm"] == 11 and result.stop_detail
+    assert str(result.settings.num_workers) in result.summary_line()
+
+
+def test_unwritable_cache_warns_once_naming_the_path(tmp_path):
+    blocker = tmp_path / "not_a_directory"
+    blocker.write_text("x")
+    cache = blocker / "cache.json"
+    with pytest.warns(UserWarning, match="cannot (read|write) its cache") as caught:
+        for _ in range(2):
+            autotune_loader(SleepingLoaderDataset(256), 16, time_budget=0.5, cache_path=cache, progress=False)
+    messages = [str(warning.message) for warning in caught if "its cache" in str(warning.message)]
+    assert len(messages) == 1 and str(cache) in messages[0]
+
+
+def test_progress_lines_appear_and_can_be_silenced(tmp_path, capsys):
+    autotune_loader(SleepingLoaderDataset(512), 16, time_budget=1.0, cache_path=tmp_path / "a.json", progress="log")
+    err = capsys.readouterr().err
+    assert "DataPerf autotune: trial 1/~" in err and "batches/s" in err and "done in" in err
+    autotune_loader(SleepingLoaderDataset(512), 16, time_budget=1.0, cache_path=tmp_path / "b.json", progress=False)
+    captured = capsys.readouterr()
+    assert "DataPerf autotune" not in captured.err + captured.out
+    autotune_loader(SleepingLoaderDataset(512), 16, time_budget=1.0, cache_path=tmp_path / "c.json", progress="bar")
+    assert "DataPerf autotune" in capsys.readouterr().err
+
+
+def test_datamodule_progress_follows_the_trainer_and_can_be_silenced(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
+
+    def fit(**options):
+        datamodule = IndexData(
+            length=64, seed=3, autotune=True, autotune_options=dict(time_budget=1.0, **options), verbose=False
+        )
+        kwargs = dict(trainer_kwargs(tmp_path), enable_progress_bar=False)
+        pl.Trainer(max_epochs=1, logger=False, **kwargs).fit(RecordingModel(), datamodule=datamodule)
+        captured = capsys.readouterr()
+        return captured.out + captured.err, datamodule.autotune_result
+
+    shown, result = fit(force=True)
+    assert "DataPerf autotune: trial 1/~" in shown and result.transfer == "host"
+    assert result.elapsed_s > 0 and result.ended_at > 0
+    silent, _ = fit(force=True, progress=False)
+    assert "DataPerf autotune" not in silent
+
+
+def test_pinning_and_cache_key_follow_the_transfer_path():
+    from lightning_dataperf.autotune_cache import cache_key
+    from lightning_dataperf.autotune_consumer import TransferPath
+
+    cuda = torch.device("cuda", 0)
+    assert TransferPath(device=cuda, side_stream=True).pin_choices() == (True,)
+    assert TransferPath(device=cuda).pin_choices() == (True, False)
+    assert TransferPath().pin_choices() == (False,)
+    hardware, dataset = fake_hardware(), SleepingLoaderDataset(64)
+    keys = {
+        cache_key(hardware, dataset, 8, {}, path.describe())
+        for path in (
+            TransferPath(device=cuda),
+            TransferPath(device=cuda, side_stream=True),
+            TransferPath(device=cuda, side_stream=True, device_transform=torch.nn.functional.relu),
+            TransferPath(device=cuda, step_seconds=0.01),
+        )
+    }
+    assert len(keys) == 4
+
+    class WithTransform(SleepingLoaderDataset):
+        def __init__(self, length, transform):
+            super().__init__(length)
+            self.transform = transform
+
+    assert cache_key(hardware, WithTransform(64, abs), 8, {}, "x") != cache_key(
+        hardware, WithTransform(64, round), 8, {}, "x"
+    )
+    assert cache_key(hardware, dataset, 8, {}, "x") != cache_key(fake_hardware(usable_cpus=4), dataset, 8, {}, "x")
+
+
+def test_a_busy_step_bounds_the_rate_on_the_host():
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_trials import Limits, TrialRunner
+
+    limits = Limits(10.0, 60, 0.03, 0.5, None, 0, trial_seconds=2.0)
+    path = TransferPath(step_seconds=0.02)  # 20 ms of main-thread work per batch: at most 50 batches/s
+    runner = TrialRunner(SleepingLoaderDataset(4000), 4, {}, fake_hardware(), path, limits)
+    runner.learn_batch_size()
+    assert 0 < runner.measure(0, None, False).batches_per_sec <= 50.0 * 1.02
+
+
+def test_summary_line_quotes_the_measurement_and_the_stop():
+    result = AutotuneResult(
+        settings=__import__("lightning_dataperf").LoaderSettings(16, True, True, 2),
+        trials=(Trial(16, 2, True, 29.8, 0.4, 100, 64.0), Trial(24, 2, True, 29.5, 0.6, 100, 96.0)),
+        search_seconds=12.0,
+        baseline_batches_per_sec=28.0,
+        best_batches_per_sec=29.8,
+        chosen_batches_per_sec=29.77,
+        batch_size=128,
+        stop_reason="gain",
+        stop_detail="more gave nothing (24 workers: -1%)",
+        bounds={"CPU share": 17},
+    )
+    assert result.summary_line() == (
+        "autotune measured 16 workers (prefetch 2, pinned) at 3,811 samples/s; more gave nothing (24 workers: -1%)"
+    )
+    assert AutotuneResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
+    assert "stopped: more gave nothing" in result.format()
+
+
+def test_trials_take_the_strategys_path_side_stream_pinned_only():
+    from types import SimpleNamespace
+
+    from lightning_dataperf.autotune_lightning import transfer_path_of
+    from lightning_dataperf.strategies import SideStreamTransferMixin
+
+    class FakeSideStream(SideStreamTransferMixin):
+        root_device = torch.device("cuda", 0)
+        side_stream_active = True
+
+    def transform(batch):
+        return batch
+
+    strategy = FakeSideStream.__new__(FakeSideStream)
+    strategy.pin, strategy.min_bytes, strategy.device_transform = True, 1024, transform
+    path = transfer_path_of(SimpleNamespace(strategy=strategy), {"step_seconds": 0.011})
+    assert path.side_stream and path.pin_choices() == (True,) and path.min_bytes == 1024
+    assert path.device_transform is transform and path.step_seconds == 0.011
+    stock = SimpleNamespace(root_device=torch.device("cuda", 0))
+    assert transfer_path_of(SimpleNamespace(strategy=stock), {}).pin_choices() == (True, False)
+    host = SimpleNamespace(root_device=torch.device("cpu"))
+    assert transfer_path_of(SimpleNamespace(strategy=host), {}).describe() == "host"
