@@ -31,7 +31,7 @@ from lightning_dataperf.loaders import first_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
 from lightning_dataperf.preflight import Problem, check_batch, check_loader
-from lightning_dataperf.run_evidence import gather_evidence
+from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence
 from lightning_dataperf.stage_timer import StageTimer
 from lightning_dataperf.stats import EpochSummary
 from lightning_dataperf.system_stats import SystemStats
@@ -59,13 +59,11 @@ class DataPerfCallback(Callback):
     ``val/``, ``test/`` and ``predict/``. On CUDA the step figures come from CUDA events read back
     lazily, so the callback never synchronises the device per step.
 
-    A telemetry thread samples the GPU (NVML: utilisation, PCIe RX/TX, clocks, power), CPU cores,
-    loader workers, memory, ``/dev/shm`` and the dataset's disk, logged as ``System/...`` means. At
-    each epoch end the timings and telemetry become a verdict (:attr:`last_diagnosis`), printed on
-    rank zero, logged as TensorBoard text and appended to ``<log_dir>/dataperf_summaries.jsonl``.
-    At fit start pre-flight checks warn about ``/dev/shm``, open files, pinned RAM, fork-after-CUDA
-    and oversubscribed CPUs, and a watchdog reports (never kills) a loader that delivers nothing for
-    ``hang_timeout`` seconds.
+    Inside every training DataLoader (``Loader/...``: fetch, collate, pin, hand-over, busy fraction,
+    measured in the workers), telemetry (``System/...``) and, on CUDA, a per-epoch host-gap probe feed
+    each epoch's verdict (:attr:`last_diagnosis`), printed on rank zero, logged as TensorBoard text and
+    appended to ``<log_dir>/dataperf_summaries.jsonl``. Pre-flight checks warn at fit start; a watchdog
+    reports (never kills) a loader that delivers nothing for ``hang_timeout`` seconds.
 
     Args:
         batch_size_fn: returns the number of samples in a batch (default: Lightning's
@@ -315,10 +313,10 @@ class DataPerfCallback(Callback):
     def _autotune_seconds(self, trainer: pl.Trainer) -> float:
         """Seconds of a search run in this fit, before its first training epoch (once; 0 for a cache hit)."""
         result = getattr(trainer.datamodule, "autotune_result", None)
-        if result is None or result is self._autotune_before or getattr(result, "cached", False):
+        if result is None or result is self._autotune_before:
             return 0.0
         self._autotune_before = result
-        return float(getattr(result, "search_seconds", 0.0))
+        return autotune_seconds(result)
 
     def _report(self, trainer: pl.Trainer, summary: EpochSummary) -> None:
         diagnosis = diagnose(self._evidence(trainer, summary))

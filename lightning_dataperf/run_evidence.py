@@ -20,7 +20,7 @@ from lightning_dataperf.strategies import SideStreamTransferMixin
 from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.tags import Stage
 
-__all__ = ["gather_evidence"]
+__all__ = ["autotune_seconds", "autotune_words", "gather_evidence"]
 
 
 def gather_evidence(
@@ -70,3 +70,11 @@ def autotune_words(result: Any) -> str | None:
         f"{result.chosen_batches_per_sec:.1f} batches/s (best measured {result.best_batches_per_sec:.1f}), and that "
         "is what this loader uses"
     )
+
+
+def autotune_seconds(result: Any) -> float:
+    """What an autotune call cost this run: probe + search, or the cache lookup (older results: the search)."""
+    elapsed = getattr(result, "elapsed_s", None)
+    if elapsed is None:
+        elapsed = 0.0 if getattr(result, "cached", False) else getattr(result, "search_seconds", 0.0)
+    return float(elapsed)

@@ -13,7 +13,7 @@ from helpers import IndexData, RecordingModel, fake_hardware, run_two_ranks, tra
 
 from lightning_dataperf import autotune_loader
 from lightning_dataperf.autotune import AutotuneResult
-from lightning_dataperf.autotune_trials import Trial, confirmation_candidates, steady_rate
+from lightning_dataperf.autotune_records import Trial, confirmation_candidates, steady_rate
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -160,7 +160,7 @@ class FakeRunner:
 
 def _search_with(runner, cpus=2, min_workers=1):
     from lightning_dataperf.autotune import _Search
-    from lightning_dataperf.autotune_trials import Limits
+    from lightning_dataperf.autotune_records import Limits
 
     limits = Limits(30.0, 200, 0.03, 0.5, None, min_workers)
     return _Search(runner, {}, (False,), limits)
@@ -235,7 +235,8 @@ def _slow_worker_start(worker_id):
 
 def test_worker_start_up_is_reported_apart_and_not_ranked_on():
     from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_trials import Limits, TrialRunner
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
 
     limits = Limits(20.0, 400, 0.03, 0.5, None, 1, trial_seconds=10.0)
     runner = TrialRunner(
@@ -341,7 +342,8 @@ def test_pinning_and_cache_key_follow_the_transfer_path():
 
 def test_a_busy_step_bounds_the_rate_on_the_host():
     from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_trials import Limits, TrialRunner
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
 
     limits = Limits(10.0, 60, 0.03, 0.5, None, 0, trial_seconds=2.0)
     path = TransferPath(step_seconds=0.02)  # 20 ms of main-thread work per batch: at most 50 batches/s

@@ -1,0 +1,146 @@
+"""What one autotune trial measured, and how trials are ranked against each other.
+
+Example::
+
+    trial = Trial(num_workers=8, prefetch_factor=2, pin_memory=True, batches_per_sec=41.5, batches=60)
+    rate, error, used = steady_rate(arrival_times, round_size=8)
+    cheapest_near(trials, share=0.98)       # the cheapest configuration within 2% of the fastest
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CONFIRM_BAND",
+    "CPU_OVERSUBSCRIPTION",
+    "FD_SHARE",
+    "MIN_ROUNDS",
+    "MIN_STEADY_BATCHES",
+    "Limits",
+    "Trial",
+    "TrialListener",
+    "cheapest_near",
+    "confirmation_candidates",
+    "steady_rate",
+]
+
+#: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
+#: configuration within noise of the best, and one unlucky measurement must not rule it out.
+CONFIRM_BAND = 0.7
+#: Fewest rounds of ``num_workers`` batches a trial's rate is computed from.
+MIN_ROUNDS = 3
+#: Fewest steady batches a trial's rate is computed from.
+MIN_STEADY_BATCHES = 6
+#: Busy workers per CPU the search may try. Past 1 it still pays when workers also wait (the queue, the
+#: pin thread, shared-memory hand-over): measured on the H200, PIL decode + crop workers busy 92% of the
+#: time delivered most at 20-32 workers on 16 cores. Past 2 it only costs memory and main-thread CPU.
+CPU_OVERSUBSCRIPTION = 2.0
+#: Share of the free file descriptors the loader's workers may take.
+FD_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured (or refused) configuration.
+
+    ``batches_per_sec`` is the steady rate (start-up and the first round of ready batches excluded);
+    ``startup_s`` the time to the first batch (worker start-up: paid every epoch by non-persistent
+    loaders); ``seconds`` the trial's whole wall time; ``worker_busy`` each worker's CPU busy share and
+    ``worker_mb`` its own (unique) memory, both measured during the trial; ``measurements`` > 1 when it
+    was measured again (an outlier against its neighbours, or a close call) and the rate is the mean.
+    """
+
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    batches_per_sec: float = 0.0
+    startup_s: float = 0.0
+    batches: int = 0
+    memory_mb: float = 0.0
+    refused: str | None = None
+    measurements: int = 1
+    seconds: float = 0.0
+    worker_busy: float | None = None
+    worker_mb: float | None = None
+    precision: float | None = None
+
+    @property
+    def config(self) -> tuple[int, int | None, bool]:
+        return self.num_workers, self.prefetch_factor, self.pin_memory
+
+    @property
+    def cost(self) -> tuple[int, float, bool]:
+        """Cheaper first: fewer workers, less memory in flight, no pinning."""
+        return self.num_workers, self.memory_mb, self.pin_memory
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The knobs of one search that are not about the data."""
+
+    time_budget: float
+    batch_budget: int
+    noise: float
+    memory_fraction: float
+    max_epochs: int | None
+    min_workers: int
+    precision: float = 0.03
+    trial_seconds: float | None = None  # cap per trial; default: a fifteenth of the budget, at least 1 s
+
+    @property
+    def trial_cap(self) -> float:
+        return self.trial_seconds if self.trial_seconds is not None else max(1.0, self.time_budget / 15)
+
+
+def steady_rate(arrivals: list[float], round_size: int, skip: int | None = None) -> tuple[float, float, int]:
+    """Steady batches/s from batch arrival times, its relative standard error, and the batches it counts.
+
+    ``arrivals[0]`` is the first batch (the end of start-up). The ``skip`` batches after it (default
+    ``round_size - 1``; a trial passes ``workers x prefetch - 1``) are the ones the workers had queued
+    while the others were still starting (a burst that says nothing about the steady rate); the rest is
+    cut into rounds of ``round_size`` batches (workers deliver in rounds), whose durations give the
+    standard error. Returns ``(0, inf, 0)`` when there is not one whole round yet.
+    """
+    round_size = max(1, round_size)
+    skip = round_size - 1 if skip is None else max(0, skip)
+    steady = arrivals[skip:]
+    rounds = (len(steady) - 1) // round_size
+    if rounds < 1 or rounds * round_size < 2:
+        return 0.0, math.inf, 0
+    ends = steady[::round_size][: rounds + 1]
+    durations = [later - earlier for earlier, later in itertools.pairwise(ends)]
+    total = ends[-1] - ends[0]
+    if total <= 0:
+        return 0.0, math.inf, 0
+    rate = rounds * round_size / total
+    if rounds < 2:
+        return rate, math.inf, rounds * round_size
+    error = statistics.stdev(durations) / statistics.fmean(durations) / math.sqrt(rounds)
+    return rate, error, rounds * round_size
+
+
+def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:
+    """The ``count`` fastest trials, then the cheapest trial within ``band`` of the fastest if not among them."""
+    ranked = sorted(trials, key=lambda trial: trial.batches_per_sec, reverse=True)
+    chosen = ranked[:count]
+    cheapest = cheapest_near(ranked, band)
+    if cheapest is not None and cheapest not in chosen:
+        chosen.append(cheapest)
+    return chosen
+
+
+def cheapest_near(trials: list[Trial], share: float) -> Trial | None:
+    """The cheapest trial at least ``share`` times as fast as the fastest (``None`` without trials)."""
+    if not trials:
+        return None
+    top = max(trial.batches_per_sec for trial in trials)
+    return min((trial for trial in trials if trial.batches_per_sec >= share * top), key=lambda trial: trial.cost)
+
+
+TrialListener = Callable[[str, Any], None]
