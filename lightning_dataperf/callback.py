@@ -30,7 +30,7 @@ from lightning_dataperf.loader_probe import instrument
 from lightning_dataperf.loaders import first_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
-from lightning_dataperf.preflight import Problem, check_batch, check_loader
+from lightning_dataperf.preflight import Problem, check_batch, startup_problems
 from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence
 from lightning_dataperf.stage_timer import StageTimer
 from lightning_dataperf.stats import EpochSummary
@@ -140,11 +140,10 @@ class DataPerfCallback(Callback):
         self._loader_hook = ProcessDataloaderHook(after=self._on_loader)
         self._autotune_before: Any = None
         self._boundary = clock()
-        self._train_epochs_started = 0
+        self._train_epochs_started, self._logged_step, self._logged_batches = 0, -1, 0
         self._batch_size = BatchSizer(batch_size_fn)
         self._host_gap_option = host_gap_probe
 
-    # ------------------------------------------------------------------ results
     @property
     def last_summary(self) -> EpochSummary | None:
         """The most recent epoch summary of any stage."""
@@ -170,6 +169,7 @@ class DataPerfCallback(Callback):
         self._boundary = self._clock()
         self._train_epochs_started = 0
         self._batch_checked = False
+        self._logged_step, self._logged_batches = -1, 0
         self.hardware = probe_hardware(self.data_path, accelerator=device.type)
         if self.telemetry:
             cuda_device = device.index if device.type == "cuda" else None
@@ -221,11 +221,8 @@ class DataPerfCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loader = first_loader(trainer.train_dataloader)
         if self.preflight and self.hardware is not None and loader is not None:
-            problems = check_loader(loader, self.hardware)
-            if getattr(trainer.datamodule, "dataperf_checks_worker_budget", False):
-                # The DataModule warned about an explicit num_workers when it built the loader (and
-                # autotune's choice is measured): saying it again here would only repeat or contradict it.
-                problems = [problem for problem in problems if problem.check != "workers_exceed_cpus"]
+            checked = getattr(trainer.datamodule, "dataperf_checks_worker_budget", False)
+            problems, self._batch_checked = startup_problems(loader, self.hardware, checked)  # before any batch
             self._warn(trainer, problems)
 
     def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
@@ -360,8 +357,7 @@ class DataPerfCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        # The four per-batch hooks are kept to a few calls each: at a 4 ms step, 1% is 40 us.
-        if not self._batch_checked:
+        if not self._batch_checked:  # the per-batch hooks are kept to a few calls: at a 4 ms step, 1% is 40 us
             self._check_first_batch(trainer, batch)  # before the step's clock starts: not counted as compute
         timer = self._timers.get(Stage.TRAIN)
         if timer is not None and timer.active:
@@ -381,7 +377,13 @@ class DataPerfCallback(Callback):
         if timer.host_gap is not None and timer.host_gap.step_finished(timer.batches):
             timer.clock.break_continuity()  # stopping the profiler waited for the GPU: not the next step's time
         timer.batches += 1
-        if timer.batches % (self.log_every_n_steps or trainer.log_every_n_steps or 1) == 0:
+        every, step = (
+            self.log_every_n_steps or trainer.log_every_n_steps or 1,
+            trainer.global_step,
+        )  # per optimizer step
+        stuck = timer.batches - self._logged_batches >= 4 * every * max(1, trainer.accumulate_grad_batches)
+        if (step != self._logged_step and step % every == 0) or stuck:  # stuck: no optimizer steps at all
+            self._logged_step, self._logged_batches = step, timer.batches
             self._log_window(trainer, timer)
 
     def _log_window(self, trainer: pl.Trainer, timer: StageTimer) -> None:

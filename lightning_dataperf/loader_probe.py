@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from lightning_dataperf._lightning_hooks import pin_batch, replace_loader_dataset
 from lightning_dataperf.lookahead import add_iterator_wrapper
 
-__all__ = ["BatchTiming", "LoaderProbe", "TimedBatch", "instrument"]
+__all__ = ["BatchTiming", "LoaderProbe", "TimedBatch", "instrument", "untimed"]
 
 _now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable between the workers and the main process
 _cpu = time.thread_time  # this thread's CPU time: what the fetch computed, apart from what it waited
@@ -59,6 +59,7 @@ class BatchTiming:
         produced_at: when the collate ended (``perf_counter``).
         pin_s: time in the pin thread (0 without ``pin_memory``).
         requested_at / received_at: when the training process asked the iterator for it, and got it.
+        index: the batch's position in its epoch's iterator (the step it feeds).
     """
 
     worker: int
@@ -72,6 +73,7 @@ class BatchTiming:
     pin_s: float = 0.0
     requested_at: float = 0.0
     received_at: float = 0.0
+    index: int = -1
 
     @property
     def ready_at(self) -> float:
@@ -207,13 +209,14 @@ class _Unwrapping(Iterator):
     """The loader's iterator, handing the batch on without its timing (which goes to the probe)."""
 
     def __init__(self, iterator: Iterator[Any], records: deque[BatchTiming]) -> None:
-        self._iterator, self._records = iterator, records
+        self._iterator, self._records, self._index = iterator, records, 0
 
     def __next__(self) -> Any:
         requested = _now()
         item = next(self._iterator)
+        index, self._index = self._index, self._index + 1
         if type(item) is TimedBatch:
-            timing = dataclasses.replace(item.timing, requested_at=requested, received_at=_now())
+            timing = dataclasses.replace(item.timing, requested_at=requested, received_at=_now(), index=index)
             self._records.append(timing)
             return item.batch
         return item
@@ -222,6 +225,11 @@ class _Unwrapping(Iterator):
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._iterator, name)
+
+
+def untimed(dataset: Any) -> Any:
+    """The user's dataset behind the probe's wrapper (to read a sample without counting it as a fetch)."""
+    return dataset.dataset if isinstance(dataset, TimedDataset) else dataset
 
 
 def instrument(loader: Any) -> LoaderProbe:

@@ -50,13 +50,13 @@ CUSTOM_SCALARS = {
 }
 
 
-def log_dir(trainer: pl.Trainer) -> str | None:
-    """The first logger's directory, else the Trainer's ``default_root_dir`` (``None`` without loggers)."""
+def log_dir(trainer: pl.Trainer) -> str:
+    """Where the run's files go: the first logger's directory, else the Trainer's ``default_root_dir``."""
     for logger in trainer.loggers:
         directory = getattr(logger, "log_dir", None)
         if directory:
             return str(directory)
-    return trainer.default_root_dir if trainer.loggers else None
+    return str(trainer.default_root_dir)
 
 
 @dataclass
@@ -65,6 +65,7 @@ class EpochOutputs:
 
     print_summary: bool = True
     write_json: bool = True
+    written_to: str | None = None  # the summaries file, once written (named on the console the first time)
 
     def write_layout(self, trainer: pl.Trainer) -> None:
         """The custom-scalars charts, once per run, into the first logger if it is TensorBoard's."""
@@ -81,12 +82,18 @@ class EpochOutputs:
             if isinstance(logger, TensorBoardLogger):
                 tag = Stage(summary.stage).prefix + tags.DIAGNOSIS_TEXT
                 logger.experiment.add_text(tag, f"```\n{text}\n```", trainer.global_step)
-        if self.write_json and not trainer.fast_dev_run and (directory := log_dir(trainer)) is not None:
+        if self.write_json and not trainer.fast_dev_run:
+            directory = log_dir(trainer)
             os.makedirs(directory, exist_ok=True)
             record = {
                 "summary": summary.to_dict(),
                 "diagnosis": diagnosis.to_dict(),
                 "global_step": trainer.global_step,
             }
-            with open(os.path.join(directory, tags.SUMMARY_FILE), "a", encoding="utf-8") as handle:
+            path = os.path.join(directory, tags.SUMMARY_FILE)
+            with open(path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, default=str) + "\n")
+            if self.written_to != path:
+                self.written_to = path
+                if self.print_summary:
+                    print(f"DataPerf: epoch summaries and verdicts are appended to {path}", flush=True)

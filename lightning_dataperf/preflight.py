@@ -26,7 +26,16 @@ from lightning_dataperf.batches import BatchFootprint
 from lightning_dataperf.hardware import Hardware, default_start_method
 from lightning_dataperf.loaders import LoaderFacts
 
-__all__ = ["BatchFootprint", "Problem", "check_batch", "check_loader", "open_file_limit", "pinned_bytes"]
+__all__ = [
+    "BatchFootprint",
+    "Problem",
+    "check_batch",
+    "check_loader",
+    "estimate_footprint",
+    "open_file_limit",
+    "pinned_bytes",
+    "startup_problems",
+]
 
 _MB = 2**20
 #: Share of available RAM that pinned batches may take before we warn.
@@ -143,3 +152,45 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
                 )
             )
     return problems
+
+
+def estimate_footprint(loader: Any) -> BatchFootprint | None:
+    """A batch's bytes before any batch exists: one sample (read in this process) times the batch size.
+
+    The sample is read with the random generators' states restored afterwards, so the training run's
+    draws are the same as without the check. ``None`` when it cannot be estimated (an iterable dataset,
+    no ``batch_size``, a sample that fails to load); the first real batch is checked then.
+    """
+    from torch.utils.data import IterableDataset
+
+    from lightning_dataperf.autotune_trials import rng_untouched
+    from lightning_dataperf.loader_probe import untimed
+
+    loader = getattr(loader, "dataloader", loader)
+    dataset, batch_size = untimed(getattr(loader, "dataset", None)), getattr(loader, "batch_size", None)
+    if dataset is None or not batch_size or isinstance(dataset, IterableDataset):
+        return None
+    try:
+        with rng_untouched():
+            sample = dataset[0]
+    except Exception:
+        return None
+    one = BatchFootprint.of(sample)
+    return BatchFootprint(one.bytes * batch_size, one.tensors) if one.tensors else None
+
+
+def startup_problems(loader: Any, hardware: Hardware, worker_budget_checked: bool) -> tuple[list[Problem], bool]:
+    """The checks at training start: the loader's settings, and the batch's needs where they can be estimated.
+
+    Returns the problems and whether the batch checks ran (else they run on the first batch).
+    ``worker_budget_checked``: the DataModule checked ``num_workers`` against the CPUs itself.
+    """
+    problems = check_loader(loader, hardware)
+    if worker_budget_checked:
+        # It warned about an explicit num_workers when it built the loader (and autotune's choice is
+        # measured): saying it again here would only repeat or contradict it.
+        problems = [problem for problem in problems if problem.check != "workers_exceed_cpus"]
+    estimate = estimate_footprint(loader)
+    if estimate is not None:
+        problems += check_batch(estimate, loader, hardware)
+    return problems, estimate is not None

@@ -62,8 +62,10 @@ class StageTimer:
         self.accumulator.update(done)
 
     def _collect_batches(self) -> None:
+        """The loader's batch timings, for the same steps as the step figures (not the epoch's first, not probed)."""
+        covered = self.host_gap.covered if self.host_gap is not None and self.host_gap.active_this_epoch else ()
         for probe in self.probes:
-            batches = probe.drain()
+            batches = [timing for timing in probe.drain() if timing.index > 0 and timing.index not in covered]
             self.batches_window.extend(batches)
             self.batches_epoch.extend(batches)
 

@@ -255,7 +255,7 @@ class ClockedModel(SleepyModel):
 def test_timing_logic_with_an_injected_clock(tmp_path):
     """Exact figures from a clock that moves only inside next() and inside the step (no real sleeps)."""
     clock = FakeClock()
-    perf = DataPerfCallback(print_summary=False, telemetry=False, hang_timeout=None, clock=clock)
+    perf = DataPerfCallback(print_summary=False, telemetry=False, hang_timeout=None, preflight=False, clock=clock)
     trainer = pl.Trainer(max_epochs=2, callbacks=[perf], log_every_n_steps=5, **trainer_kwargs(tmp_path))
     loader = DataLoader(ClockedDataset(clock, 40, 0.005), batch_size=4)  # 20 ms per batch, in the main process
     trainer.fit(ClockedModel(clock, 0.030), loader)
