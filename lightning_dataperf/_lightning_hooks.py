@@ -104,6 +104,7 @@ class ProcessDataloaderHook:
 
     after: Callable[[Any, Any], Any]
     _strategy: Any = None
+    _ours: Any = None
 
     def install(self, trainer: pl.Trainer) -> None:
         self.uninstall()
@@ -114,12 +115,13 @@ class ProcessDataloaderHook:
             return self.after(original(dataloader), trainer.state.stage)
 
         strategy.process_dataloader = process_then_ours
-        self._strategy = strategy
+        self._strategy, self._ours = strategy, process_then_ours
 
     def uninstall(self) -> None:
         if self._strategy is not None:
-            self._strategy.__dict__.pop("process_dataloader", None)
-            self._strategy = None
+            if self._strategy.__dict__.get("process_dataloader") is self._ours:  # never someone else's
+                del self._strategy.__dict__["process_dataloader"]
+            self._strategy = self._ours = None
 
 
 def shutdown_loader_iterator(iterator: Any) -> None:

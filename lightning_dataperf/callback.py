@@ -26,7 +26,7 @@ from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.findings import Diagnosis
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.host_gap import HostGapProbe
-from lightning_dataperf.loader_probe import instrument
+from lightning_dataperf.loader_probe import instrument, uninstrument
 from lightning_dataperf.loaders import first_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
@@ -207,9 +207,9 @@ class DataPerfCallback(Callback):
         """Every loader Lightning sets up passes here (before its iterator exists): look inside training's."""
         timer = self._timers.get(Stage.TRAIN)
         if timer is not None and running_stage == "train":  # RunningStage.TRAINING
-            probe = instrument(loader)
-            if probe not in timer.probes:
-                timer.probes.append(probe)
+            timer.probes += [probe] if (probe := instrument(loader)) not in timer.probes else []
+        else:  # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches
+            uninstrument(loader)
         return loader
 
     @override

@@ -148,8 +148,9 @@ def _host_gap(evidence: Evidence) -> Finding | None:
             f"host-bound: the main thread is starved for CPU by {workers} busy workers{load}{queue_words}: the "
             f"GPU waits for it {100 * share:.0f}% of each step"
         )
+        fewer = max(1, min(workers - 1, cpus - 2)) if cpus is not None else max(1, workers - 1)
         advice = [
-            f"leave cores for the training process: num_workers <= {max(1, cpus - 2)}, or move decode/augment off "
+            f"leave cores for the training process: num_workers <= {fewer}, or move decode/augment off "
             "the CPU (lightning_dataperf.gpu_decode for JPEG); the step would take about "
             f"{1e3 * (step - gap.host_gap_s):.1f} ms instead of {1e3 * step:.1f} ms without the gap",
         ]
@@ -191,7 +192,8 @@ def _epoch_start(evidence: Evidence) -> Finding | None:
     step = evidence.step_mean
     if summary.epoch_start is None or not step or summary.steps == 0:
         return None
-    epoch_time = summary.epoch_start + step * summary.steps
+    steps = summary.steps / max(1, summary.world_size)  # steps is summed over the ranks
+    epoch_time = summary.epoch_start + step * steps
     share = summary.epoch_start / epoch_time
     if share < 0.2:
         return None
@@ -204,7 +206,7 @@ def _epoch_start(evidence: Evidence) -> Finding | None:
         kind="epoch_start",
         headline=f"epoch start-up takes {100 * share:.0f}% of the epoch",
         share=share,
-        evidence={"epoch_start_ms": 1e3 * summary.epoch_start, "steady_epoch_ms": 1e3 * step * summary.steps},
+        evidence={"epoch_start_ms": 1e3 * summary.epoch_start, "steady_epoch_ms": 1e3 * step * steps},
         advice=advice,
     )
 
@@ -300,7 +302,8 @@ def _stalls(evidence: Evidence) -> Finding | None:
     if not summary.stalls or not step:
         return None
     stalled = sum(stall.wait_s for stall in summary.stalls)
-    share = stalled / (stalled + step * max(1, summary.steps - len(summary.stalls)))
+    steps = summary.steps / max(1, summary.world_size)  # this rank's steps; the stalls are this rank's
+    share = stalled / (stalled + step * max(1.0, steps - len(summary.stalls)))
     first = summary.stalls[0]
     wait_p50 = evidence.timing(tags.DATA_LOADING, "p50")
     steady = f"; the steady data wait is {1e3 * wait_p50:.1f} ms per step (p50)" if wait_p50 is not None else ""

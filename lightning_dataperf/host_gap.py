@@ -158,15 +158,28 @@ class HostGapProbe:
                 f"DataPerf host-gap probe is off ({self.disabled}); the host gap is not measured.", stacklevel=3
             )
 
+    def end_epoch(self) -> None:
+        """The epoch ended inside the recorded steps (a short epoch): stop, keep no partial result."""
+        if self._profiler is not None:
+            self._stop()
+            self._windows, self._open = [], None
+
     def _stop(self) -> Any:
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
-            profiler.__exit__(None, None, None)
+            try:
+                profiler.__exit__(None, None, None)
+            except Exception as error:  # never let the probe stop training
+                self.disabled = f"{type(error).__name__}: {error}"
+                warnings.warn(f"DataPerf host-gap probe is off: stopping the profiler failed ({error}).", stacklevel=3)
+                return None
         return profiler
 
     def _finish(self) -> HostGapStats | None:
         try:
             profiler = self._stop()
+            if profiler is None:
+                return None
             stats = _stats(list(profiler.profiler.kineto_results.events()), self._windows, self.start_step)
             wall = sum(closed - opened for opened, closed in self._windows) / 1e9
             if stats is not None and wall > 0:

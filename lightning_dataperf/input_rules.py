@@ -100,6 +100,16 @@ def _cause(evidence: Evidence) -> _Cause:
         if _waiting_not_computing(evidence):
             return _latency_bound(evidence)
         return _cpu_bound(evidence)
+    if inside.handover_s <= inside.worker_wait_s:  # the wait is for a batch still being made
+        return _Cause(
+            "input_bound_workers",
+            "batches arrive late though the workers idle at times",
+            [
+                f"the workers are {100 * inside.busy_fraction:.0f}% busy, yet each batch is waited for "
+                f"{1e3 * inside.worker_wait_s:.1f} ms while it is still being made: uneven samples (one slow "
+                f"sample holds its batch) or too little in flight; raise prefetch_factor (now {loader.prefetch_factor})"
+            ],
+        )
     return _Cause(
         "input_bound_handover",
         "the batches' hand-over to the training process",
@@ -127,8 +137,8 @@ def _waiting_not_computing(evidence: Evidence) -> bool:
     core (``100 * C / R`` % with ``R`` runnable tasks on ``C`` CPUs), so it is compared with that share.
     """
     inside = evidence.summary.loader
-    if inside is not None and (ratio := inside.cpu_fraction) is not None:
-        return ratio < FETCH_CPU_WAITING
+    if inside is not None and (ratio := inside.cpu_fraction) is not None:  # time-shared cores lower it too
+        return ratio < FETCH_CPU_WAITING * _fair_share_percent(evidence) / 100.0
     cpu = evidence.system.worker_cpu_percent_mean
     if cpu is None:
         return False

@@ -34,10 +34,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from lightning_dataperf._lightning_hooks import pin_batch, replace_loader_dataset
-from lightning_dataperf.lookahead import add_iterator_wrapper
-
-__all__ = ["BatchTiming", "LoaderProbe", "TimedBatch", "instrument", "untimed"]
+__all__ = ["BatchTiming", "LoaderProbe", "TimedBatch", "instrument", "uninstrument", "untimed"]
 
 _now = time.perf_counter  # CLOCK_MONOTONIC on Linux: comparable between the workers and the main process
 _cpu = time.thread_time  # this thread's CPU time: what the fetch computed, apart from what it waited
@@ -50,7 +47,7 @@ class BatchTiming:
     """One batch, as its worker made it and the training process received it (seconds).
 
     Attributes:
-        worker: the worker's id, or -1 for the main process (``num_workers=0``).
+        worker: the worker's id, or -1 for the main process (``num_workers=0``); ``pid`` its process.
         samples: samples fetched for the batch.
         fetch_s: time in the dataset's ``__getitem__``/``__getitems__`` for this batch.
         work_cpu_s: CPU time the worker's thread spent in the fetch and the collate (far below their time: it waited).
@@ -74,6 +71,7 @@ class BatchTiming:
     requested_at: float = 0.0
     received_at: float = 0.0
     index: int = -1
+    pid: int = 0
 
     @property
     def ready_at(self) -> float:
@@ -119,7 +117,7 @@ class _WorkerClock:
         first = self.first_fetch if self.first_fetch is not None else ended - collate_s
         info = get_worker_info()
         worker = -1 if info is None else info.id
-        return BatchTiming(worker, samples, fetch, collate_s, self.busy, ended - first, ended, work_cpu)
+        return BatchTiming(worker, samples, fetch, collate_s, self.busy, ended - first, ended, work_cpu, pid=self.pid)
 
 
 _CLOCK: _WorkerClock | None = None
@@ -145,11 +143,11 @@ class TimedDataset(Dataset):
         finally:
             _clock().fetched(started, _now(), 1, _cpu() - cpu)
 
-    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+    def __getitems__(self, indices: Sequence[Any]) -> Any:
         started, cpu = _now(), _cpu()
         try:
             many = getattr(self.dataset, "__getitems__", None)
-            return list(many(indices)) if many else [self.dataset[index] for index in indices]
+            return many(indices) if many else [self.dataset[index] for index in indices]
         finally:
             _clock().fetched(started, _now(), len(indices), _cpu() - cpu)
 
@@ -161,6 +159,12 @@ class TimedDataset(Dataset):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:  # e.g. a worker_init_fn opening a handle
+        if name == "dataset" or name.startswith(("_dataperf", "__")):  # ours, or the wrapper's own class
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.dataset, name, value)
+
 
 @dataclass(frozen=True, slots=True)
 class TimedBatch:
@@ -171,6 +175,8 @@ class TimedBatch:
 
     def pin_memory(self, device: Any = None) -> TimedBatch:
         """Called by the DataLoader's pin thread: pin the batch and count the time."""
+        from lightning_dataperf._lightning_hooks import pin_batch  # the pin thread, in the training process
+
         started = _now()
         pinned = pin_batch(self.batch)
         return TimedBatch(pinned, dataclasses.replace(self.timing, pin_s=_now() - started))
@@ -232,13 +238,30 @@ def untimed(dataset: Any) -> Any:
     return dataset.dataset if isinstance(dataset, TimedDataset) else dataset
 
 
+def uninstrument(loader: Any) -> None:
+    """Undo what a rebuilt copy inherited: Lightning re-creates loaders from their public attributes, so a
+    copy of an instrumented loader (e.g. for ``predict``) carries the timed dataset and collate but not
+    the unwrapping iterator. Left so, it would yield :class:`TimedBatch` objects."""
+    from lightning_dataperf._lightning_hooks import replace_loader_dataset
+
+    if isinstance(loader, DataLoader) and "_dataperf_probe" not in vars(loader):
+        if isinstance(loader.collate_fn, TimedCollate):
+            loader.collate_fn = loader.collate_fn.collate_fn
+        if isinstance(loader.dataset, TimedDataset):
+            replace_loader_dataset(loader, loader.dataset.dataset)
+
+
 def instrument(loader: Any) -> LoaderProbe:
     """Make ``loader`` report into a probe and return it; ``probe.blind`` says why it cannot, if it cannot.
 
     A loader that cannot be seen into is left as it was. Instrumenting the same loader again returns
-    its probe (the Trainer may process one loader more than once).
+    its probe (the Trainer may process one loader more than once); a loader Lightning rebuilt from an
+    instrumented one (its dataset and collate copied) is instrumented afresh, not twice.
     """
-    existing = getattr(loader, "_dataperf_probe", None)
+    from lightning_dataperf._lightning_hooks import replace_loader_dataset
+    from lightning_dataperf.lookahead import add_iterator_wrapper
+
+    existing = vars(loader).get("_dataperf_probe") if hasattr(loader, "__dict__") else None
     if isinstance(existing, LoaderProbe):
         return existing
     probe = LoaderProbe()
@@ -246,9 +269,12 @@ def instrument(loader: Any) -> LoaderProbe:
         probe.blind = f"the loader is a {type(loader).__name__}, not a torch DataLoader"
     elif isinstance(loader.dataset, IterableDataset):
         probe.blind = "the dataset is an IterableDataset (it fetches inside its own iterator)"
+    elif getattr(loader, "_iterator", None) is not None:
+        probe.blind = "its persistent workers started before DataPerfCallback could look inside"
     else:
-        replace_loader_dataset(loader, TimedDataset(loader.dataset))
-        loader.collate_fn = TimedCollate(loader.collate_fn)
+        replace_loader_dataset(loader, TimedDataset(untimed(loader.dataset)))
+        collate = loader.collate_fn
+        loader.collate_fn = TimedCollate(collate.collate_fn if isinstance(collate, TimedCollate) else collate)
         add_iterator_wrapper(loader, probe.unwrap, inner=True)
         loader._dataperf_probe = probe  # type: ignore[attr-defined]
     return probe

@@ -83,10 +83,10 @@ class LoaderStats:
         def mean(attribute: str) -> float:
             return sum(getattr(record, attribute) for record in records) / count
 
-        by_worker: dict[int, list[Any]] = defaultdict(list)
+        by_worker: dict[tuple[int, int], list[Any]] = defaultdict(list)  # (pid, id): loaders' workers apart
         for record in records:
-            by_worker[record.worker].append(record)
-        busy = [_busy_fraction(own) for worker, own in by_worker.items() if worker >= 0]
+            by_worker[(getattr(record, "pid", 0), record.worker)].append(record)
+        busy = [_busy_fraction(own) for (_, worker), own in by_worker.items() if worker >= 0]
         return cls(
             batches=count,
             samples=mean("samples"),
@@ -96,7 +96,7 @@ class LoaderStats:
             worker_wait_s=mean("worker_wait_s"),
             handover_s=mean("handover_s"),
             wait_s=mean("wait_s"),
-            workers=len([worker for worker in by_worker if worker >= 0]),
+            workers=len([key for key in by_worker if key[1] >= 0]),
             busy_fraction=sum(busy) / len(busy) if busy else None,
             busy_min=min(busy) if busy else None,
             busy_max=max(busy) if busy else None,

@@ -65,12 +65,18 @@ _WRAPPING_CLASSES: dict[type, type] = {}
 
 
 def _wrapping_class(loader_class: type[DataLoader]) -> type[DataLoader]:
-    """A subclass of the user's DataLoader class whose iterators are wrapped (keeps isinstance checks)."""
+    """A subclass of the user's DataLoader class whose iterators are wrapped (keeps isinstance checks).
+
+    A class made here is returned as it is: Lightning may rebuild a loader from ``type(loader)`` (e.g.
+    for ``predict``), and the rebuilt one must neither nest a second subclass nor fail without wrappers.
+    """
+    if loader_class in _WRAPPING_CLASSES.values():
+        return loader_class
     if loader_class not in _WRAPPING_CLASSES:
 
         def __iter__(self: DataLoader) -> Iterator:  # noqa: N807
             iterator = super(subclass, self).__iter__()
-            for wrap in self._dataperf_wrappers:  # type: ignore[attr-defined]
+            for wrap in getattr(self, "_dataperf_wrappers", ()):
                 iterator = wrap(iterator)
             return iterator
 
@@ -85,7 +91,7 @@ def add_iterator_wrapper(loader: DataLoader, wrap: MakeIterator, inner: bool = F
     The loader keeps its class's behaviour and ``isinstance`` checks: a subclass is swapped in once,
     and wrappers compose (the loader probe's unwrapping inside, the look-ahead copy outside).
     """
-    if not hasattr(loader, "_dataperf_wrappers"):
+    if "_dataperf_wrappers" not in vars(loader):  # a rebuilt loader may carry a copied list: start afresh
         loader.__class__ = _wrapping_class(type(loader))
         loader._dataperf_wrappers = []  # type: ignore[attr-defined]
     wrappers: list[MakeIterator] = loader._dataperf_wrappers  # type: ignore[attr-defined]

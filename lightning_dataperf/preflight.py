@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -171,8 +172,8 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     if dataset is None or not batch_size or isinstance(dataset, IterableDataset):
         return None
     try:
-        with rng_untouched():
-            sample = dataset[0]
+        with rng_untouched():  # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
+            sample = copy.copy(dataset)[0]
     except Exception:
         return None
     one = BatchFootprint.of(sample)

@@ -27,6 +27,8 @@ from typing import Any
 
 from lightning_dataperf import tags
 from lightning_dataperf.findings import Diagnosis
+from lightning_dataperf.host_gap import HostGapStats
+from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.tags import SUMMARY_FILE
 
@@ -107,7 +109,10 @@ class RunData:
         train = [record for record in self.epochs if record["summary"]["stage"] == "train"]
         if not train:
             return "no epoch summaries recorded"
-        return Diagnosis.from_dict(train[-1]["diagnosis"]).format()
+        summary = train[-1]["summary"]
+        inside = [LoaderStats(**summary["loader"]).format()] if summary.get("loader") else []
+        gap = [HostGapStats(**summary["host_gap"]).format()] if summary.get("host_gap") else []
+        return "\n".join([Diagnosis.from_dict(train[-1]["diagnosis"]).format(), *inside, *gap])
 
 
 def _run_files(directory: Path) -> list[Path]:

@@ -111,6 +111,8 @@ class StageTimer:
         """Take every outstanding step (waits once for the last one's end event)."""
         self._take(self.clock.flush())
         self._collect_batches()
+        if self.host_gap is not None:
+            self.host_gap.end_epoch()  # not through validation and checkpointing
         self.active = False
 
     def summarize(self, epoch: int, strategy: Any, world_size: int) -> EpochSummary:

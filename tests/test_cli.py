@@ -147,6 +147,7 @@ def test_report_draws_a_png_and_html_from_a_cpu_run(tmp_path, capsys):
     assert "data:image/png;base64," in page and "DataPerf verdict (train epoch 1)" in page
     printed = capsys.readouterr().out
     assert "input-bound" in printed and "TensorBoard events" in printed
+    assert "loader per batch: fetch" in printed and "loader per batch: fetch" in page  # the loader's inside
     assert "input_bound" not in printed + page, "the verdict in plain words, not the finding's id"
 
     run = load_run(trainer.logger.log_dir)

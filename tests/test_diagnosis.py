@@ -151,7 +151,8 @@ def test_busy_workers_that_use_little_cpu_wait_on_latency():
 
 
 def test_idle_workers_point_at_the_hand_over():
-    measured = dataclasses.replace(INPUT_BOUND, loader=inside(0.3, workers=4, handover=0.020))
+    slow_handover = dataclasses.replace(inside(0.3, workers=4, handover=0.020), worker_wait_s=0.005)
+    measured = dataclasses.replace(INPUT_BOUND, loader=slow_handover)
     finding = diagnose(Evidence(measured, LoaderFacts(num_workers=4, prefetch_factor=2), usable_cpus=8)).findings[0]
     assert finding.kind == "input_bound_handover" and "20.0 ms in the hand-over" in finding.advice[0]
 

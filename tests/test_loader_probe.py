@@ -144,3 +144,38 @@ def test_the_loader_figures_add_up_to_the_measured_wait(tmp_path):
     parts = summary.loader.worker_wait_s + summary.loader.handover_s
     assert parts == pytest.approx(summary.loader.wait_s, rel=1e-6)
     assert summary.loader.collate_s == pytest.approx(wait, rel=0.1)  # the wait is the collate's 30 ms
+
+
+class Batched(Dataset):
+    """A dataset that builds whole batches itself (``__getitems__``), used with an identity collate."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        return torch.tensor([float(index)])
+
+    def __getitems__(self, indices):
+        return {"x": torch.tensor([[float(index)] for index in indices])}
+
+
+def test_getitems_results_and_attribute_writes_reach_the_users_dataset():
+    loader = DataLoader(Batched(), batch_size=4, collate_fn=lambda batch: batch)
+    instrument(loader)
+    assert [batch["x"].flatten().tolist() for batch in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    loader.dataset.difficulty = 3  # e.g. a curriculum callback, or a worker_init_fn opening a handle
+    assert loader.dataset.dataset.difficulty == 3 and loader.dataset.difficulty == 3
+
+
+def test_a_loader_lightning_rebuilds_from_an_instrumented_one_yields_plain_batches(tmp_path):
+    perf = DataPerfCallback(print_summary=False, telemetry=False)
+    model = SleepyModel()
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path))
+    loader = DataLoader(SleepPerSample(16, 0.0), batch_size=4)
+    trainer.fit(model, loader)
+    predictions = trainer.predict(model, loader)  # Lightning re-creates the loader for prediction
+    assert len(predictions) == 4 and all(isinstance(value, torch.Tensor) for value in predictions)
+    again = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path))
+    again.fit(model, loader)  # training again on the same loader: one probe, each batch counted once
+    assert perf.last_summary.stage == "train" and perf.last_summary.loader.batches == 3
+    assert perf.last_summary.loader.samples == 4
