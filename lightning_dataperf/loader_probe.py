@@ -19,7 +19,7 @@ Example::
     probe = instrument(loader)                  # probe.blind: None, or why the inside cannot be seen
     for batch in loader:
         ...
-    stats = LoaderStats.of(probe.drain())       # Loader/fetch_s, Loader/busy_fraction, ...
+    stats = LoaderStats.of(probe.completed())       # Loader/fetch_s, Loader/busy_fraction, ...
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class LoaderProbe:
     def unwrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
         return _Unwrapping(iterator, self.records)
 
-    def drain(self) -> list[BatchTiming]:
+    def completed(self) -> list[BatchTiming]:
         done = list(self.records)
         self.records.clear()
         return done

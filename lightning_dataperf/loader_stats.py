@@ -5,7 +5,7 @@ scalars, kept in the epoch summary (this rank's loader) and read by the verdict.
 
 Example::
 
-    stats = LoaderStats.of(probe.drain())
+    stats = LoaderStats.of(probe.completed())
     stats.busy_fraction          # 0.97: the workers are working 97% of the time
     stats.to_metrics()           # {"Loader/fetch_s": 0.21, ...}
 """

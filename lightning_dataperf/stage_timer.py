@@ -65,7 +65,7 @@ class StageTimer:
         """The loader's batch timings, for the same steps as the step figures (not the epoch's first, not probed)."""
         covered = self.host_gap.covered if self.host_gap is not None and self.host_gap.active_this_epoch else ()
         for probe in self.probes:
-            batches = [timing for timing in probe.drain() if timing.index > 0 and timing.index not in covered]
+            batches = [timing for timing in probe.completed() if timing.index > 0 and timing.index not in covered]
             self.batches_window.extend(batches)
             self.batches_epoch.extend(batches)
 
@@ -77,7 +77,7 @@ class StageTimer:
 
     def collect_copies(self, strategy: Any) -> None:
         """Take the side-stream copy timings that have finished, if the strategy makes any."""
-        pop = getattr(strategy, "pop_copy_timings", None)
+        pop = getattr(strategy, "completed_copies", None)
         if callable(pop):
             done = pop()
             self.copies.extend(done)

@@ -104,7 +104,7 @@ class SideStreamTransferMixin:
             )
         return self._copier
 
-    def pop_copy_timings(self) -> list[CopyTiming]:
+    def completed_copies(self) -> list[CopyTiming]:
         """Copy timings completed since the last call (used by DataPerfCallback)."""
         return [] if self._copier is None else self._copier.completed()
 

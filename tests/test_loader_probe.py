@@ -53,7 +53,7 @@ def test_batches_are_unchanged_and_their_inside_is_measured(workers):
     seen = list(loader)
     assert all(type(batch) is torch.Tensor for batch in seen), "training_step must get the batch, not a wrapper"
     assert [batch.tolist() for batch in seen] == [batch.tolist() for batch in plain]  # same batches, same order
-    stats = LoaderStats.of(probe.drain())
+    stats = LoaderStats.of(probe.completed())
     assert stats.batches == 6 and stats.samples == 4
     # sleeps are lower bounds of the measured times (a loaded machine only adds)
     assert stats.fetch_s >= 4 * 0.01 and stats.collate_s >= 0.02
@@ -71,7 +71,7 @@ def test_pinned_batches_count_the_pin_thread():
     loader = DataLoader(SleepPerSample(8, 0.0), batch_size=4, num_workers=1, pin_memory=True)
     probe = instrument(loader)
     batches = list(loader)
-    records = probe.drain()
+    records = probe.completed()
     assert len(records) == 2 and all(type(batch) is torch.Tensor for batch in batches)
     if torch.cuda.is_available():
         assert all(batch.is_pinned() for batch in batches) and all(record.pin_s > 0 for record in records)
