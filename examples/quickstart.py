@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> DataPerfCallback:
         num_workers=args.workers,
         persistent_workers=args.workers > 0,
     )
-    perf = DataPerfCallback()
+    # telemetry four times a second (default: once), so that a run of a few seconds has Usage/ points
+    perf = DataPerfCallback(telemetry_interval=0.25)
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",

@@ -54,13 +54,13 @@ class DataPerfCallback(Callback):
 
     ``Time/DataLoading`` (host blocked in the loader's ``next()``), ``Time/Transfer``,
     ``Time/Compute``, ``Time/DeviceIdle`` (CUDA: GPU idle between steps), ``Time/Step``,
-    ``Throughput/samples_per_sec``, ``DataPerf/input_stall_fraction`` and, per epoch,
-    ``Time/EpochStart`` and ``Epoch/...`` percentiles. Evaluation loops log the same under
+    ``Time/samples_per_sec``, ``Time/input_stall_fraction`` and, per epoch, ``Time/EpochStart``
+    and the 90th percentiles ``Time/DataLoading_p90``, ``Time/Compute_p90``. Evaluation loops log the same under
     ``val/``, ``test/`` and ``predict/``. On CUDA the step figures come from CUDA events read back
     lazily, so the callback never synchronises the device per step.
 
-    Inside every training DataLoader (``Loader/...``: fetch, collate, pin, hand-over, busy fraction,
-    measured in the workers), telemetry (``System/...``) and, on CUDA, a per-epoch host-gap probe feed
+    Inside every training DataLoader (``Workers/...``: fetch, collate, pin, hand-over, busy fraction,
+    measured in the workers), telemetry (``Usage/...``) and, on CUDA, a per-epoch host-gap probe feed
     each epoch's verdict (:attr:`last_diagnosis`), printed on rank zero, logged as TensorBoard text and
     appended to ``<log_dir>/dataperf_summaries.jsonl``. Pre-flight checks warn at fit start; a watchdog
     reports (never kills) a loader that delivers nothing for ``hang_timeout`` seconds.

@@ -1,13 +1,13 @@
 """What the loader's inside looked like over a window or an epoch: the means of its batches' timings.
 
-Built from :class:`~lightning_dataperf.loader_probe.BatchTiming` records; logged as ``Loader/...``
+Built from :class:`~lightning_dataperf.loader_probe.BatchTiming` records; logged as ``Workers/...``
 scalars, kept in the epoch summary (this rank's loader) and read by the verdict.
 
 Example::
 
     stats = LoaderStats.of(probe.completed())
     stats.busy_fraction          # 0.97: the workers are working 97% of the time
-    stats.to_metrics()           # {"Loader/fetch_s": 0.21, ...}
+    stats.to_metrics()           # {"Workers/fetch_s": 0.21, ...}
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = ["LoaderStats"]
 
-PREFIX = "Loader/"
+PREFIX = "Workers/"  # sorts after "Time/" in TensorBoard (see tags.py)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from lightning_dataperf.stats import EpochSummary
 from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.tags import Stage
 
-__all__ = ["CUSTOM_SCALARS", "EpochOutputs", "log_dir"]
+__all__ = ["CUSTOM_SCALARS", "EpochOutputs", "custom_scalars", "log_dir"]
 
 
 def _exactly(*names: str) -> list[str]:
@@ -33,21 +33,37 @@ def _exactly(*names: str) -> list[str]:
     return [f"^{name}$" for name in names]
 
 
-#: TensorBoard custom-scalars layout (one chart each, so that their series can be told apart).
+def _with_max(name: str) -> list[str]:
+    """One timing's window mean and its ``_max``."""
+    return _exactly(tags.time(name), tags.time(name) + "_max")
+
+
+#: TensorBoard custom-scalars layout. TensorBoard draws every series of a run in the run's colour, so
+#: each chart holds one quantity: its window mean and, always above it, the window maximum.
+#: ``Usage/...`` telemetry is read once per ``telemetry_interval`` (1 s); a log window without a new
+#: reading logs none, so a run of a few seconds has only a few telemetry points.
 CUSTOM_SCALARS = {
     "DataPerf": {
-        "Data wait vs compute (s)": [
-            "Multiline",
-            _exactly(*(tags.time(name) for name in (tags.DATA_LOADING, tags.COMPUTE, tags.TRANSFER, tags.DEVICE_IDLE))),
-        ],
-        "Step time (s)": ["Multiline", _exactly(tags.time(tags.STEP), tags.time(tags.STEP) + "_max")],
-        "Input stall fraction": ["Multiline", _exactly(tags.INPUT_STALL)],
-        "System (%)": [
-            "Multiline",
-            _exactly(SystemStats.tag("gpu_util_percent"), SystemStats.tag("cpu_busy_percent_mean")),
-        ],
+        "Data wait per step, mean and max (s)": ["Multiline", _with_max(tags.DATA_LOADING)],
+        "Compute per step, mean and max (s)": ["Multiline", _with_max(tags.COMPUTE)],
+        "Step time, mean and max (s)": ["Multiline", _with_max(tags.STEP)],
+        "Input stall fraction (share of step time)": ["Multiline", _exactly(tags.INPUT_STALL)],
+        "Host-to-device copy, mean and max (s)": ["Multiline", _with_max(tags.TRANSFER)],
+        "GPU idle between steps, mean and max (s)": ["Multiline", _with_max(tags.DEVICE_IDLE)],
+        "CPU busy, mean across cores (%)": ["Multiline", _exactly(SystemStats.tag("cpu_busy_percent_mean"))],
+        "GPU utilisation (%)": ["Multiline", _exactly(SystemStats.tag("gpu_util_percent"))],
     }
 }
+#: The charts of quantities measured on CUDA only, left out of a run on another device.
+CUDA_CHARTS = ("GPU idle between steps, mean and max (s)", "GPU utilisation (%)")
+
+
+def custom_scalars(cuda: bool) -> dict[str, dict[str, list]]:
+    """The layout for a run on CUDA (every chart) or on another device (no empty GPU charts)."""
+    return {
+        category: {title: chart for title, chart in charts.items() if cuda or title not in CUDA_CHARTS}
+        for category, charts in CUSTOM_SCALARS.items()
+    }
 
 
 def log_dir(trainer: pl.Trainer) -> str:
@@ -70,7 +86,8 @@ class EpochOutputs:
     def write_layout(self, trainer: pl.Trainer) -> None:
         """The custom-scalars charts, once per run, into the first logger if it is TensorBoard's."""
         if isinstance(trainer.logger, TensorBoardLogger) and trainer.is_global_zero:
-            trainer.logger.experiment.add_custom_scalars(CUSTOM_SCALARS)
+            cuda = trainer.strategy.root_device.type == "cuda"
+            trainer.logger.experiment.add_custom_scalars(custom_scalars(cuda))
 
     def publish(self, trainer: pl.Trainer, summary: EpochSummary, diagnosis: Diagnosis) -> None:
         if not trainer.is_global_zero:

@@ -345,7 +345,7 @@ def _device_panel(axes, run: RunData) -> None:
         axes.set_ylabel("% of one core")
         axes.set_title("CPU use (no GPU in this run)" if not run.on_gpu else "CPU use (no GPU telemetry)")
         if not any(drawn):
-            _no_data_note(axes, "no System/ telemetry logged (DataPerfCallback(telemetry=False)?)")
+            _no_data_note(axes, "no Usage/ telemetry logged (DataPerfCallback(telemetry=False)?)")
     if axes.get_legend_handles_labels()[0]:
         axes.legend(loc="upper left", fontsize=9)
 

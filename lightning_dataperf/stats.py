@@ -186,19 +186,21 @@ class EpochSummary:
         return cls(**known)
 
     def to_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
-        """Flat scalars for loggers, e.g. ``Epoch/Time/DataLoading_p90``."""
+        """The epoch's scalars for loggers: ``Time/DataLoading_p90``, ``Time/Compute_p90``, ``Time/EpochStart``.
+
+        The rest of the distribution (mean, p50, p99, max of every timing), the stall and data-wait
+        shares and the throughput are in :meth:`format`, the TensorBoard text and the summaries file;
+        the straggler figures are logged with more than one rank only.
+        """
         metrics: dict[str, float] = {}
-        for name, summary in self.timings.items():
-            for statistic in tags.EPOCH_STATISTICS:
-                metrics[tags.epoch(name, statistic, stage)] = getattr(summary, statistic)
-        optional = {
-            tags.EPOCH_INPUT_STALL: self.input_stall_fraction,
-            tags.EPOCH_DATA_WAIT_SHARE: self.data_wait_share,
-            tags.EPOCH_SAMPLES_PER_SEC: self.samples_per_sec,
-            tags.EPOCH_START: self.epoch_start,
-            tags.EPOCH_STRAGGLER_RATIO: self.straggler_ratio,
-            tags.EPOCH_SLOWEST_RANK: None if self.slowest_rank is None else float(self.slowest_rank),
-        }
+        for name in tags.EPOCH_PERCENTILE_TIMINGS:
+            summary = self.timings.get(name)
+            if summary is not None:
+                metrics[tags.epoch_percentile(name, stage)] = getattr(summary, tags.EPOCH_PERCENTILE)
+        optional = {tags.EPOCH_START: self.epoch_start}
+        if self.world_size > 1:
+            optional[tags.EPOCH_STRAGGLER_RATIO] = self.straggler_ratio
+            optional[tags.EPOCH_SLOWEST_RANK] = None if self.slowest_rank is None else float(self.slowest_rank)
         metrics.update({stage.prefix + key: value for key, value in optional.items() if value is not None})
         if self.host_gap is not None:
             metrics[tags.time(tags.GPU_BUSY, stage)] = self.host_gap.gpu_busy_s

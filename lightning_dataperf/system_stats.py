@@ -1,4 +1,4 @@
-"""The system readings as one typed record: each field is a ``System/<field>`` scalar.
+"""The system readings as one typed record: each field is a ``Usage/<field>`` scalar.
 
 Telemetry sources report readings keyed by these field names, the sampler averages them, and the
 callback, the diagnosis and the report read them as attributes (``stats.gpu_util_percent``). A field
@@ -8,8 +8,8 @@ Example::
 
     stats = SystemStats.from_mapping({"cpu_busy_percent_mean": 97.0})
     stats.cpu_busy_percent_mean          # 97.0
-    stats.to_metrics()                   # {"System/cpu_busy_percent_mean": 97.0}
-    SystemStats.tag("gpu_util_percent")  # "System/gpu_util_percent"
+    stats.to_metrics()                   # {"Usage/cpu_busy_percent_mean": 97.0}
+    SystemStats.tag("gpu_util_percent")  # "Usage/gpu_util_percent"
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 __all__ = ["SYSTEM_PREFIX", "SystemStats"]
 
-SYSTEM_PREFIX = "System/"
+SYSTEM_PREFIX = "Usage/"  # sorts after "Time/" in TensorBoard (see tags.py)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ class SystemStats:
         return cls(**{key: float(value) for key, value in values.items() if key in _FIELD_SET})
 
     def to_metrics(self) -> dict[str, float]:
-        """``System/<field>`` -> value for every known field."""
+        """``Usage/<field>`` -> value for every known field."""
         return {SYSTEM_PREFIX + name: value for name in _FIELDS if (value := getattr(self, name)) is not None}
 
     def known(self) -> dict[str, float]:

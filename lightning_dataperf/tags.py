@@ -1,7 +1,7 @@
 """Every stage name and every scalar/text tag DataPerf writes, defined once.
 
 Modules build tags from these names only (``tags.time(tags.COMPUTE)``, ``Stage.VAL.prefix``); the
-``System/...`` tags are the field names of :class:`~lightning_dataperf.system_stats.SystemStats`.
+``Usage/...`` tags are the field names of :class:`~lightning_dataperf.system_stats.SystemStats`.
 
 Example::
 
@@ -24,7 +24,7 @@ __all__ = [
     "TIMINGS",
     "TRANSFER",
     "Stage",
-    "epoch",
+    "epoch_percentile",
     "time",
 ]
 
@@ -58,9 +58,16 @@ TIMINGS = (DATA_LOADING, TRANSFER, COMPUTE, STEP, DEVICE_IDLE)
 GPU_BUSY = "GpuBusy"
 HOST_GAP = "HostGap"
 
+#: Scalar groups. TensorBoard's Time Series tab groups tags by their first segment, sorts the groups by
+#: character code (upper case before lower case) and opens the first two: every group sorts after
+#: ``Time`` so that the timings come first, then ``Transfer``, ``Usage`` (telemetry: the prefix of
+#: :class:`~lightning_dataperf.system_stats.SystemStats`), ``Workers`` (inside the loader: the prefix
+#: of :class:`~lightning_dataperf.loader_stats.LoaderStats`), and the evaluation stages' lower-case
+#: ``val/``, ``test/``, ``predict/`` after those.
+
 EPOCH_START = "Time/EpochStart"
-SAMPLES_PER_SEC = "Throughput/samples_per_sec"
-INPUT_STALL = "DataPerf/input_stall_fraction"
+SAMPLES_PER_SEC = "Time/samples_per_sec"
+INPUT_STALL = "Time/input_stall_fraction"
 
 #: Side-stream copies (:class:`~lightning_dataperf.copy_stats.CopyStats`).
 COPY_S = "Transfer/copy_s"
@@ -69,13 +76,13 @@ COPY_HIDDEN = "Transfer/hidden_fraction"
 COPY_GBPS = "Transfer/GBps"
 COPY_TRANSFORM_S = "Transfer/transform_s"
 
-#: Epoch statistics of each timing and the epoch-level figures.
-EPOCH_STATISTICS = ("mean", "p50", "p90", "p99", "max")
-EPOCH_INPUT_STALL = "Epoch/input_stall_fraction"
-EPOCH_DATA_WAIT_SHARE = "Epoch/data_wait_share"
-EPOCH_SAMPLES_PER_SEC = "Epoch/samples_per_sec"
-EPOCH_STRAGGLER_RATIO = "Epoch/straggler_ratio"
-EPOCH_SLOWEST_RANK = "Epoch/slowest_rank"
+#: Per epoch: the timings whose 90th percentile is logged (``Time/<name>_p90``; the whole distribution is
+#: in the printed summary, the TensorBoard text and the summaries file), and, with more than one rank,
+#: the straggler figures.
+EPOCH_PERCENTILE = "p90"
+EPOCH_PERCENTILE_TIMINGS = (DATA_LOADING, COMPUTE)
+EPOCH_STRAGGLER_RATIO = "Time/straggler_ratio"
+EPOCH_SLOWEST_RANK = "Time/slowest_rank"
 
 #: TensorBoard text tags.
 DIAGNOSIS_TEXT = "DataPerf/diagnosis"
@@ -90,6 +97,6 @@ def time(name: str, stage: Stage = Stage.TRAIN) -> str:
     return f"{stage.prefix}Time/{name}"
 
 
-def epoch(name: str, statistic: str, stage: Stage = Stage.TRAIN) -> str:
-    """``Epoch/Time/<name>_<statistic>`` with the stage's prefix."""
-    return f"{stage.prefix}Epoch/Time/{name}_{statistic}"
+def epoch_percentile(name: str, stage: Stage = Stage.TRAIN) -> str:
+    """``Time/<name>_p90`` with the stage's prefix: the epoch's 90th percentile of one timing."""
+    return f"{time(name, stage)}_{EPOCH_PERCENTILE}"

@@ -266,7 +266,7 @@ def test_report_panels_without_data_say_what_is_missing(tmp_path):
     timeline, stall, device = render_figure(run).axes[:3]
     assert timeline.collections
     assert any("no epoch summaries" in text.get_text() for text in stall.texts)
-    assert any("no System/ telemetry" in text.get_text() for text in device.texts)
+    assert any("no Usage/ telemetry" in text.get_text() for text in device.texts)
 
 
 def test_report_gpu_panel_uses_the_metric_table_words(tmp_path):

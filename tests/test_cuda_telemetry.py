@@ -41,6 +41,6 @@ def test_gpu_telemetry_lands_in_tensorboard(tmp_path):
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], log_every_n_steps=5, **options)
     trainer.fit(GpuSleepModel(gpu_ms=10, cycles_per_ms=cycles), sleeping_loader(60, 2.0))
     tags = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
-    for expected in ("System/gpu_util_percent", "System/gpu_pcie_rx_mbps", "System/gpu_power_w"):
+    for expected in ("Usage/gpu_util_percent", "Usage/gpu_pcie_rx_mbps", "Usage/gpu_power_w"):
         assert expected in tags
     assert perf.sampler is None

@@ -128,7 +128,7 @@ def test_callback_reports_the_loader_inside_for_a_plain_dataloader(tmp_path):
         assert summary.loader is not None and summary.loader.batches == 7 and summary.loader.workers == 2
         assert summary.loader.fetch_s >= 4 * 0.002
     logged = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
-    for tag in ("Loader/fetch_s", "Loader/collate_s", "Loader/handover_s", "Loader/busy_fraction"):
+    for tag in ("Workers/fetch_s", "Workers/collate_s", "Workers/handover_s", "Workers/busy_fraction"):
         assert tag in logged, tag
 
 

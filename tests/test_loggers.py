@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from lightning_dataperf.loggers import log_metrics
 
-METRICS = {"Time/DataLoading": 0.25, "Time/Compute": 0.5, "System/cpu_percent_mean": 40.0}
+METRICS = {"Time/DataLoading": 0.25, "Time/Compute": 0.5, "Usage/cpu_percent_mean": 40.0}
 
 
 def _scalars(log_dir) -> dict[str, list[tuple[int, float]]]:

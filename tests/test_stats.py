@@ -20,15 +20,15 @@ def test_window_metrics_means_maxima_throughput_and_stall():
     assert metrics["Time/DataLoading"] == pytest.approx(0.3)  # start-up wait of step 0 left out
     assert metrics["Time/DataLoading_max"] == pytest.approx(0.4)
     assert metrics["Time/Compute"] == pytest.approx((0.1 + 0.3 + 0.3) / 3)
-    assert metrics["Throughput/samples_per_sec"] == pytest.approx(20 / 1.5)
-    assert metrics["DataPerf/input_stall_fraction"] == pytest.approx(0.6 / 1.5)
+    assert metrics["Time/samples_per_sec"] == pytest.approx(20 / 1.5)
+    assert metrics["Time/input_stall_fraction"] == pytest.approx(0.6 / 1.5)
     assert "Time/DeviceIdle" not in metrics
 
 
 def test_window_metrics_on_device_use_idle_over_device_step():
     steps = [timing(1, 0.2, 0.1, 0.5, idle=0.05, device_step=0.25)]
     metrics = window_metrics(steps, Stage.VAL)
-    assert metrics["val/DataPerf/input_stall_fraction"] == pytest.approx(0.2)
+    assert metrics["val/Time/input_stall_fraction"] == pytest.approx(0.2)
     assert metrics["val/Time/DeviceIdle"] == pytest.approx(0.05)
 
 
@@ -44,7 +44,7 @@ def test_epoch_accumulator_percentiles_match_torch_quantile():
     assert wait.max == pytest.approx(0.1)
     assert summary.steps == 100 and summary.world_size == 1 and summary.straggler_ratio == 1.0
     assert "DeviceIdle" not in summary.timings
-    assert summary.to_metrics()["Epoch/Time/DataLoading_p90"] == pytest.approx(wait.p90)
+    assert summary.to_metrics()["Time/DataLoading_p90"] == pytest.approx(wait.p90)
     assert "DataLoading" in summary.format()
 
 

@@ -1,4 +1,4 @@
-"""The telemetry thread: lifecycle, sources, fake NVML, and System/... scalars in TensorBoard."""
+"""The telemetry thread: lifecycle, sources, fake NVML, and Usage/... scalars in TensorBoard."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def test_missing_or_failing_source_is_dropped_with_one_warning():
         with pytest.warns(UserWarning, match="restricted"):
             sampler.reset_epoch()
             means = sampler.epoch_means()
-        assert means.ram_available_mb is not None and "System/flaky_reading" not in means.to_metrics()
+        assert means.ram_available_mb is not None and "Usage/flaky_reading" not in means.to_metrics()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             sampler.reset_epoch()
@@ -186,8 +186,8 @@ def test_system_scalars_land_in_tensorboard_and_evidence(tmp_path):
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], log_every_n_steps=2, **trainer_kwargs(tmp_path))
     trainer.fit(SleepyModel(), sleepy_loader(48, 4, 0.04, num_workers=1, persistent_workers=True))
     tags = scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
-    for expected in ("System/cpu_busy_percent_mean", "System/main_rss_mb", "System/ram_available_mb"):
+    for expected in ("Usage/cpu_busy_percent_mean", "Usage/main_rss_mb", "Usage/ram_available_mb"):
         assert expected in tags, sorted(tag for tag in tags if tag.startswith("System"))
-    assert "System/loader_workers_alive" in tags
+    assert "Usage/loader_workers_alive" in tags
     numbers = perf.last_diagnosis.findings[0].evidence
     assert "worker_cpu_percent_mean" in numbers, numbers
