@@ -47,6 +47,23 @@ TAGS = {
     "main_cpu": SystemStats.tag("main_cpu_percent"),
     "workers_cpu": SystemStats.tag("workers_cpu_percent"),
 }
+#: Tags of runs logged by earlier versions -> today's (so their reports still draw).
+_LEGACY = {"DataPerf/input_stall_fraction": tags.INPUT_STALL, "Throughput/samples_per_sec": tags.SAMPLES_PER_SEC}
+
+
+def current_tag(tag: str) -> str:
+    """Today's name of a logged tag (``System/gpu_util_percent`` -> ``Usage/gpu_util_percent``)."""
+    if tag in _LEGACY:
+        return _LEGACY[tag]
+    if tag.startswith("System/"):
+        field = tag.removeprefix("System/")
+        for old, new in (("_MBps", "_mbps"), ("_MB", "_mb"), ("_MHz", "_mhz"), ("_W", "_w")):
+            if field.endswith(old):
+                field = field[: -len(old)] + new
+        return SystemStats.tag(field) if field in SystemStats.fields() else tag
+    return tag
+
+
 # Legend words: those of README's metric table ("meaning" column).
 LABELS = {
     "data_wait": "data loading: host time blocked getting the batch",
@@ -201,7 +218,8 @@ def _read_events(folder: Path, data: RunData) -> None:
         accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
-            data.scalars.setdefault(tag, []).extend((event.step, event.value) for event in accumulator.Scalars(tag))
+            points = [(event.step, event.value) for event in accumulator.Scalars(tag)]
+            data.scalars.setdefault(current_tag(tag), []).extend(points)
     data.sources.append("TensorBoard events")
 
 
@@ -218,7 +236,7 @@ def _read_csv(folder: Path, data: RunData) -> None:
                 for tag, text in row.items():
                     value = _number(text)
                     if tag not in ("step", "epoch") and tag not in have and value is not None:
-                        found.setdefault(tag, []).append((int(step), value))
+                        found.setdefault(current_tag(tag), []).append((int(step), value))
     if found:
         data.scalars.update(found)
         data.sources.append(_CSV)

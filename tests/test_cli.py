@@ -289,3 +289,13 @@ def test_report_reads_each_event_file_of_a_run_once(tmp_path):
         logger.finalize("success")
     assert len(list((tmp_path / "exp" / "version_0").glob("events.out.tfevents.*"))) == 2
     assert [step for step, _ in load_run(tmp_path / "exp").series("compute")] == list(range(1, 11))
+
+
+def test_report_reads_runs_logged_with_earlier_tag_names():
+    from lightning_dataperf.report import current_tag
+
+    assert current_tag("System/gpu_pcie_rx_MBps") == "Usage/gpu_pcie_rx_mbps"
+    assert current_tag("System/main_rss_MB") == "Usage/main_rss_mb"
+    assert current_tag("DataPerf/input_stall_fraction") == "Time/input_stall_fraction"
+    assert current_tag("Time/Compute") == "Time/Compute"
+    assert current_tag("System/not_a_field") == "System/not_a_field"
