@@ -272,9 +272,10 @@ class TunedDataModule(pl.LightningDataModule):
             drop_last=self.shard_drop_last,
             **options,
         )
+        order = "new order each epoch" if shuffle else "the same order every epoch (shuffle=False)"
         plan.sampler = (
             f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
-            f"drop_last={self.shard_drop_last}): new order each epoch, same order after a resume"
+            f"drop_last={self.shard_drop_last}): {order}, same order after a resume"
         )
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
         return {"sampler": sampler, "shuffle": None}

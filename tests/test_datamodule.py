@@ -259,3 +259,17 @@ def test_recommendation_without_lightning():
     assert "num_workers" in settings.explain()
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.num_workers = 3
+
+
+def test_the_order_message_says_what_shuffle_does():
+    class Ordered(IndexData):
+        def train_dataloader(self):
+            return DataLoader(IndexedDataset(self.length), batch_size=self.batch_size, shuffle=False)
+
+    module = Ordered(length=8, verbose=False)
+    module.train_dataloader()
+    (plan,) = module.loader_plans["train"]
+    assert "the same order every epoch (shuffle=False)" in plan.sampler and "new order" not in plan.sampler
+    shuffled = IndexData(length=8, verbose=False)
+    shuffled.train_dataloader()
+    assert "new order each epoch" in shuffled.loader_plans["train"][0].sampler
