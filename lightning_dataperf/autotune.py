@@ -61,11 +61,11 @@ from lightning_dataperf.autotune_trials import (
     TrialRunner,
     cheapest_near,
     confirmation_candidates,
-    rng_untouched,
 )
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.loaders import LoaderSettings
 from lightning_dataperf.policy import recommend_loader_settings
+from lightning_dataperf.seeding import rng_restored
 
 __all__ = [
     "AutotuneResult",
@@ -172,7 +172,7 @@ def autotune_loader(
     reporter = make_progress(progress)
     started = time.perf_counter()
     try:
-        with rng_untouched(), warnings.catch_warnings():
+        with rng_restored(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")  # trying more is the point
             limits = Limits(
                 time_budget, batch_budget, noise, memory_fraction, max_epochs, min_workers, precision, trial_seconds

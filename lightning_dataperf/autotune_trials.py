@@ -8,8 +8,8 @@ training uses (copy, device transform, a step as busy as training). A trial's ra
 start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
 (``workers x prefetch``); the trial stops as soon as its rate is known within ``Limits.precision``
 (the standard error of rounds of ``num_workers`` batches), or at its time or batch cap. Trial loaders draw
-from their own generator and are shut down at once (workers and pin thread); :func:`rng_untouched`
-restores the global RNGs.
+from their own generator and are shut down at once (workers and pin thread); the search restores the
+global RNGs (:func:`~lightning_dataperf.seeding.rng_restored`).
 
 Example::
 
@@ -25,7 +25,6 @@ import dataclasses
 import gc
 import math
 import os
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -58,7 +57,6 @@ __all__ = [
     "TrialRunner",
     "cheapest_near",
     "confirmation_candidates",
-    "rng_untouched",
     "steady_rate",
 ]
 
@@ -77,27 +75,6 @@ class _Offsets(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.order)
-
-
-@contextlib.contextmanager
-def rng_untouched() -> Iterator[None]:
-    """Restore ``random``, NumPy and torch (CPU and CUDA) generator states afterwards."""
-    python_state = random.getstate()
-    numpy_state = None
-    with contextlib.suppress(ImportError):
-        import numpy
-
-        numpy_state = numpy.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-            if numpy_state is not None:
-                import numpy
-
-                numpy.random.set_state(numpy_state)
 
 
 class TrialRunner:

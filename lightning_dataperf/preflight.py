@@ -26,6 +26,7 @@ import torch
 from lightning_dataperf.batches import BatchFootprint
 from lightning_dataperf.hardware import Hardware, default_start_method
 from lightning_dataperf.loaders import LoaderFacts
+from lightning_dataperf.seeding import rng_restored
 
 __all__ = [
     "BatchFootprint",
@@ -164,7 +165,6 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     """
     from torch.utils.data import IterableDataset
 
-    from lightning_dataperf.autotune_trials import rng_untouched
     from lightning_dataperf.loader_probe import untimed
 
     loader = getattr(loader, "dataloader", loader)
@@ -172,7 +172,7 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     if dataset is None or not batch_size or isinstance(dataset, IterableDataset):
         return None
     try:
-        with rng_untouched():  # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
+        with rng_restored():  # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
             sample = copy.copy(dataset)[0]
     except Exception:
         return None

@@ -58,23 +58,10 @@ def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
 
 
 def autotune_words(result: Any) -> str | None:
-    """Autotune's measured choice in words (its own ``summary_line()`` when it has one)."""
-    if result is None:
-        return None
-    line = getattr(result, "summary_line", None)
-    if callable(line):
-        return str(line())
-    settings = result.settings
-    return (
-        f"it measured num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor} at "
-        f"{result.chosen_batches_per_sec:.1f} batches/s (best measured {result.best_batches_per_sec:.1f}), and that "
-        "is what this loader uses"
-    )
+    """Autotune's measured choice in words (``AutotuneResult.summary_line``), when it ran."""
+    return None if result is None else str(result.summary_line())
 
 
 def autotune_seconds(result: Any) -> float:
-    """What an autotune call cost this run: probe + search, or the cache lookup (older results: the search)."""
-    elapsed = getattr(result, "elapsed_s", None)
-    if elapsed is None:
-        elapsed = 0.0 if getattr(result, "cached", False) else getattr(result, "search_seconds", 0.0)
-    return float(elapsed)
+    """What the autotune call cost this run: probe + search, or the cache lookup (``AutotuneResult.elapsed_s``)."""
+    return float(result.elapsed_s)

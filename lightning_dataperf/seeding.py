@@ -46,6 +46,7 @@ __all__ = [
     "SharedEpoch",
     "batch_seed",
     "main_process_seeded",
+    "rng_restored",
     "seed_batches_in_main_process",
     "worker_seed",
 ]
@@ -70,27 +71,40 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 
 
 @contextlib.contextmanager
+def rng_restored(cuda: bool = True) -> Iterator[None]:
+    """Afterwards ``random``, NumPy's global generator and torch's CPU generator (and, with ``cuda``,
+    the initialised CUDA devices' generators) are back in the states they had (also when the block raises)."""
+    numpy = _numpy()
+    python_state = random.getstate()
+    numpy_state = None if numpy is None else numpy.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if cuda and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            if numpy is not None:
+                numpy.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
 def main_process_seeded(seed: int) -> Iterator[None]:
     """Within the block ``random``, NumPy's global generator and torch's CPU generator start from
     ``seed``; afterwards each is back in the state it had before (also when the block raises)."""
+    with rng_restored(cuda=False):  # CUDA's generators are neither seeded nor touched
+        random.seed(seed)
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
+        if (numpy := _numpy()) is not None:
+            numpy.random.seed(seed % 2**32)
+        yield
+
+
+def _numpy() -> Any:
     try:
         import numpy
     except ImportError:  # pragma: no cover - numpy is optional
-        numpy = None  # type: ignore[assignment]
-    python_state = random.getstate()
-    torch_state = torch.default_generator.get_state()
-    numpy_state = None if numpy is None else numpy.random.get_state()
-    try:
-        random.seed(seed)
-        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
-        if numpy is not None:
-            numpy.random.seed(seed % 2**32)
-        yield
-    finally:
-        random.setstate(python_state)
-        torch.default_generator.set_state(torch_state)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
+        return None
+    return numpy
 
 
 class _SeededBatches:
@@ -154,11 +168,8 @@ def seed_everything_here(seed: int) -> None:
     """Seed ``random``, NumPy (if installed) and torch in this process."""
     random.seed(seed)
     torch.manual_seed(seed)
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is optional
-        return
-    numpy.random.seed(seed % 2**32)
+    if (numpy := _numpy()) is not None:
+        numpy.random.seed(seed % 2**32)
 
 
 class SharedEpoch:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["SYSTEM_PREFIX", "SystemStats"]
 
@@ -94,12 +93,6 @@ class SystemStats:
     def known(self) -> dict[str, float]:
         """Field name -> value for every known field."""
         return {name: value for name in _FIELDS if (value := getattr(self, name)) is not None}
-
-    def __bool__(self) -> bool:
-        return any(getattr(self, name) is not None for name in _FIELDS)
-
-    def replace(self, **changes: Any) -> SystemStats:
-        return dataclasses.replace(self, **changes)
 
 
 _FIELDS = tuple(field.name for field in dataclasses.fields(SystemStats))
