@@ -50,7 +50,7 @@ def main() -> None:
         truth_idle = max(0.0, loader_ms - gpu_ms)
         measured = {
             "data_wait_ms": 1e3 * summary.timings["DataLoading"].p50,
-            "compute_ms": 1e3 * summary.timings["Compute"].p50,
+            "compute_ms": 1e3 * summary.timings["DeviceSpan"].p50,  # CUDA: the step's device span
             "device_idle_ms": 1e3 * summary.timings["DeviceIdle"].p50,
             "input_stall_fraction": summary.input_stall_fraction,
         }

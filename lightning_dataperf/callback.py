@@ -78,7 +78,7 @@ class DataPerfCallback(Callback):
         preflight: run the pre-flight checks at fit start and on the first batch.
         hang_timeout: seconds without a batch before the watchdog reports; ``None`` turns it off.
         host_gap_probe: on CUDA, profile a few steps per epoch to split the step's device span into GPU
-            busy time and host gap (``Time/GpuBusy``, ``Time/HostGap``); ``False`` turns it off, a
+            busy time and host gap (``Time/Compute``, ``Time/HostGap``); ``False`` turns it off, a
             :class:`~lightning_dataperf.host_gap.HostGapProbe` sets which steps.
         clock: host clock in seconds (default ``time.perf_counter``; tests inject a fake one).
 

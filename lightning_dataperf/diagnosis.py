@@ -88,7 +88,7 @@ def _host_bound(evidence: Evidence) -> Finding | None:
 
 def _device_starved_by_host(evidence: Evidence) -> Finding | None:
     """CUDA: the GPU idles between steps though the host is not waiting for data — launches and syncs bind."""
-    compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
+    compute, step = evidence.step_work, evidence.step_mean
     idle = evidence.timing(tags.DEVICE_IDLE)
     if compute is None or idle is None or not step or evidence.host_explains_idle():
         return None
@@ -102,7 +102,7 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
         kind="host_bound",
         headline=f"host-bound: the GPU idles {100 * share:.0f}% of the step though the host is not waiting for data",
         share=share,
-        evidence={"device_idle_ms": 1e3 * idle, "device_compute_ms": 1e3 * compute, "host_data_wait_ms": 1e3 * wait},
+        evidence={"device_idle_ms": 1e3 * idle, "device_span_ms": 1e3 * compute, "host_data_wait_ms": 1e3 * wait},
         advice=[
             "Python or kernel-launch overhead dominates: use a larger batch, torch.compile or CUDA graphs, "
             "and avoid per-step host syncs (.item(), .cpu(), printing tensors)",
@@ -167,7 +167,7 @@ def _host_gap(evidence: Evidence) -> Finding | None:
 
 def _loop_overhead(evidence: Evidence) -> Finding | None:
     """CPU: time outside data wait, transfer and the step itself (hooks, callbacks, logging) dominates."""
-    compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
+    compute, step = evidence.step_work, evidence.step_mean
     if compute is None or not step:
         return None
     wait = evidence.timing(tags.DATA_LOADING) or 0.0
@@ -268,7 +268,7 @@ def _memory_pressure(evidence: Evidence) -> Finding | None:
 
 
 def _compute_bound(evidence: Evidence) -> Finding | None:
-    compute, step = evidence.timing(tags.COMPUTE), evidence.step_mean
+    compute, step = evidence.step_work, evidence.step_mean
     if compute is None:
         return None
     share = compute / step if step else 1.0
@@ -287,9 +287,10 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
 
 
 def _compute_evidence(evidence: Evidence, compute: float, share: float) -> dict[str, float]:
-    numbers = {"compute_ms": 1e3 * compute, "compute_share": share}
+    work = "device_span_ms" if evidence.summary.on_device else "compute_ms"
+    numbers = {work: 1e3 * compute, "compute_share": share}
     if (gap := evidence.summary.host_gap) is not None:
-        numbers["gpu_busy_ms"] = 1e3 * gap.gpu_busy_s
+        numbers.update(gpu_busy_ms=1e3 * gap.gpu_busy_s, host_gap_ms=1e3 * gap.host_gap_s)
     for key in ("gpu_util_percent", "gpu_slowdown", "gpu_power_capped", "gpu_sm_clock_mhz"):
         if (value := getattr(evidence.system, key)) is not None:
             numbers[key] = value

@@ -3,7 +3,8 @@
 Example::
 
     evidence = Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader))
-    evidence.timing(tags.COMPUTE)       # mean compute seconds per step
+    evidence.timing(tags.DATA_LOADING)  # mean data wait per step (s)
+    evidence.step_work                  # the step's own work: host compute, or the device span on CUDA
     evidence.step_mean                  # on the timeline that binds (device on CUDA)
 """
 
@@ -38,6 +39,16 @@ class Evidence:
         return None if summary is None else getattr(summary, statistic)
 
     @property
+    def step_work(self) -> float | None:
+        """Mean time of the step's own work: host compute on the CPU, the device span on CUDA.
+
+        The device span is GPU busy time plus the host gaps inside the step (``summary.host_gap`` splits
+        the two where the probe measured them).
+        """
+        host = self.timing(tags.COMPUTE)
+        return host if host is not None else self.timing(tags.DEVICE_SPAN)
+
+    @property
     def step_mean(self) -> float | None:
         """Mean step time on the timeline that binds: the device's on CUDA, the host's elsewhere.
 
@@ -45,7 +56,7 @@ class Evidence:
         the device step (end of step N-1 to end of step N) is idle + transfer + compute.
         """
         if self.summary.on_device:
-            parts = [self.timing(name) for name in (tags.DEVICE_IDLE, tags.TRANSFER, tags.COMPUTE)]
+            parts = [self.timing(tags.DEVICE_IDLE), self.timing(tags.TRANSFER), self.step_work]
             if parts[2] is not None:
                 return sum(part or 0.0 for part in parts)
         return self.timing(tags.STEP)

@@ -154,7 +154,7 @@ def _fair_share_percent(evidence: Evidence) -> float:
 
 def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
     step = evidence.step_mean
-    compute = evidence.timing(tags.COMPUTE)
+    compute = evidence.step_work
     return step, compute
 
 

@@ -45,7 +45,9 @@ def _with_max(name: str) -> list[str]:
 CUSTOM_SCALARS = {
     "DataPerf": {
         "Data wait per step, mean and max (s)": ["Multiline", _with_max(tags.DATA_LOADING)],
-        "Compute per step, mean and max (s)": ["Multiline", _with_max(tags.COMPUTE)],
+        "Compute per step, mean and max (s; CUDA: GPU busy, per epoch)": ["Multiline", _with_max(tags.COMPUTE)],
+        "Step span on the GPU, mean and max (s)": ["Multiline", _with_max(tags.DEVICE_SPAN)],
+        "GPU waiting for the host inside the step, per epoch (s)": ["Multiline", _exactly(tags.time(tags.HOST_GAP))],
         "Step time, mean and max (s)": ["Multiline", _with_max(tags.STEP)],
         "Input stall fraction (share of step time)": ["Multiline", _exactly(tags.INPUT_STALL)],
         "Host-to-device copy, mean and max (s)": ["Multiline", _with_max(tags.TRANSFER)],
@@ -55,7 +57,12 @@ CUSTOM_SCALARS = {
     }
 }
 #: The charts of quantities measured on CUDA only, left out of a run on another device.
-CUDA_CHARTS = ("GPU idle between steps, mean and max (s)", "GPU utilisation (%)")
+CUDA_CHARTS = (
+    "Step span on the GPU, mean and max (s)",
+    "GPU waiting for the host inside the step, per epoch (s)",
+    "GPU idle between steps, mean and max (s)",
+    "GPU utilisation (%)",
+)
 
 
 def custom_scalars(cuda: bool) -> dict[str, dict[str, list]]:

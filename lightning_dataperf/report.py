@@ -39,6 +39,7 @@ TAGS = {
     "data_wait": tags.time(tags.DATA_LOADING),
     "transfer": tags.time(tags.TRANSFER),
     "compute": tags.time(tags.COMPUTE),
+    "device_span": tags.time(tags.DEVICE_SPAN),
     "device_idle": tags.time(tags.DEVICE_IDLE),
     "input_stall": tags.INPUT_STALL,
     "gpu_util": SystemStats.tag("gpu_util_percent"),
@@ -69,6 +70,7 @@ LABELS = {
     "data_wait": "data loading: host time blocked getting the batch",
     "transfer": "transfer: host-to-device copy",
     "compute": "compute: forward, backward, optimizer",
+    "device_span": "the step on the GPU: its work and the gaps waiting for the host",
     "device_idle": "GPU idle between the end of one step and the next step's work",
     "input_stall": "share of step time lost to input",
     "gpu_util": "GPU utilisation (this rank's GPU)",
@@ -82,6 +84,7 @@ COLOURS = {
     "data_wait": "#d62728",
     "transfer": "#ff7f0e",
     "compute": "#1f77b4",
+    "device_span": "#aec7e8",
     "device_idle": "#000000",
     "input_stall": "#8c1c13",
     "gpu_util": "#2ca02c",
@@ -91,6 +94,8 @@ COLOURS = {
     "workers_cpu": "#bcbd22",
 }
 STACK = ("data_wait", "transfer", "compute")
+#: On CUDA the step's per-step time is its device span (``Time/Compute`` is the GPU busy time, per epoch).
+STACK_CUDA = ("data_wait", "transfer", "device_span")
 
 Series = list[tuple[int, float]]
 _EVENTS = "events.out.tfevents.*"
@@ -117,6 +122,11 @@ class RunData:
     @property
     def on_gpu(self) -> bool:
         return TAGS["device_idle"] in self.scalars or TAGS["gpu_util"] in self.scalars
+
+    @property
+    def stack(self) -> tuple[str, ...]:
+        """The per-step timings that make up a step, as this run logged them."""
+        return STACK_CUDA if TAGS["device_span"] in self.scalars else STACK
 
     def series(self, key: str) -> Series:
         """The points of one metric (a key of ``TAGS``), empty when it was not logged."""
@@ -193,7 +203,7 @@ def load_run(directory: str | Path, run: str | None = None) -> RunData:
     _read_csv(folder, data)
     for summaries in sorted(folder.rglob(SUMMARY_FILE)):
         data.epochs.extend(json.loads(line) for line in summaries.read_text().splitlines() if line.strip())
-    if TAGS["compute"] not in data.scalars and not data.epochs:
+    if not {TAGS["compute"], TAGS["device_span"]} & set(data.scalars) and not data.epochs:
         raise FileNotFoundError(_no_data(folder))
     for points in data.scalars.values():
         points.sort()
@@ -295,7 +305,7 @@ def _no_data_note(axes, text: str) -> None:
 
 
 def _timeline(axes, run: RunData) -> None:
-    steps = [step for step, _ in run.series("compute")]
+    steps = [step for step, _ in run.series(run.stack[-1])]
     axes.set_title("Where each training step's time goes (mean per logging window)")
     axes.set_xlabel("global step")
     axes.set_ylabel("s per step")
@@ -303,7 +313,7 @@ def _timeline(axes, run: RunData) -> None:
         _no_data_note(axes, "no per-step times logged")
         return
     layers, labels, colours = [], [], []
-    for key in STACK:
+    for key in run.stack:
         values = dict(run.series(key))
         if values:
             layers.append([values.get(step, 0.0) for step in steps])

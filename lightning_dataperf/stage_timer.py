@@ -123,10 +123,10 @@ class StageTimer:
         loader = LoaderStats.of(self.batches_epoch)
         self.batches_epoch.clear()
         host_gap = None if self.host_gap is None else self.host_gap.result()
-        if host_gap is not None and (compute := summary.timings.get(tags.COMPUTE)) is not None:
+        if host_gap is not None and (span := summary.timings.get(tags.DEVICE_SPAN)) is not None:
             # The profiler's own per-launch cost stretches the steps it records; the unrecorded steps' span
             # (CUDA events, start to end of the step) is the honest span, and the busy time is the kernels'.
-            host_gap = host_gap.with_span(compute.p50)
+            host_gap = host_gap.with_span(span.p50)
         return dataclasses.replace(summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap)
 
     def release(self) -> None:

@@ -36,7 +36,8 @@ __all__ = ["TIMINGS", "EpochAccumulator", "EpochSummary", "Stall", "TimingSummar
 TIMINGS: dict[str, str] = {
     tags.DATA_LOADING: "data_wait",
     tags.TRANSFER: "transfer",
-    tags.COMPUTE: "compute",
+    tags.COMPUTE: "host_compute",  # CPU; on CUDA Time/Compute is the GPU's busy time, from the host-gap probe
+    tags.DEVICE_SPAN: "device_span",
     tags.STEP: "step_time",
     tags.DEVICE_IDLE: "device_idle",
 }
@@ -188,7 +189,9 @@ class EpochSummary:
     def to_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
         """The epoch's scalars for loggers: ``Time/DataLoading_p90``, ``Time/Compute_p90``, ``Time/EpochStart``.
 
-        The rest of the distribution (mean, p50, p99, max of every timing), the stall and data-wait
+        On CUDA the step's time on the device is ``Time/DeviceSpan_p90``, and, where the host-gap probe
+        measured the epoch, ``Time/Compute`` is the GPU's busy time per step and ``Time/HostGap`` the rest
+        of the span. The rest of the distribution (mean, p50, p99, max of every timing), the stall and data-wait
         shares and the throughput are in :meth:`format`, the TensorBoard text and the summaries file;
         the straggler figures are logged with more than one rank only.
         """
@@ -203,7 +206,7 @@ class EpochSummary:
             optional[tags.EPOCH_SLOWEST_RANK] = None if self.slowest_rank is None else float(self.slowest_rank)
         metrics.update({stage.prefix + key: value for key, value in optional.items() if value is not None})
         if self.host_gap is not None:
-            metrics[tags.time(tags.GPU_BUSY, stage)] = self.host_gap.gpu_busy_s
+            metrics[tags.time(tags.COMPUTE, stage)] = self.host_gap.gpu_busy_s
             metrics[tags.time(tags.HOST_GAP, stage)] = self.host_gap.host_gap_s
         return metrics
 

@@ -20,6 +20,8 @@ __all__ = [
     "COMPUTE",
     "DATA_LOADING",
     "DEVICE_IDLE",
+    "DEVICE_SPAN",
+    "HOST_GAP",
     "STEP",
     "TIMINGS",
     "TRANSFER",
@@ -50,12 +52,13 @@ class Stage(str, Enum):
 #: The per-step timings (``Time/<name>``), in the order a reader meets them.
 DATA_LOADING = "DataLoading"  # host blocked in the loader's next()
 TRANSFER = "Transfer"  # host-to-device copy on the compute stream (fetch end -> step start)
-COMPUTE = "Compute"  # the step's work
+COMPUTE = "Compute"  # the step's work: host time on the CPU; on CUDA the GPU's busy time (host-gap probe, per epoch)
+DEVICE_SPAN = "DeviceSpan"  # CUDA: the step's span on the device = GPU busy + host gap
 STEP = "Step"  # wall time between step ends
 DEVICE_IDLE = "DeviceIdle"  # CUDA: GPU idle between steps, waiting for this step's input
-TIMINGS = (DATA_LOADING, TRANSFER, COMPUTE, STEP, DEVICE_IDLE)
-#: CUDA, from the host-gap probe's profiled steps: the step's device span split into GPU work and waiting for the host.
-GPU_BUSY = "GpuBusy"
+TIMINGS = (DATA_LOADING, TRANSFER, COMPUTE, DEVICE_SPAN, STEP, DEVICE_IDLE)
+#: CUDA, per epoch from the host-gap probe's profiled steps: the part of the device span in which the GPU
+#: waited for the host (late kernel launches). ``Time/Compute`` on CUDA is the other part, the GPU's work.
 HOST_GAP = "HostGap"
 
 #: Scalar groups. TensorBoard's Time Series tab groups tags by their first segment, sorts the groups by
@@ -80,7 +83,7 @@ COPY_TRANSFORM_S = "Transfer/transform_s"
 #: in the printed summary, the TensorBoard text and the summaries file), and, with more than one rank,
 #: the straggler figures.
 EPOCH_PERCENTILE = "p90"
-EPOCH_PERCENTILE_TIMINGS = (DATA_LOADING, COMPUTE)
+EPOCH_PERCENTILE_TIMINGS = (DATA_LOADING, COMPUTE, DEVICE_SPAN)
 EPOCH_STRAGGLER_RATIO = "Time/straggler_ratio"
 EPOCH_SLOWEST_RANK = "Time/slowest_rank"
 

@@ -38,12 +38,15 @@ class StepTiming:
         step: the step or batch index the figures belong to.
         data_wait: host time blocked in the loader's ``next()``.
         transfer: host-to-device copy (between the fetch and the step start; device time on CUDA).
-        compute: the step's work (forward, backward, optimizer; device time on CUDA).
+        compute: the step's work (forward, backward, optimizer): host time on the CPU; on CUDA the step's
+            device span (first to last of its work on the compute stream), which also holds the gaps in
+            which the GPU waited for the host to launch kernels (see :attr:`device_span`).
         step_time: wall time since the previous step ended; ``None`` for the first step after a break.
         device_step_time: device time since the previous step's work ended (CUDA only).
         device_idle: time the device sat idle waiting for this step's input (CUDA only).
         samples: number of samples in the batch, if known.
         first_of_epoch: the data wait of this step is epoch start-up, not steady state.
+        on_device: the figures come from CUDA events (device timeline), not host clocks.
     """
 
     step: int
@@ -55,6 +58,17 @@ class StepTiming:
     device_idle: float | None = None
     samples: int | None = None
     first_of_epoch: bool = False
+    on_device: bool = False
+
+    @property
+    def host_compute(self) -> float | None:
+        """The step's work timed on the host (no device timeline): ``Time/Compute``."""
+        return None if self.on_device else self.compute
+
+    @property
+    def device_span(self) -> float | None:
+        """CUDA: the step's span on the device, GPU busy time plus host gaps: ``Time/DeviceSpan``."""
+        return self.compute if self.on_device else None
 
     @property
     def input_stall(self) -> float | None:
@@ -219,4 +233,5 @@ class StepClock:
             device_idle=None if previous_end is None else previous_end.elapsed_time(pending.ready) / _MS_PER_S,
             samples=pending.samples,
             first_of_epoch=pending.first_of_epoch,
+            on_device=True,
         )

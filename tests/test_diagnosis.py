@@ -28,6 +28,8 @@ def timing(mean: float) -> TimingSummary:
 
 
 def summary(on_device=False, stall=0.0, wait_share=None, epoch_start=0.001, world=1, waits=(), **means):
+    if on_device and "Compute" in means:  # on CUDA the callback records the step's work as its device span
+        means["DeviceSpan"] = means.pop("Compute")
     return EpochSummary(
         stage="train",
         epoch=0,

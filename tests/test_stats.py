@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.host_gap import HostGapStats
 from lightning_dataperf.stats import EpochAccumulator, window_metrics
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepTiming
@@ -30,6 +31,25 @@ def test_window_metrics_on_device_use_idle_over_device_step():
     metrics = window_metrics(steps, Stage.VAL)
     assert metrics["val/Time/input_stall_fraction"] == pytest.approx(0.2)
     assert metrics["val/Time/DeviceIdle"] == pytest.approx(0.05)
+
+
+def test_on_cuda_the_step_span_is_not_called_compute_and_compute_is_the_measured_gpu_busy_time():
+    """The device span holds host gaps; ``Time/Compute`` on CUDA is only what the host-gap probe measured."""
+    steps = [
+        dataclasses.replace(timing(i, 0.001, 0.019, 0.02, idle=0.0, device_step=0.02), on_device=True) for i in range(6)
+    ]
+    metrics = window_metrics(steps)
+    assert metrics["Time/DeviceSpan"] == pytest.approx(0.019)
+    assert "Time/Compute" not in metrics and "Time/Compute_max" not in metrics
+    accumulator = EpochAccumulator()
+    accumulator.update(steps)
+    summary = accumulator.summarize("train", 0, torch.device("cpu"))
+    assert set(summary.timings) == {"DataLoading", "Transfer", "DeviceSpan", "Step", "DeviceIdle"}
+    assert "Time/Compute" not in summary.to_metrics()  # not measured: not logged, not guessed
+    measured = HostGapStats(steps=8, span_s=0.019, gpu_busy_s=0.0108, host_gap_s=0.0082, first_step=20)
+    epoch = dataclasses.replace(summary, host_gap=measured).to_metrics()
+    assert epoch["Time/Compute"] == pytest.approx(0.0108) and epoch["Time/HostGap"] == pytest.approx(0.0082)
+    assert epoch["Time/DeviceSpan_p90"] == pytest.approx(0.019)
 
 
 def test_epoch_accumulator_percentiles_match_torch_quantile():

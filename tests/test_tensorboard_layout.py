@@ -102,7 +102,10 @@ def test_custom_scalars_one_quantity_per_chart():
     series = {title: patterns for title, (kind, patterns) in charts.items() if kind == "Multiline"}
     assert len(series) == len(charts)
     assert series["Data wait per step, mean and max (s)"] == ["^Time/DataLoading$", "^Time/DataLoading_max$"]
-    assert series["Compute per step, mean and max (s)"] == ["^Time/Compute$", "^Time/Compute_max$"]
+    assert series["Compute per step, mean and max (s; CUDA: GPU busy, per epoch)"] == [
+        "^Time/Compute$",
+        "^Time/Compute_max$",
+    ]
     assert series["Step time, mean and max (s)"] == ["^Time/Step$", "^Time/Step_max$"]
     assert series["Input stall fraction (share of step time)"] == ["^Time/input_stall_fraction$"]
     assert series["CPU busy, mean across cores (%)"] == ["^Usage/cpu_busy_percent_mean$"]
