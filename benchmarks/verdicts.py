@@ -334,11 +334,13 @@ def jpeg_rows() -> list[dict]:
     summary, reference = policy["summary"], ceiling["summary"]
     if summary.host_gap is not None:
         busy = summary.host_gap.gpu_busy_s
-        reference_busy = reference.host_gap.gpu_busy_s if reference.host_gap else reference.timings["Compute"].mean
+        reference_span = reference.timings["DeviceSpan"].mean  # the same step on data already on the GPU
+        reference_busy = reference.host_gap.gpu_busy_s if reference.host_gap else reference_span
         jpeg["gpu_busy_ms"], jpeg["ceiling_gpu_busy_ms"] = 1e3 * busy, 1e3 * reference_busy
+        jpeg["ceiling_device_span_ms"] = 1e3 * reference_span
         jpeg["gpu_busy_within_10pct"] = abs(busy - reference_busy) <= 0.1 * reference_busy
         jpeg["host_gap_ms"] = 1e3 * summary.host_gap.host_gap_s
-    jpeg["compute_ms"] = 1e3 * summary.timings["Compute"].mean
+    jpeg["device_span_ms"] = 1e3 * summary.timings["DeviceSpan"].mean  # GPU busy + host gap
     if summary.loader is not None:
         wait = summary.timings["DataLoading"].mean
         jpeg["loader_wait_ms"], jpeg["data_wait_ms"] = 1e3 * summary.loader.wait_s, 1e3 * wait
