@@ -5,7 +5,8 @@ late (starved for CPU by busy loader workers, Python overhead, syncs) stretches 
 which the GPU has nothing to run. Those gaps are invisible to events and to NVML's coarse utilisation.
 Once per epoch, :class:`HostGapProbe` records a few consecutive training steps with the PyTorch
 profiler (CUDA activity only: kernels, copies and the runtime calls that launched them), assigns each
-kernel to the step whose host window launched it, and splits each step's device span (first to last
+kernel to the step whose host window launched it (launches from other threads, e.g. a GPU-decode thread
+working on its own stream at the same time, are not the step's work and are left out), and splits each step's device span (first to last
 of its kernels) into GPU busy time (the union of its kernels' intervals) and host gap (the rest).
 
 The profiler starts one step early (CUPTI's set-up lands in that warm-up step, not in a recorded one);
@@ -23,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ class HostGapStats:
     profiled_span_s: float | None = None  # the recorded steps' own span (longer: the profiler costs launches)
     main_cpu_fraction: float | None = None  # the training thread's CPU time over wall time in the recorded steps
     main_runqueue_s: float | None = None  # per step, time the training thread was runnable but waited for a CPU
+    other_threads_kept: bool = False  # the profiler's thread ids were not recognised: launches of every thread counted
 
     def with_span(self, span_s: float) -> HostGapStats:
         """The same busy time within the span of the steps the profiler did not slow down."""
@@ -56,9 +59,10 @@ class HostGapStats:
 
     def format(self) -> str:
         last = self.first_step + self.steps - 1
+        caveat = "; launches of all threads counted, thread ids not recognised" if self.other_threads_kept else ""
         return (
             f"GPU busy {1e3 * self.gpu_busy_s:.2f} ms + host gap {1e3 * self.host_gap_s:.2f} ms of a "
-            f"{1e3 * self.span_s:.2f} ms step span (GPU busy from profiled steps {self.first_step}-{last})"
+            f"{1e3 * self.span_s:.2f} ms step span (GPU busy from profiled steps {self.first_step}-{last}{caveat})"
         )
 
 
@@ -100,6 +104,7 @@ class HostGapProbe:
         self._open_cpu = 0.0
         self._open_runqueue: float | None = None
         self._result: HostGapStats | None = None
+        self._threads: frozenset[int] = frozenset()  # the training thread's ids, as a profiler may name it
 
     @property
     def active(self) -> bool:
@@ -123,6 +128,8 @@ class HostGapProbe:
         if self.disabled is not None:
             return
         if step == max(0, self.start_step - 1) and self._profiler is None and self._result is None:
+            ident = threading.get_ident()
+            self._threads = frozenset({threading.get_native_id(), ident, ident & 0xFFFFFFFF})
             self._start()
         if self._profiler is not None and step >= self.start_step:
             self._open, self._open_cpu, self._open_runqueue = time.time_ns(), time.thread_time(), _runqueue_wait()
@@ -180,7 +187,8 @@ class HostGapProbe:
             profiler = self._stop()
             if profiler is None:
                 return None
-            stats = _stats(list(profiler.profiler.kineto_results.events()), self._windows, self.start_step)
+            events = list(profiler.profiler.kineto_results.events())
+            stats = _stats(events, self._windows, self.start_step, self._threads)
             wall = sum(closed - opened for opened, closed in self._windows) / 1e9
             if stats is not None and wall > 0:
                 stats = dataclasses.replace(stats, main_cpu_fraction=min(1.0, sum(self._cpu) / wall))
@@ -202,9 +210,15 @@ def _runqueue_wait() -> float | None:
         return None
 
 
-def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -> HostGapStats | None:
-    """Per step: kernels launched inside its host window -> their device span and busy union."""
-    launches: dict[int, int] = {}  # correlation id -> launch time (ns, host clock)
+def _stats(
+    events: list[Any], windows: list[tuple[int, int]], first_step: int, threads: frozenset[int] = frozenset()
+) -> HostGapStats | None:
+    """Per step: kernels the training thread launched inside its host window -> their device span and busy union.
+
+    ``threads`` are the training thread's ids; launches from other threads are not the step's. If no launch
+    carries one of them (a profiler naming threads otherwise), every launch is kept and the result says so.
+    """
+    launches: dict[int, tuple[int, int]] = {}  # correlation id -> (launch time (ns, host clock), thread id)
     device: list[tuple[int, int, int]] = []  # (correlation id, start, end) of device work
     for event in events:
         name = event.name()
@@ -212,10 +226,16 @@ def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -
             start = event.start_ns()
             device.append((event.correlation_id(), start, start + event.duration_ns()))
         elif "Launch" in name or "Memcpy" in name or "Memset" in name:  # the runtime call that queued it
-            launches[event.correlation_id()] = event.start_ns()
+            launches[event.correlation_id()] = (event.start_ns(), event.start_thread_id())
+    ours = {correlation: at for correlation, (at, thread) in launches.items() if thread in threads}
+    kept_all = not ours
+    if not kept_all:
+        launches_at = ours
+    else:
+        launches_at = {correlation: at for correlation, (at, _) in launches.items()}
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
     for correlation, start, end in device:
-        launched = launches.get(correlation)
+        launched = launches_at.get(correlation)
         if launched is None:
             continue
         for index, (opened, closed) in enumerate(windows):
@@ -229,5 +249,10 @@ def _stats(events: list[Any], windows: list[tuple[int, int]], first_step: int) -
     span = sum(span for span, _ in splits) / count / 1e9
     busy = sum(busy for _, busy in splits) / count / 1e9
     return HostGapStats(
-        steps=count, span_s=span, gpu_busy_s=busy, host_gap_s=max(0.0, span - busy), first_step=first_step
+        steps=count,
+        span_s=span,
+        gpu_busy_s=busy,
+        host_gap_s=max(0.0, span - busy),
+        first_step=first_step,
+        other_threads_kept=kept_all and bool(threads),
     )

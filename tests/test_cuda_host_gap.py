@@ -42,3 +42,31 @@ def test_probe_splits_the_device_span_into_busy_and_gap(tmp_path):
     assert gap.host_gap_s == pytest.approx(0.004, rel=0.4), gap  # the host's 6 ms less the first kernel's 2 ms
     assert perf.last_diagnosis.findings, perf.last_diagnosis.format()
     assert "host_bound" in [finding.kind for finding in perf.last_diagnosis.findings], perf.last_diagnosis.format()
+
+
+def test_kernels_of_another_thread_on_its_own_stream_are_not_the_steps_gpu_work(tmp_path):
+    """A GPU-decode-like thread keeps its own stream busy through the profiled steps: GPU busy stays the step's."""
+    import threading
+
+    cycles_per_ms = calibrate_cuda_sleep()
+    stop = threading.Event()
+
+    def background() -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                torch.cuda._sleep(int(1.0 * cycles_per_ms))
+                stream.synchronize()
+
+    worker = threading.Thread(target=background, daemon=True)
+    worker.start()
+    try:
+        perf = DataPerfCallback(print_summary=False, host_gap_probe=HostGapProbe(start_step=5, steps=6))
+        trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path, accelerator="cuda"))
+        trainer.fit(LateLaunch(cycles_per_ms), sleepy_loader(8 * 20, 8, 0.0))
+    finally:
+        stop.set()
+        worker.join()
+    gap = perf.last_summary.host_gap
+    assert gap is not None and not gap.other_threads_kept, gap
+    assert gap.gpu_busy_s == pytest.approx(0.004, rel=0.3), gap  # not the background thread's ~1 ms kernels

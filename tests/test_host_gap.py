@@ -9,8 +9,9 @@ from lightning_dataperf.host_gap import HostGapProbe, _stats, split_device_span
 MS = 1_000_000
 
 
-def event(name, device, correlation, start_ms, duration_ms=0.0):
+def event(name, device, correlation, start_ms, duration_ms=0.0, thread=1):
     return SimpleNamespace(
+        start_thread_id=lambda: thread,
         name=lambda: name,
         device_type=lambda: f"DeviceType.{device}",
         correlation_id=lambda: correlation,
@@ -44,6 +45,25 @@ def test_kernels_are_assigned_to_the_step_that_launched_them():
     assert stats.gpu_busy_s == pytest.approx((0.004 + 0.004) / 2)
     assert stats.host_gap_s == pytest.approx(0.002)
     assert stats.gap_share == pytest.approx(0.002 / 0.006)
+
+
+def test_launches_from_other_threads_are_not_the_steps_work():
+    """A decode thread launching on its own stream inside the step's window: its kernels are not GPU busy."""
+    events = [
+        event("cudaLaunchKernel", "CPU", 1, 0.5, thread=11),
+        event("step_kernel", "CUDA", 1, 1.0, 2.0),
+        event("cudaLaunchKernel", "CPU", 2, 1.0, thread=22),  # the other thread
+        event("decode_kernel", "CUDA", 2, 3.0, 5.0),
+        event("cudaLaunchKernel", "CPU", 3, 6.5, thread=11),
+        event("step_kernel", "CUDA", 3, 8.0, 1.0),
+    ]
+    windows = [(0, 10 * MS)]
+    ours = _stats(events, windows, first_step=0, threads=frozenset({11}))
+    assert ours.gpu_busy_s == pytest.approx(0.003) and ours.span_s == pytest.approx(0.008)
+    assert not ours.other_threads_kept
+    unknown = _stats(events, windows, first_step=0, threads=frozenset({33}))  # ids not recognised: say so
+    assert unknown.gpu_busy_s == pytest.approx(0.008) and unknown.other_threads_kept
+    assert "thread ids not recognised" in unknown.format()
 
 
 def test_probe_without_cuda_profiling_turns_itself_off_with_one_warning(monkeypatch):
