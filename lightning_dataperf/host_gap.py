@@ -5,9 +5,10 @@ late (starved for CPU by busy loader workers, Python overhead, syncs) stretches 
 which the GPU has nothing to run. Those gaps are invisible to events and to NVML's coarse utilisation.
 Once per epoch, :class:`HostGapProbe` records a few consecutive training steps with the PyTorch
 profiler (CUDA activity only: kernels, copies and the runtime calls that launched them), assigns each
-kernel to the step whose host window launched it (launches from other threads, e.g. a GPU-decode thread
-working on its own stream at the same time, are not the step's work and are left out), and splits each step's device span (first to last
-of its kernels) into GPU busy time (the union of its kernels' intervals) and host gap (the rest).
+kernel to the step whose host window launched it (launches from other threads, e.g. a GPU-decode
+thread working on its own stream at the same time, are not the step's work and are left out), and
+splits each step's device span (first to last of its kernels) into GPU busy time (the union of its
+kernels' intervals) and host gap (the rest).
 
 The profiler starts one step early (CUPTI's set-up lands in that warm-up step, not in a recorded one);
 it costs the recorded steps a little host time per launch, and stopping it waits for the GPU once. The
@@ -226,13 +227,12 @@ def _stats(
             start = event.start_ns()
             device.append((event.correlation_id(), start, start + event.duration_ns()))
         elif "Launch" in name or "Memcpy" in name or "Memset" in name:  # the runtime call that queued it
-            launches[event.correlation_id()] = (event.start_ns(), event.start_thread_id())
+            # Kineto names the launching thread in a runtime event's resource id (pthread_self, low 32 bits, as
+            # a signed int32); its thread ids are its own sequence numbers (1 for every thread on torch 2.11).
+            launches[event.correlation_id()] = (event.start_ns(), event.device_resource_id() & 0xFFFFFFFF)
     ours = {correlation: at for correlation, (at, thread) in launches.items() if thread in threads}
     kept_all = not ours
-    if not kept_all:
-        launches_at = ours
-    else:
-        launches_at = {correlation: at for correlation, (at, _) in launches.items()}
+    launches_at = ours or {correlation: at for correlation, (at, _) in launches.items()}
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
     for correlation, start, end in device:
         launched = launches_at.get(correlation)

@@ -11,7 +11,7 @@ MS = 1_000_000
 
 def event(name, device, correlation, start_ms, duration_ms=0.0, thread=1):
     return SimpleNamespace(
-        start_thread_id=lambda: thread,
+        device_resource_id=lambda: thread,
         name=lambda: name,
         device_type=lambda: f"DeviceType.{device}",
         correlation_id=lambda: correlation,
@@ -52,13 +52,14 @@ def test_launches_from_other_threads_are_not_the_steps_work():
     events = [
         event("cudaLaunchKernel", "CPU", 1, 0.5, thread=11),
         event("step_kernel", "CUDA", 1, 1.0, 2.0),
-        event("cudaLaunchKernel", "CPU", 2, 1.0, thread=22),  # the other thread
+        event("cudaLaunchKernel", "CPU", 2, 1.0, thread=-22),  # the other thread (a signed int32 resource id)
         event("decode_kernel", "CUDA", 2, 3.0, 5.0),
         event("cudaLaunchKernel", "CPU", 3, 6.5, thread=11),
         event("step_kernel", "CUDA", 3, 8.0, 1.0),
     ]
     windows = [(0, 10 * MS)]
     ours = _stats(events, windows, first_step=0, threads=frozenset({11}))
+    assert _stats(events, windows, 0, threads=frozenset({-22 & 0xFFFFFFFF})).gpu_busy_s == pytest.approx(0.005)
     assert ours.gpu_busy_s == pytest.approx(0.003) and ours.span_s == pytest.approx(0.008)
     assert not ours.other_threads_kept
     unknown = _stats(events, windows, first_step=0, threads=frozenset({33}))  # ids not recognised: say so
