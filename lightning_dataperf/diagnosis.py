@@ -110,10 +110,6 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
     )
 
 
-#: The training thread waiting for a CPU (run queue) for at least this share of the host gap is starved.
-STARVED_SHARE_OF_GAP = 0.3
-
-
 def _host_gap(evidence: Evidence) -> Finding | None:
     """CUDA, from the host-gap probe: inside the step, the GPU waits for kernels the host launches late."""
     gap, step = evidence.summary.host_gap, evidence.step_mean
@@ -136,7 +132,7 @@ def _host_gap(evidence: Evidence) -> Finding | None:
         numbers["main_thread_runqueue_ms"] = 1e3 * queued
     # Starved, measured: the training thread waited on a run queue for a large part of the gap (schedstat),
     # or more tasks were runnable than CPUs, while loader workers run next to it.
-    starved = queued is not None and queued >= STARVED_SHARE_OF_GAP * gap.host_gap_s
+    starved = gap.training_thread_starved
     crowded = workers and (starved or (runnable is not None and cpus is not None and runnable > cpus))
     if crowded:
         numbers.update(num_workers=float(workers))
@@ -213,7 +209,7 @@ def _epoch_start(evidence: Evidence) -> Finding | None:
 
 def _straggler(evidence: Evidence) -> Finding | None:
     summary = evidence.summary
-    if summary.world_size < 2 or summary.straggler_ratio is None or summary.straggler_ratio < 1.5:
+    if not evidence.straggling or summary.straggler_ratio is None:
         return None
     waits = summary.rank_data_wait
     slow, step = summary.slowest_rank, evidence.step_mean

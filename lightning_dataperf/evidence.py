@@ -17,7 +17,10 @@ from lightning_dataperf.loaders import LoaderFacts
 from lightning_dataperf.stats import EpochSummary
 from lightning_dataperf.system_stats import SystemStats
 
-__all__ = ["Evidence"]
+__all__ = ["STRAGGLER_RATIO", "Evidence"]
+
+#: One rank waiting for data at least this many times longer than the fastest is a straggler.
+STRAGGLER_RATIO = 1.5
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ class Evidence:
             if parts[2] is not None:
                 return sum(part or 0.0 for part in parts)
         return self.timing(tags.STEP)
+
+    @property
+    def straggling(self) -> bool:
+        """Several ranks, one waiting far longer for data: every rank's step then holds the wait for it."""
+        ratio = self.summary.straggler_ratio
+        return self.summary.world_size > 1 and ratio is not None and ratio >= STRAGGLER_RATIO
 
     def host_explains_idle(self) -> bool:
         """CUDA: was the host blocked in the loader for at least half of the GPU's idle time?"""

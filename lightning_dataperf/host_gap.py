@@ -54,6 +54,15 @@ class HostGapStats:
         gap = max(0.0, span_s - self.gpu_busy_s)
         return dataclasses.replace(self, span_s=span_s, host_gap_s=gap, profiled_span_s=self.span_s)
 
+    #: The training thread waiting for a CPU (run queue) for at least this share of the host gap is starved.
+    STARVED_SHARE_OF_GAP = 0.3
+
+    @property
+    def training_thread_starved(self) -> bool:
+        """Measured: the training thread waited on a run queue for much of the gap (busy workers took its CPU)."""
+        queued = self.main_runqueue_s
+        return queued is not None and self.host_gap_s > 0 and queued >= self.STARVED_SHARE_OF_GAP * self.host_gap_s
+
     @property
     def gap_share(self) -> float:
         return self.host_gap_s / self.span_s if self.span_s > 0 else 0.0

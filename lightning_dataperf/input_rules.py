@@ -28,6 +28,10 @@ __all__ = ["SIGNIFICANT_SHARE", "input_bound"]
 SIGNIFICANT_SHARE = 0.10
 #: Workers busier than this (fetch + collate over wall time, measured in the workers) are the limit.
 SATURATED_BUSY = 0.85
+#: ... or, when the CPUs are spent, busier than this (idle workers on a busy machine are not its CPU load).
+BUSY_WHEN_SPENT = 0.5
+#: Fewer idle cores than this (measured: mean CPU busy % of the usable CPUs) leave no room for another worker.
+MIN_SPARE_CPUS = 0.5
 #: A worker using less CPU than this share of its fair share of the cores is waiting (I/O, sleeps), not computing.
 CPU_SHARE_OF_FAIR = 0.6
 #: ... and, measured in the worker itself: CPU time over wall time in fetch + collate below this is waiting.
@@ -72,6 +76,11 @@ def input_bound(evidence: Evidence) -> Finding | None:
         numbers["disk_util_percent"] = system.disk_util_percent
     where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
     advice = list(cause.advice)
+    if evidence.straggling:
+        advice.append(
+            f"no gain is predicted for this rank's loader: every rank's step also holds the wait for rank "
+            f"{summary.slowest_rank} (the straggler above); fix that first, then judge this loader again"
+        )
     if evidence.loader.persistent_workers is False and evidence.loader.num_workers and _several_epochs(evidence):
         advice.append("set persistent_workers=True so workers are not restarted every epoch")
     return Finding(
@@ -96,7 +105,7 @@ def _cause(evidence: Evidence) -> _Cause:
         return _in_main_process(evidence)
     if inside is None or inside.busy_fraction is None:
         return _without_inside(evidence)
-    if inside.busy_fraction >= SATURATED_BUSY or _cpus_spent(evidence):
+    if inside.busy_fraction >= SATURATED_BUSY or (inside.busy_fraction >= BUSY_WHEN_SPENT and _cpus_spent(evidence)):
         if _waiting_not_computing(evidence):
             return _latency_bound(evidence)
         return _cpu_bound(evidence)
@@ -124,9 +133,18 @@ def _cause(evidence: Evidence) -> _Cause:
 
 
 def _cpus_spent(evidence: Evidence) -> bool:
-    """No core to spare: the workers (or other work) fill every CPU this rank may use."""
-    workers, cpus, busy = evidence.loader.num_workers, evidence.usable_cpus, evidence.system.cpu_busy_percent_mean
-    return bool(workers and cpus and (workers + 1 >= cpus or (busy is not None and busy >= 90.0)))
+    """No core to spare, measured: the CPUs this rank may use are busy (by this run or others) this epoch."""
+    spare = _spare_cpus(evidence)
+    return spare is not None and spare < MIN_SPARE_CPUS
+
+
+def _others_cpus(evidence: Evidence) -> float | None:
+    """Cores' worth of CPU used by processes other than this run (machine busy less the training tree's own)."""
+    system, cpus = evidence.system, evidence.usable_cpus
+    if system.cpu_busy_percent_mean is None or system.main_cpu_percent is None or cpus is None:
+        return None
+    own = system.main_cpu_percent + (system.workers_cpu_percent or 0.0)
+    return max(0.0, cpus * system.cpu_busy_percent_mean / 100.0 - own / 100.0)
 
 
 def _waiting_not_computing(evidence: Evidence) -> bool:
@@ -153,7 +171,8 @@ def _fair_share_percent(evidence: Evidence) -> float:
 
 
 def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
-    step = evidence.step_mean
+    """The step and its work to predict from; no step (so no prediction) while the ranks wait for a straggler."""
+    step = None if evidence.straggling else evidence.step_mean
     compute = evidence.step_work
     return step, compute
 
@@ -195,22 +214,30 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
     busy_pct = 100 * inside.busy_fraction
     spare = _spare_cpus(evidence)
     advice = []
-    spent = spare is None or spare < 1 or _cpus_spent(evidence)
-    if not spent and spare is not None and workers:
-        more = workers + int(spare)
-        predicted = max(compute or 0.0, (step or 0.0) * workers / more)
+    starved = evidence.summary.host_gap is not None and evidence.summary.host_gap.training_thread_starved
+    if spare is None:
         advice.append(
-            f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.0f} cores are idle: raise num_workers "
-            f"from {workers} to {more}" + _gain(step, predicted)
+            f"{workers} workers are {busy_pct:.0f}% busy; the machine's idle cores were not measured this epoch "
+            "(no telemetry sample): raise num_workers only if cores are idle"
+        )
+        words = "CPU preprocessing"
+    elif spare >= MIN_SPARE_CPUS and not starved and workers:
+        added = max(1, round(spare))
+        predicted = max(compute or 0.0, (step or 0.0) * workers / (workers + min(added, spare)))
+        advice.append(
+            f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
+            "raise num_workers "
+            f"from {workers} to {workers + added}" + _gain(step, predicted)
         )
         words = "CPU preprocessing, with idle cores"
     else:
         runnable = f", {system.runnable_tasks:.0f} runnable tasks" if system.runnable_tasks is not None else ""
         cpus = f" on {evidence.usable_cpus} usable CPUs" if evidence.usable_cpus is not None else ""
-        advice.append(
-            f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are spent{runnable}{cpus}: more workers "
-            "cannot help"
-        )
+        why = "the training thread already waits for a CPU" if starved else f"the CPUs are spent{runnable}{cpus}"
+        others = _others_cpus(evidence)
+        if not starved and others is not None and others >= 1.0:
+            why += f" ({others:.1f} cores' worth by processes outside this run: more workers would compete with them)"
+        advice.append(f"{workers} workers are {busy_pct:.0f}% busy and {why}: more workers cannot help")
         words = "CPU preprocessing, the CPUs are spent"
     advice.append(
         f"__getitem__ (read, decode, augment) takes {1e3 * inside.fetch_s:.1f} ms of worker time per batch "
@@ -275,13 +302,16 @@ def _without_inside(evidence: Evidence) -> _Cause:
                 "preprocessing cheaper or move it to the GPU"
             ],
         )
+    loader = evidence.loader
+    settings = (
+        f"raise num_workers from {loader.num_workers} and prefetch_factor (now {loader.prefetch_factor})"
+        if loader.num_workers is not None and loader.prefetch_factor is not None
+        else "raise the loader's workers and prefetch (its settings were not readable)"
+    )
     return _Cause(
         "input_bound_workers",
         "too few loader workers",
-        [
-            f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: raise num_workers from "
-            f"{evidence.loader.num_workers} and prefetch_factor (now {evidence.loader.prefetch_factor})"
-        ],
+        [f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: {settings}"],
     )
 
 

@@ -66,8 +66,15 @@ class LoaderFacts:
 
     @classmethod
     def of(cls, loader: Any) -> LoaderFacts:
-        """Read the settings of a ``DataLoader`` (anything else gives unknowns)."""
+        """Read the settings of a ``DataLoader`` (anything else gives unknowns).
+
+        A wrapper that names its ``DataLoader`` as ``.dataloader`` (Lightning's) or ``.loader``
+        (:class:`~lightning_dataperf.gpu_decode.GpuDecodeLoader`) is read through.
+        """
         loader = getattr(loader, "dataloader", loader)
+        inner = getattr(loader, "loader", None)
+        if not hasattr(loader, "num_workers") and hasattr(inner, "num_workers"):
+            loader = inner
         return cls(
             num_workers=getattr(loader, "num_workers", None),
             pin_memory=getattr(loader, "pin_memory", None),

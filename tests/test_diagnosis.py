@@ -16,6 +16,7 @@ from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.copy_stats import CopyStats
 from lightning_dataperf.diagnosis import diagnose
 from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.host_gap import HostGapStats
 from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.loaders import LoaderFacts
 from lightning_dataperf.stats import EpochSummary, Stall, TimingSummary
@@ -216,6 +217,67 @@ def test_straggler_ceiling_is_the_excess_not_the_whole_step():
     finding = next(f for f in diagnose(Evidence(ranks)).findings if f.kind == "straggler")
     assert finding.ceiling_speedup == pytest.approx(1 / (1 - 0.0286 / 0.0438), rel=1e-3)  # ~2.9x, not 35x
     assert finding.ceiling_speedup < 3
+
+
+def test_under_a_straggler_the_input_advice_predicts_no_gain_from_mixed_ranks():
+    ranks = summary(world=2, stall=0.5, waits=(0.0036, 0.0413), DataLoading=0.022, Compute=0.037, Step=0.0654)
+    measured = dataclasses.replace(ranks, loader=None)
+    diagnosis = diagnose(Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=2))
+    findings = {finding.kind: finding for finding in diagnosis.findings}
+    assert "straggler" in findings, diagnosis.format()
+    loader = next(finding for kind, finding in findings.items() if kind.startswith("input_bound"))
+    advice = " ".join(loader.advice)
+    assert "predicted from this epoch" not in advice and "rank 1 (the straggler above)" in advice, advice
+
+
+def test_idle_workers_on_a_machine_busy_with_other_work_are_not_called_cpu_bound():
+    """The workers' own busy fraction decides: 1% busy workers are not 'CPU preprocessing' on a busy machine."""
+    system = SystemStats(cpu_busy_percent_mean=94.0, main_cpu_percent=20.0, workers_cpu_percent=2.0)
+    idle = dataclasses.replace(INPUT_BOUND, loader=inside(0.01, workers=2, handover=0.028))
+    finding = diagnose(Evidence(idle, LoaderFacts(num_workers=2, prefetch_factor=2), system, usable_cpus=2))
+    kinds = [f.kind for f in finding.findings]
+    assert "input_bound_cpu" not in kinds and "input_bound_handover" in kinds, finding.format()
+
+
+def test_spare_cores_are_measured_not_counted_and_other_processes_are_named():
+    # one worker 98% busy, the training process mostly idle, 2 CPUs at 55% busy: ~0.9 cores are idle
+    quiet = SystemStats(cpu_busy_percent_mean=55.0, main_cpu_percent=8.0, workers_cpu_percent=98.0)
+    busy = dataclasses.replace(INPUT_BOUND, loader=inside(0.98, workers=1))
+    advice = " ".join(diagnose(Evidence(busy, LoaderFacts(num_workers=1), quiet, usable_cpus=2)).findings[0].advice)
+    assert "about 0.9 cores are idle: raise num_workers from 1 to 2" in advice and "predicted" in advice, advice
+    # the same loader on a machine whose CPUs other processes fill: no gain claimed, the others named
+    shared = SystemStats(cpu_busy_percent_mean=99.0, main_cpu_percent=8.0, workers_cpu_percent=60.0)
+    advice = " ".join(diagnose(Evidence(busy, LoaderFacts(num_workers=1), shared, usable_cpus=2)).findings[0].advice)
+    assert "more workers cannot help" in advice and "processes outside this run" in advice, advice
+    assert "raise num_workers" not in advice
+
+
+def test_a_starved_training_thread_is_not_told_to_add_workers():
+    system = SystemStats(cpu_busy_percent_mean=80.0, main_cpu_percent=90.0, workers_cpu_percent=1100.0)
+    gap = HostGapStats(
+        steps=8, span_s=0.015, gpu_busy_s=0.0104, host_gap_s=0.0046, first_step=20, main_runqueue_s=0.0065
+    )
+    on_gpu = dataclasses.replace(INPUT_BOUND, on_device=True, loader=inside(0.99, workers=15), host_gap=gap)
+    on_gpu = dataclasses.replace(on_gpu, timings={**on_gpu.timings, "DeviceIdle": timing(0.030)})
+    diagnosis = diagnose(Evidence(on_gpu, LoaderFacts(num_workers=15), system, usable_cpus=16))
+    cpu = next(f for f in diagnosis.findings if f.kind == "input_bound_cpu")
+    advice = " ".join(cpu.advice)
+    assert "the training thread already waits for a CPU: more workers cannot help" in advice, advice
+
+
+def test_a_wrapped_loader_is_read_through_and_unknown_settings_are_never_printed():
+    from torch.utils.data import DataLoader
+
+    class Wrapper:  # like GpuDecodeLoader: not a DataLoader, holds one as .loader
+        def __init__(self, loader):
+            self.loader = loader
+
+    facts = LoaderFacts.of(Wrapper(DataLoader(list(range(4)), batch_size=2, num_workers=3)))
+    assert facts.num_workers == 3 and facts.batch_size == 2
+    blind = dataclasses.replace(INPUT_BOUND, loader=None)
+    system = SystemStats(worker_cpu_percent_mean=5.0, cpu_busy_percent_mean=20.0)
+    text = diagnose(Evidence(blind, LoaderFacts(), system, usable_cpus=4)).format()
+    assert "None" not in text, text
 
 
 def test_on_cuda_a_host_wait_hidden_by_the_gpu_is_not_a_bottleneck():
