@@ -140,10 +140,11 @@ def test_the_loader_figures_add_up_to_the_measured_wait(tmp_path):
     summary = perf.last_summary
     wait = summary.timings["DataLoading"].mean
     assert summary.loader.batches == summary.timings["DataLoading"].count == 23  # the same batches
-    assert summary.loader.wait_s == pytest.approx(wait, rel=0.1)
+    # within 10%, plus 3 ms for a loaded 2-core machine (one batch preempted for ~70 ms moves a 23-batch mean by 3 ms)
+    assert summary.loader.wait_s == pytest.approx(wait, rel=0.1, abs=0.003)
     parts = summary.loader.worker_wait_s + summary.loader.handover_s
     assert parts == pytest.approx(summary.loader.wait_s, rel=1e-6)
-    assert summary.loader.collate_s == pytest.approx(wait, rel=0.1)  # the wait is the collate's 30 ms
+    assert summary.loader.collate_s == pytest.approx(wait, rel=0.1, abs=0.003)  # the wait is the collate's 30 ms
 
 
 class Batched(Dataset):
