@@ -19,6 +19,7 @@ or ``benchmarks/results``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -331,6 +332,7 @@ def jpeg(rig: Rig) -> list[dict]:
     workers = rig.policy_workers
     policy = run(ResNet(), pil(workers), batches=100, epochs=2, precision="bf16-mixed")
     more = run(ResNet(), pil(workers + 1), batches=100, epochs=2, precision="bf16-mixed")
+    gc.collect()  # the PIL runs' persistent workers go before the GPU-decode run starts its own
     gpu_loader = on_gpu()
     decoded = run(ResNet(decoded_on_gpu=True), gpu_loader, batches=100, epochs=2, precision="bf16-mixed")
     rows = [row("jpeg_resnet18_ceiling", "compute_bound", ceiling, note="data already on the device")]
