@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from torch.utils.data import Dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -69,3 +70,74 @@ def fit_quietly(model: pl.LightningModule, loader: Any, **trainer_options: Any) 
         trainer = pl.Trainer(default_root_dir=root, **options)
         trainer.fit(model, loader)
     return trainer
+
+
+class CostlySamples(Dataset):
+    """16 features per sample; each sample costs ``sample_ms`` of sleep (I/O) or busy CPU work."""
+
+    def __init__(self, length: int, sample_ms: float = 0.0, busy: bool = False, stall_at: int | None = None) -> None:
+        self.length, self.sample_ms, self.busy, self.stall_at = length, sample_ms, busy, stall_at
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.stall_at:
+            time.sleep(3.0)
+        if self.busy:
+            deadline = time.perf_counter() + self.sample_ms / 1e3
+            while time.perf_counter() < deadline:
+                pass
+        elif self.sample_ms:
+            time.sleep(self.sample_ms / 1e3)
+        return torch.full((16,), float(index % 97))
+
+
+class HostStepModel(pl.LightningModule):
+    """A step of ``step_ms`` host sleep (the training process waits, as it would for a GPU step)."""
+
+    def __init__(self, step_ms: float) -> None:
+        super().__init__()
+        self.step_ms, self.layer = step_ms, torch.nn.Linear(16, 1)
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        time.sleep(self.step_ms / 1e3)
+        return self.layer(batch[:, :16]).pow(2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+
+def fit_with_dataperf(
+    model: pl.LightningModule,
+    loader: object,
+    *,
+    batches: int,
+    epochs: int = 1,
+    accelerator: str = "auto",
+    strategy: object = "auto",
+    callbacks: tuple = (),
+    precision: str | None = None,
+) -> dict:
+    """Fit with DataPerfCallback; the last epoch's summary, verdict and samples/s."""
+    from lightning_dataperf import DataPerfCallback  # after ROOT is on sys.path
+
+    perf = DataPerfCallback(print_summary=False, telemetry_interval=0.25)
+    trainer = pl.Trainer(
+        max_epochs=epochs,
+        limit_train_batches=batches,
+        accelerator=accelerator,
+        devices=1,
+        strategy=strategy,
+        callbacks=[perf, *callbacks],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tempfile.mkdtemp(),
+        precision=precision,
+    )
+    trainer.fit(model, loader)
+    summary, diagnosis = perf.last_summary, perf.last_diagnosis
+    return {"summary": summary, "diagnosis": diagnosis, "samples_per_sec": summary.samples_per_sec or 0.0}
