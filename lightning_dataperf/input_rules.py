@@ -119,17 +119,36 @@ def _cause(evidence: Evidence) -> _Cause:
                 f"sample holds its batch) or too little in flight; raise prefetch_factor (now {loader.prefetch_factor})"
             ],
         )
+    spent = f"each batch spends {1e3 * inside.handover_s:.1f} ms in the hand-over (worker queue, unpickling in the " + (
+        "training process)" + (f" and {1e3 * inside.pin_s:.1f} ms being pinned" if inside.pin_s else "")
+    )
+    if _oversubscribed(evidence):
+        others = _others_cpus(evidence)
+        outside = f", {others:.1f} cores' worth by processes outside this run" if others is not None else ""
+        return _Cause(
+            "input_bound_handover",
+            "the hand-over, slowed by CPU contention",
+            [
+                f"the workers are only {100 * inside.busy_fraction:.0f}% busy, yet {spent}: the training process "
+                f"takes each batch itself and waits for a CPU to do it ({evidence.system.runnable_tasks:.0f} runnable "
+                f"tasks on {evidence.usable_cpus} usable CPUs{outside}); free CPUs for it, then judge again"
+            ],
+        )
     return _Cause(
         "input_bound_handover",
         "the batches' hand-over to the training process",
         [
-            f"the workers are only {100 * inside.busy_fraction:.0f}% busy, yet the step waits: each batch spends "
-            f"{1e3 * inside.handover_s:.1f} ms in the hand-over (worker queue, unpickling in the training process)"
-            + (f" and {1e3 * inside.pin_s:.1f} ms being pinned" if inside.pin_s else "")
-            + "; send fewer, larger tensors per batch (one stacked tensor instead of many small ones) and raise "
-            f"prefetch_factor (now {loader.prefetch_factor}) so ready batches queue up"
+            f"the workers are only {100 * inside.busy_fraction:.0f}% busy, yet the step waits: {spent}; send fewer, "
+            "larger tensors per batch (one stacked tensor instead of many small ones) and raise prefetch_factor "
+            f"(now {loader.prefetch_factor}) so ready batches queue up"
         ],
     )
+
+
+def _oversubscribed(evidence: Evidence) -> bool:
+    """Measured: more runnable tasks than usable CPUs this epoch (every task waits for a core at times)."""
+    runnable, cpus = evidence.system.runnable_tasks, evidence.usable_cpus
+    return runnable is not None and cpus is not None and runnable > cpus
 
 
 def _cpus_spent(evidence: Evidence) -> bool:
@@ -233,12 +252,23 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
     else:
         runnable = f", {system.runnable_tasks:.0f} runnable tasks" if system.runnable_tasks is not None else ""
         cpus = f" on {evidence.usable_cpus} usable CPUs" if evidence.usable_cpus is not None else ""
-        why = "the training thread already waits for a CPU" if starved else f"the CPUs are spent{runnable}{cpus}"
         others = _others_cpus(evidence)
-        if not starved and others is not None and others >= 1.0:
-            why += f" ({others:.1f} cores' worth by processes outside this run: more workers would compete with them)"
-        advice.append(f"{workers} workers are {busy_pct:.0f}% busy and {why}: more workers cannot help")
-        words = "CPU preprocessing, the CPUs are spent"
+        shared = not starved and others is not None and others >= 1.0 and _oversubscribed(evidence) and workers
+        if shared:
+            # The scheduler shares the cores per runnable task: one worker more takes its share from the others.
+            tasks = evidence.system.runnable_tasks or 1.0
+            faster = (workers + 1) / workers * tasks / (tasks + 1)
+            predicted = max(compute or 0.0, (step or 0.0) / faster)
+            advice.append(
+                f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
+                f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "
+                f"num_workers={workers + 1}" + _gain(step, predicted) + "; on a machine of your own, free the CPUs"
+            )
+            words = "CPU preprocessing, CPUs shared with other processes"
+        else:
+            why = "the training thread already waits for a CPU" if starved else f"the CPUs are spent{runnable}{cpus}"
+            advice.append(f"{workers} workers are {busy_pct:.0f}% busy and {why}: more workers cannot help")
+            words = "CPU preprocessing, the CPUs are spent"
     advice.append(
         f"__getitem__ (read, decode, augment) takes {1e3 * inside.fetch_s:.1f} ms of worker time per batch "
         f"({100 * inside.fetch_share:.0f}% of the workers' time; collate {1e3 * inside.collate_s:.1f} ms): make it "

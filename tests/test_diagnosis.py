@@ -237,6 +237,12 @@ def test_idle_workers_on_a_machine_busy_with_other_work_are_not_called_cpu_bound
     finding = diagnose(Evidence(idle, LoaderFacts(num_workers=2, prefetch_factor=2), system, usable_cpus=2))
     kinds = [f.kind for f in finding.findings]
     assert "input_bound_cpu" not in kinds and "input_bound_handover" in kinds, finding.format()
+    contended = SystemStats(
+        cpu_busy_percent_mean=98.0, main_cpu_percent=60.0, workers_cpu_percent=7.0, runnable_tasks=5.9
+    )
+    text = diagnose(Evidence(idle, LoaderFacts(num_workers=2, prefetch_factor=2), contended, usable_cpus=2)).format()
+    assert "slowed by CPU contention" in text and "6 runnable tasks on 2 usable CPUs" in text, text
+    assert "stacked tensor" not in text, "no batch-format advice when the training process waits for a CPU"
 
 
 def test_spare_cores_are_measured_not_counted_and_other_processes_are_named():
@@ -245,11 +251,16 @@ def test_spare_cores_are_measured_not_counted_and_other_processes_are_named():
     busy = dataclasses.replace(INPUT_BOUND, loader=inside(0.98, workers=1))
     advice = " ".join(diagnose(Evidence(busy, LoaderFacts(num_workers=1), quiet, usable_cpus=2)).findings[0].advice)
     assert "about 0.9 cores are idle: raise num_workers from 1 to 2" in advice and "predicted" in advice, advice
-    # the same loader on a machine whose CPUs other processes fill: no gain claimed, the others named
-    shared = SystemStats(cpu_busy_percent_mean=99.0, main_cpu_percent=8.0, workers_cpu_percent=60.0)
+    # the same loader on a machine whose CPUs other processes fill (5.6 runnable tasks on 2 CPUs): a worker more
+    # takes its share from them, 2/1 x 5.6/6.6 = 1.70x faster, floored at the 18 ms of compute
+    shared = SystemStats(cpu_busy_percent_mean=99.0, main_cpu_percent=8.0, workers_cpu_percent=40.0, runnable_tasks=5.6)
     advice = " ".join(diagnose(Evidence(busy, LoaderFacts(num_workers=1), shared, usable_cpus=2)).findings[0].advice)
-    assert "more workers cannot help" in advice and "processes outside this run" in advice, advice
-    assert "raise num_workers" not in advice
+    assert "shared with processes outside this run (1.5 cores' worth" in advice, advice
+    assert "num_workers=2 (predicted from this epoch: 1.70x faster" in advice, advice
+    # ... and with every CPU used by this run itself: no room, no gain claimed
+    own = SystemStats(cpu_busy_percent_mean=99.0, main_cpu_percent=10.0, workers_cpu_percent=188.0, runnable_tasks=3.0)
+    advice = " ".join(diagnose(Evidence(busy, LoaderFacts(num_workers=1), own, usable_cpus=2)).findings[0].advice)
+    assert "the CPUs are spent" in advice and "more workers cannot help" in advice and "num_workers=2" not in advice
 
 
 def test_a_starved_training_thread_is_not_told_to_add_workers():
