@@ -2,15 +2,24 @@
 
 Every measurement runs the batches through the workload's training path (the same
 :class:`~lightning_dataperf.autotune_consumer.TransferPath` autotune is given): the copy (stock
-``non_blocking`` or the side stream), the device transform, and the step. The grid covers
-``num_workers`` x ``prefetch_factor`` x ``pin_memory`` (pinned only for the side stream); each point is
-one measurement of ``--seconds`` after the batches queued during start-up and one round. Then the
-policy's pick, autotune's pick and the grid's best are re-measured ``--repeats`` times, interleaved,
-and pooled where they name the same configuration; "of best" is relative to the fastest re-measured
-row (the grid's single-run maximum is biased upward).
+``non_blocking`` or the side stream), the device transform, and the step.
+
+**Grid time, defined**: what a user would pay for a grid of the SAME accuracy as autotune's trials.
+Each grid point (``num_workers`` x ``prefetch_factor`` x ``pin_memory``, pinned only for the side
+stream) is one trial by autotune's own rule (:meth:`TrialRunner.run`: fresh workers, start-up and the
+batches queued during it excluded from the rate, stopped once the rate's relative standard error is
+below ``--precision`` over at least three rounds, or at the same per-trial cap and batch cap); grid
+time is the wall time of those trials. Search time is autotune's ``search_seconds`` (probe, trials,
+repeats, bookkeeping).
+
+**The pick, measured fairly**: after the search, the policy's pick, autotune's pick and the grid's best
+are measured again ``--repeats`` times, interleaved (order reversed every other repeat), fresh workers
+each time, on the same consumer, with twice the per-trial cap; "of grid best" is the median over the
+repeats of (row's rate / grid best's rate in the same repeat), "spread" the least and most of those
+ratios. Where two rows name the same configuration they share its measurements (ratio 100%).
 
     python benchmarks/autotune.py                          # every workload this machine can run
-    python benchmarks/autotune.py --workloads io tiny --seconds 1.0
+    python benchmarks/autotune.py --workloads io tiny cpu --quick --repeats 3
 
 Workloads:
 
@@ -35,10 +44,12 @@ from typing import Any
 import torch
 from _common import print_table, write_json
 from torch.nn import functional
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lightning_dataperf import autotune_loader, probe_hardware, recommend_loader_settings
 from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf.autotune_records import Limits
+from lightning_dataperf.autotune_trials import TrialRunner
 
 Config = tuple[int, int | None, bool]
 
@@ -155,33 +166,31 @@ def resnet_path(device: torch.device, side_stream: bool) -> TransferPath:
     return TransferPath(device=device, side_stream=side_stream, device_transform=normalise, step_fn=step)
 
 
-def measure(dataset: Dataset, batch_size: int, config: Config, seconds: float, path: TransferPath) -> float:
-    """Steady batches/s through ``path``: after the queued batches and one round, whole rounds for ``seconds``."""
-    workers, prefetch, pin = config
-    options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
-    if workers:
-        options["prefetch_factor"] = prefetch
-    start_index = int(torch.randint(0, len(dataset) // 2, ()).item())
-    subset = torch.utils.data.Subset(dataset, range(start_index, len(dataset)))
-    iterator = iter(DataLoader(subset, batch_size=batch_size, **options))
-    consume = path.consumer()
-    for _ in range(max(2, workers * (prefetch or 1) + workers)):  # start-up, the queued burst, one round
-        consume(next(iterator))
-    consume.finish()
-    started, batches, round_size = time.perf_counter(), 0, max(1, workers)
-    while batches < 3 or batches % round_size or time.perf_counter() - started < seconds:  # whole rounds
-        consume(next(iterator))
-        batches += 1
-    consume.finish()
-    elapsed = time.perf_counter() - started
-    if callable(shutdown := getattr(iterator, "_shutdown_workers", None)):
-        shutdown()
-    return batches / elapsed
+def trial_limits(args: Any, budget: float = 1e9, cap_scale: float = 1.0) -> Limits:
+    """The trial rule autotune uses (precision, per-trial cap, batch cap); ``budget`` only bounds a whole run."""
+    cap = (args.trial_seconds or max(1.0, args.budget / 15)) * cap_scale
+    return Limits(budget, args.batch_budget, 0.03, 0.5, None, 0, args.precision, cap)
 
 
-def grid(cpus: int, pins: tuple[bool, ...], quick: bool, latency: bool = False) -> list[Config]:
+def make_runner(dataset: Dataset, batch_size: int, path: TransferPath, hardware: Any, limits: Limits) -> TrialRunner:
+    runner = TrialRunner(dataset, batch_size, {}, hardware, path, limits)
+    runner.learn_batch_size()
+    return runner
+
+
+def measure(runner: TrialRunner, config: Config) -> float:
+    """One fresh trial of ``config`` by autotune's own rule (start-up excluded, stops once the rate is known)."""
+    runner.close()  # never continue a previous measurement's workers: each point pays what a grid point pays
+    trial = runner.run(*config)
+    runner.close()
+    return trial.batches_per_sec
+
+
+def grid(cpus: int, pins: tuple[bool, ...], quick: bool, latency: bool = False, workers=None) -> list[Config]:
     """Worker counts around the CPUs (to 16x the CPUs for an I/O-latency loader) x prefetch x pin."""
-    if cpus >= 12:
+    if workers:
+        counts = set(workers)
+    elif cpus >= 12:
         counts = {4, 8, 12, cpus - 1, cpus, cpus + 2, cpus + 4, round(1.5 * cpus), 2 * cpus}
     else:
         counts = {0, 1, 2, cpus // 2, cpus - 1, cpus, 2 * cpus, 4 * cpus}
@@ -205,10 +214,11 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     hardware = probe_hardware()
     cpus = hardware.cpus_per_rank
     pins = path.pin_choices()
+    runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args))
     grid_started = time.perf_counter()
     rates: dict[Config, float] = {}
-    for config in grid(cpus, pins, args.quick, latency=name == "io"):
-        rates[config] = measure(dataset, batch_size, config, args.seconds, path)
+    for config in grid(cpus, pins, args.quick, latency=name == "io", workers=args.grid_workers):
+        rates[config] = measure(runner, config)
         print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
     grid_s = time.perf_counter() - grid_started
     best_config = max(rates, key=rates.get)
@@ -221,29 +231,41 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         path=path,
         min_workers=0 if path.step_fn or path.step_seconds or path.host_step_seconds else args.min_workers,
         time_budget=args.budget,
+        batch_budget=args.batch_budget,
+        precision=args.precision,
+        trial_seconds=args.trial_seconds,
         force=True,
         cache_path=os.path.join(args.cache_dir, "autotune_bench.json"),
         progress="log",
     )
     named = {"policy": policy, "autotune": _config(tuned.settings, pins), "grid best": best_config}
-    samples: dict[str, list[float]] = {row: [] for row in named}
-    for _ in range(args.repeats):
-        for row, config in named.items():
-            samples[row].append(measure(dataset, batch_size, config, args.seconds, path))
-    pooled: dict[Config, list[float]] = {}
-    for row, config in named.items():
-        pooled.setdefault(config, []).extend(samples[row])
-    final = {row: statistics.median(pooled[config]) for row, config in named.items()}
-    reference = max(final.values())
+    # The final comparison: each distinct configuration once per repeat, interleaved, fresh workers each
+    # time, on the same consumer, with twice the trial cap; ratios are taken within a repeat.
+    final_runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args, cap_scale=2.0))
+    distinct = list(dict.fromkeys(named.values()))
+    per_config: dict[Config, list[float]] = {config: [] for config in distinct}
+    for repeat in range(args.repeats):
+        for config in distinct if repeat % 2 == 0 else reversed(distinct):
+            per_config[config].append(measure(final_runner, config))
+    samples = {row: per_config[config] for row, config in named.items()}
+    reference = named["grid best"]
+    ratios = {
+        row: [mine / best for mine, best in zip(per_config[config], per_config[reference], strict=True)]
+        for row, config in named.items()
+    }
     rows = []
     for row, config in named.items():
-        rows.append(
-            [name, label, row, *config, f"{final[row] * batch_size:,.0f}", f"{100 * final[row] / reference:.1f}%"]
-        )
+        values = ratios[row]
+        spread = f"{100 * min(values):.0f}-{100 * max(values):.0f}%"
+        rate = statistics.median(per_config[config]) * batch_size
+        rows.append([name, label, row, *config, f"{rate:,.0f}", f"{100 * statistics.median(values):.1f}%", spread])
     share = 100 * tuned.search_seconds / grid_s
     summary = (
-        f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials) vs grid {grid_s:.1f} s "
-        f"({len(rates)} points): {share:.0f}%; stop: {tuned.stop_reason}: {tuned.stop_detail}"
+        f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials, "
+        f"{sum(trial.measurements for trial in tuned.trials)} measurements) vs grid {grid_s:.1f} s "
+        f"({len(rates)} points, same trial rule): {share:.0f}%; autotune/grid best "
+        f"{100 * statistics.median(ratios['autotune']):.1f}% ({rows[1][-1]}), policy/grid best "
+        f"{100 * statistics.median(ratios['policy']):.1f}%; stop: {tuned.stop_reason}: {tuned.stop_detail}"
     )
     print(summary, flush=True)
     print(tuned.format(), flush=True)
@@ -252,8 +274,10 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         "summary": summary,
         "search_s": tuned.search_seconds,
         "grid_s": grid_s,
+        "grid_points": len(rates),
         "grid": {str(config): rate for config, rate in rates.items()},
         "final_samples": samples,
+        "final_ratios": ratios,
         "autotune": tuned.to_dict(),
         "cpus_per_rank": cpus,
     }
@@ -285,13 +309,16 @@ def workloads(names: list[str], device: torch.device | None) -> list[tuple[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["jpeg", "cpu", "io", "tiny"])
-    parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="re-measurements of the named rows")
     parser.add_argument("--budget", type=float, default=30.0, help="autotune time budget (s)")
     parser.add_argument(
         "--min-workers", type=int, default=1, help="as TunedDataModule: 1 (0 where the workload models its step)"
     )
     parser.add_argument("--quick", action="store_true", help="prefetch 2 and 4 only in the grid")
+    parser.add_argument("--grid-workers", type=int, nargs="+", default=None, help="worker counts of the grid")
+    parser.add_argument("--precision", type=float, default=0.03, help="trial precision (autotune's and the grid's)")
+    parser.add_argument("--trial-seconds", type=float, default=None, help="cap per trial (default budget / 15)")
+    parser.add_argument("--batch-budget", type=int, default=400, help="most batches per trial")
     parser.add_argument("--cpus", type=int, default=None, help="pin this process (and workers) to N cores")
     parser.add_argument("--cache-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--cpu", action="store_true", help="do not copy to the GPU even if there is one")
@@ -309,7 +336,7 @@ def main() -> None:
         rows.extend(result["rows"])
         summaries.append(result["summary"])
         write_json(args.name or f"autotune_{'cuda' if device else 'cpu'}", payload)
-    headers = ["workload", "path", "row", "workers", "prefetch", "pin", "samples/s", "of best"]
+    headers = ["workload", "path", "row", "workers", "prefetch", "pin", "samples/s", "of grid best", "spread"]
     payload["table"] = print_table(headers, rows)
     payload["summaries"] = summaries
     print("\n".join(summaries))

@@ -394,3 +394,65 @@ def test_trials_take_the_strategys_path_side_stream_pinned_only():
     assert transfer_path_of(SimpleNamespace(strategy=stock), {}).pin_choices() == (True, False)
     host = SimpleNamespace(root_device=torch.device("cpu"))
     assert transfer_path_of(SimpleNamespace(strategy=host), {}).describe() == "host"
+
+
+def test_first_epoch_start_up_excludes_the_search_and_the_verdict_quotes_it(tmp_path, monkeypatch):
+    from lightning_dataperf import DataPerfCallback
+
+    monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
+    options = dict(time_budget=2.5, batch_budget=40, progress=False, force=True)
+    datamodule = IndexData(length=256, seed=3, autotune=True, autotune_options=options, verbose=False)
+    perf = DataPerfCallback(print_summary=False, telemetry=False)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[perf], **trainer_kwargs(tmp_path))
+    trainer.fit(RecordingModel(), datamodule=datamodule)
+    result = datamodule.autotune_result
+    first = perf.summaries[0]
+    # the search ran inside train_dataloader(), after the epoch began: counted, it would be the start-up
+    assert result.elapsed_s >= 0.5 and first.epoch_start is not None
+    assert first.epoch_start < result.elapsed_s, (first.epoch_start, result.elapsed_s)
+    text = perf.last_diagnosis.format()
+    assert "autotune=True" not in text and "try autotune" not in text
+
+
+def test_cost_model_predicts_the_worker_count_instead_of_doubling():
+    from lightning_dataperf.autotune_search import MAX_JUMP, next_workers
+
+    latency = Trial(4, 2, False, 50.0, batches=40, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.9)
+    assert next_workers(latency, limit=1000, cpus=2) == 4 * MAX_JUMP  # 500 batches/s x 80 ms: capped jump
+    assert next_workers(latency, limit=10, cpus=2) == 10  # never past the bound
+    # CPU-bound workers: 0.3 s of CPU per batch on 16 CPUs, the main thread busy 60%: ~51 batches/s at most,
+    # x 0.3 s per batch x 1.15 headroom = 17.7 -> 18 workers (the old x1.5 step would have tried 15)
+    compute = Trial(10, 2, True, 30.0, batches=60, work_s=0.3, cpu_s=0.3, main_s=0.009, wait_share=0.4)
+    assert next_workers(compute, limit=100, cpus=16) == 18
+    assert next_workers(Trial(4, 2, False, 50.0, worker_busy=0.9), limit=100) == 6  # no in-loader timing: x1.5
+
+
+def test_a_start_the_training_path_limits_does_not_climb():
+    runner = FakeRunner(lambda workers, prefetch, pin: 100.0)
+    runner.trials[(8, 2, False)] = Trial(8, 2, False, 100.0, batches=40, work_s=0.02, main_s=0.01, wait_share=0.01)
+    search = _search_with(runner, min_workers=1)
+    best = search.climb_workers(runner.trials[(8, 2, False)])
+    assert search.stop_reason == "path" and "training path is the limit" in search.stop_detail
+    assert all(config[0] <= 8 for config in runner.measured)  # never more workers
+    assert best.num_workers == 3  # 100 batches/s x 20 ms x 1.15 = 2.3 -> 3 workers, as fast
+
+
+def test_a_repeat_of_the_last_trial_reuses_its_workers(tmp_path):
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    limits = Limits(30.0, 200, 0.03, 0.5, None, 1, trial_seconds=3.0)
+    runner = TrialRunner(
+        SlowStart(4000), 4, {"worker_init_fn": _slow_worker_start}, fake_hardware(), TransferPath(), limits
+    )
+    runner.learn_batch_size()
+    first = runner.measure(2, 2, False)
+    again = runner.run(2, 2, False)  # the same configuration next: its workers are still alive
+    assert again.startup_s == -1.0 and again.batches_per_sec > 30.0  # no start-up paid, steady rate measured
+    merged = runner.remeasure(first)
+    assert merged.measurements == 2 and merged.startup_s == first.startup_s >= 0.95
+    runner.close()
+    fresh = runner.run(2, 2, False)
+    runner.close()
+    assert fresh.startup_s >= 0.95 and again.work_s is not None and again.wait_share is not None
