@@ -4,22 +4,29 @@ Every measurement runs the batches through the workload's training path (the sam
 :class:`~lightning_dataperf.autotune_consumer.TransferPath` autotune is given): the copy (stock
 ``non_blocking`` or the side stream), the device transform, and the step.
 
-**Grid time, defined**: what a user would pay for a grid of the SAME accuracy as autotune's trials.
-Each grid point (``num_workers`` x ``prefetch_factor`` x ``pin_memory``, pinned only for the side
-stream) is one trial by autotune's own rule (:meth:`TrialRunner.run`: fresh workers, start-up and the
-batches queued during it excluded from the rate, stopped once the rate's relative standard error is
-below ``--precision`` over at least three rounds, or at the same per-trial cap and batch cap); grid
-time is the wall time of those trials. Search time is autotune's ``search_seconds`` (probe, trials,
-repeats, bookkeeping).
+**The grid**: the full cross-product ``num_workers`` x ``prefetch_factor`` x ``pin_memory`` a user
+would run (:func:`grid`): workers from (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32) up to ``max(8, 2 x CPUs)``
+for a loader that computes and to 32 for the I/O-latency one (``--grid-workers`` to choose them),
+prefetch (2, 4, 8) (``--grid-prefetch``), pin both ways for the stock CUDA copy, pinned only for the
+side stream, and left out on a CPU-only run (nothing is copied; the script says so).
+
+**Grid time, defined**: what a user would pay for that grid at the SAME accuracy as autotune's trials.
+Each grid point is one trial by autotune's own rule (:meth:`TrialRunner.run`: fresh workers, start-up
+and the batches queued during it excluded from the rate, stopped once the rate's relative standard
+error is below ``--precision`` over at least three rounds, or at the same per-trial cap and batch cap);
+grid time is the wall time of those trials. Search time is autotune's ``search_seconds`` (probe,
+trials, repeats, bookkeeping).
 
 **The pick, measured fairly**: after the search, the policy's pick, autotune's pick and the grid's best
 are measured again ``--repeats`` times, interleaved (order reversed every other repeat), fresh workers
-each time, on the same consumer, with twice the per-trial cap; "of grid best" is the median over the
-repeats of (row's rate / grid best's rate in the same repeat), "spread" the least and most of those
-ratios. Where two rows name the same configuration they share its measurements (ratio 100%).
+each time, on the same consumer, with twice the per-trial cap; a row whose median ratio is within
+``--close`` of the grid best (a close call) is then measured ``--close-repeats`` more times against the
+grid best only, interleaved, with four times the cap. "of grid best" is the median over all repeats of
+(row's rate / grid best's rate in the same repeat), "spread" the least and most of those ratios. Where
+two rows name the same configuration they share its measurements (ratio 100%).
 
     python benchmarks/autotune.py                          # every workload this machine can run
-    python benchmarks/autotune.py --workloads io tiny cpu --quick --repeats 3
+    python benchmarks/autotune.py --workloads io tiny cpu --cpu --repeats 3
 
 Workloads:
 
@@ -186,19 +193,34 @@ def measure(runner: TrialRunner, config: Config) -> float:
     return trial.batches_per_sec
 
 
-def grid(cpus: int, pins: tuple[bool, ...], quick: bool, latency: bool = False, workers=None) -> list[Config]:
-    """Worker counts around the CPUs (to 16x the CPUs for an I/O-latency loader) x prefetch x pin."""
+#: The worker axis of the grid, cut to the workload's sensible range (see :func:`grid`).
+WORKER_AXIS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: The prefetch axis of the grid.
+PREFETCH_AXIS = (2, 4, 8)
+
+
+def grid(
+    cpus: int,
+    pins: tuple[bool, ...],
+    latency: bool = False,
+    workers: list[int] | None = None,
+    prefetches: tuple[int, ...] = PREFETCH_AXIS,
+) -> list[Config]:
+    """The full cross-product workers x prefetch x pin a user would run (0 workers has no prefetch).
+
+    Workers: :data:`WORKER_AXIS` up to ``max(8, 2 x cpus)`` for a loader that computes (past twice the
+    CPUs only memory and main-thread CPU are spent), the whole axis (to 32) for an I/O-latency loader,
+    or ``workers`` when given. Pin: both where the path copies to CUDA with the stock copy, pinned only
+    for the side stream, and left out on a CPU-only run (``pins == (False,)``: nothing is copied, so
+    pinning would only cost the pin thread).
+    """
     if workers:
-        counts = set(workers)
-    elif cpus >= 12:
-        counts = {4, 8, 12, cpus - 1, cpus, cpus + 2, cpus + 4, round(1.5 * cpus), 2 * cpus}
+        counts = sorted(set(workers))
     else:
-        counts = {0, 1, 2, cpus // 2, cpus - 1, cpus, 2 * cpus, 4 * cpus}
-    if latency:
-        counts |= {8 * cpus, 16 * cpus}
-    prefetches = (2, 4) if quick else (1, 2, 4, 8)
+        ceiling = WORKER_AXIS[-1] if latency else max(8, 2 * cpus)
+        counts = [count for count in WORKER_AXIS if count <= ceiling]
     configs: list[Config] = []
-    for count in sorted(value for value in counts if value >= 0):
+    for count in counts:
         for pin in pins:
             configs.extend([(count, None, pin)] if count == 0 else [(count, value, pin) for value in prefetches])
     return configs
@@ -217,7 +239,10 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args))
     grid_started = time.perf_counter()
     rates: dict[Config, float] = {}
-    for config in grid(cpus, pins, args.quick, latency=name == "io", workers=args.grid_workers):
+    if pins == (False,):
+        print(f"  {name}/{label}: CPU-only path, pin_memory left out of the grid (nothing is copied)", flush=True)
+    points = grid(cpus, pins, latency=name == "io", workers=args.grid_workers, prefetches=tuple(args.grid_prefetch))
+    for config in points:
         rates[config] = measure(runner, config)
         print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
     grid_s = time.perf_counter() - grid_started
@@ -244,15 +269,29 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     final_runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args, cap_scale=2.0))
     distinct = list(dict.fromkeys(named.values()))
     per_config: dict[Config, list[float]] = {config: [] for config in distinct}
-    for repeat in range(args.repeats):
-        for config in distinct if repeat % 2 == 0 else reversed(distinct):
-            per_config[config].append(measure(final_runner, config))
-    samples = {row: per_config[config] for row, config in named.items()}
     reference = named["grid best"]
-    ratios = {
-        row: [mine / best for mine, best in zip(per_config[config], per_config[reference], strict=True)]
-        for row, config in named.items()
-    }
+    pairs: dict[Config, list[float]] = {config: [] for config in distinct}  # ratio to the grid best, per repeat
+    for repeat in range(args.repeats):
+        rates_now = {}
+        for config in distinct if repeat % 2 == 0 else reversed(distinct):
+            rates_now[config] = measure(final_runner, config)
+            per_config[config].append(rates_now[config])
+        for config in distinct:
+            pairs[config].append(rates_now[config] / rates_now[reference])
+    # A close call (median within CLOSE of the grid best, not the same configuration) is measured longer:
+    # that pair only, interleaved, with four times the trial cap (and a precision four times as tight).
+    long_runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args, cap_scale=4.0))
+    close = [c for c in distinct if c != reference and abs(statistics.median(pairs[c]) - 1) < args.close]
+    for config in close:
+        for repeat in range(args.close_repeats):
+            order = (config, reference) if repeat % 2 == 0 else (reference, config)
+            got = {item: measure(long_runner, item) for item in order}
+            pairs[config].append(got[config] / got[reference])
+            pairs[reference].append(1.0)
+            per_config[config].append(got[config])
+            per_config[reference].append(got[reference])
+    samples = {row: per_config[config] for row, config in named.items()}
+    ratios = {row: pairs[config] for row, config in named.items()}
     rows = []
     for row, config in named.items():
         values = ratios[row]
@@ -263,7 +302,8 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     summary = (
         f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials, "
         f"{sum(trial.measurements for trial in tuned.trials)} measurements) vs grid {grid_s:.1f} s "
-        f"({len(rates)} points, same trial rule): {share:.0f}%; autotune/grid best "
+        f"({len(rates)} points, same trial rule): {share:.0f}%; close rows measured longer: {len(close)}; "
+        f"autotune/grid best "
         f"{100 * statistics.median(ratios['autotune']):.1f}% ({rows[1][-1]}), policy/grid best "
         f"{100 * statistics.median(ratios['policy']):.1f}%; stop: {tuned.stop_reason}: {tuned.stop_detail}"
     )
@@ -314,8 +354,10 @@ def main() -> None:
     parser.add_argument(
         "--min-workers", type=int, default=1, help="as TunedDataModule: 1 (0 where the workload models its step)"
     )
-    parser.add_argument("--quick", action="store_true", help="prefetch 2 and 4 only in the grid")
     parser.add_argument("--grid-workers", type=int, nargs="+", default=None, help="worker counts of the grid")
+    parser.add_argument("--grid-prefetch", type=int, nargs="+", default=list(PREFETCH_AXIS), help="prefetch axis")
+    parser.add_argument("--close", type=float, default=0.1, help="a row within this of the grid best is close")
+    parser.add_argument("--close-repeats", type=int, default=2, help="longer re-measurements of a close row")
     parser.add_argument("--precision", type=float, default=0.03, help="trial precision (autotune's and the grid's)")
     parser.add_argument("--trial-seconds", type=float, default=None, help="cap per trial (default budget / 15)")
     parser.add_argument("--batch-budget", type=int, default=400, help="most batches per trial")

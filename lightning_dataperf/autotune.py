@@ -11,18 +11,23 @@ hardware policy's recommendation the search
    (:meth:`TrialRunner.worker_bounds`: ``/dev/shm``, memory per worker, file descriptors, the rank's CPU
    share divided by each worker's measured busy share, the dataset); a start the training path already
    limits (its main thread hardly waited for batches) does not climb, and tries the fewer workers its
-   rate needs instead;
+   rate needs instead. After the climb it probes downwards too (fewer workers than the start, and 0
+   when allowed) where the cost model says the main thread or the path limits, or the first step up
+   was marginal;
 2. doubles ``prefetch_factor`` only when the workers could make more than they delivered, then tries
    the other ``pin_memory`` where the path allows both (the side stream wants pinned batches from the
    loader: only ``True``);
 3. repeats a trial clearly slower than its neighbours or than the best it would end the climb against,
-   one faster but not beyond its own noise, and the two the choice depends on when they differ; a
-   repeat of the configuration just measured continues with its workers (kept alive, no start-up).
+   and one faster but not beyond its own noise; a repeat of the configuration just measured continues
+   with its workers (kept alive, no start-up).
 
-Two rates differ only beyond noise (``noise``, or twice their combined standard error).
-A trial's rate excludes the worker start-up (kept apart as ``startup_s``; it decides
-``persistent_workers``) and stops as soon as it is known within ``precision``. The cheapest
-configuration within ``choose_within`` of the fastest wins. The result records why the search
+Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
+is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
+(kept apart as ``startup_s``; it decides ``persistent_workers``) and stops as soon as it is known
+within ``precision``. The answer (:func:`~lightning_dataperf.autotune_choice.choose`) is the cheapest
+configuration as fast as the fastest; a close call (more than ``choose_within`` apart, within noise) is
+measured again, interleaved and longer; and the policy's pick, measured first, is the floor: only a
+configuration faster beyond noise, or a cheaper one as fast, replaces it. The result records why the search
 stopped (``stop_reason``: ``"gain"``, a bound's name, ``"time budget"``, ...), each trial's time and
 the total; :meth:`AutotuneResult.summary_line` says it in one line.
 
@@ -55,6 +60,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_dataperf.autotune_cache import cache_key, default_cache_path, read_entry, write_entry
+from lightning_dataperf.autotune_choice import choose
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_progress import make_progress
 from lightning_dataperf.autotune_result import AutotuneResult
@@ -63,7 +69,6 @@ from lightning_dataperf.autotune_trials import (
     Limits,
     Trial,
     TrialRunner,
-    cheapest_near,
     confirmation_candidates,
 )
 from lightning_dataperf.hardware import Hardware, probe_hardware
@@ -239,16 +244,16 @@ def _climb(
     runner.learn_batch_size()
     start_pin = policy.pin_memory if policy.pin_memory in pins else pins[0]
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
-    baseline = best = runner.measure(*runner.affordable(start))
+    baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
     best = search.climb_workers(best)
+    best = search.probe_fewer(best, baseline)
     best = search.tune_prefetch(best)
     best = search.tune_pin(best)
     search.repeat_outliers()
-    search.confirm_choice(choose_within)
+    chosen = choose(search, baseline, choose_within)
     baseline = runner.trials[baseline.config]
     measured = search._measured()
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
-    chosen = cheapest_near(measured, 1 - choose_within) or baseline
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(
         settings=settings,

@@ -21,10 +21,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_dataperf.autotune_records import Limits, Trial, cheapest_near, margin
+from lightning_dataperf.autotune_records import Limits, Trial, margin
 from lightning_dataperf.autotune_trials import TrialRunner
 
-__all__ = ["HEADROOM", "MAX_JUMP", "PATH_BOUND", "Search", "next_workers"]
+__all__ = ["HEADROOM", "MARGINAL_GAIN", "MAX_JUMP", "MODEL_SLACK", "PATH_BOUND", "TIE_BAND", "Search", "next_workers"]
 
 Config = tuple[int, int | None, bool]
 
@@ -38,6 +38,15 @@ PATH_BOUND = 0.05
 HEADROOM = 0.15
 #: Largest factor between one worker count and the next (the model extrapolates from one point).
 MAX_JUMP = 4
+#: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
+#: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
+#: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
+TIE_BAND = 0.1
+#: A first step up gaining less than this was marginal: after the climb, fewer workers are tried too.
+MARGINAL_GAIN = 0.15
+#: 0 workers are tried when the main thread alone is predicted within this share of the best rate (the
+#: prediction counts the hand-over of batches from workers, which loading in the main thread does not pay).
+MODEL_SLACK = 0.1
 
 
 class Search:
@@ -48,6 +57,7 @@ class Search:
     ) -> None:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
         self.stop_reason, self.stop_detail = "", ""
+        self.first_step: Trial | None = None  # the climb's first trial above its start
 
     def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
         workers = self.fixed.get("num_workers", workers)
@@ -63,8 +73,8 @@ class Search:
         return trial.refused is None and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
 
     def as_fast(self, trial: Trial, than: Trial) -> bool:
-        """Not slower by more than noise (either is fine)."""
-        gap = margin(trial, than, self.limits.noise)
+        """Not slower by more than noise (either is fine), and never more than :data:`TIE_BAND` slower."""
+        gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
         return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
 
     def _faster_but_unsure(self, trial: Trial, than: Trial) -> bool:
@@ -149,6 +159,7 @@ class Search:
                 return best
             step = next_workers(best, int(min(limit, 1 << 20)), cpus)
             trial = self.measure(step, best.prefetch_factor, best.pin_memory)
+            self.first_step = self.first_step or trial
             if trial.refused is not None:
                 self.stop("memory guard", f"{step} workers refused: {trial.refused}")
                 return best
@@ -213,23 +224,46 @@ class Search:
                 if outlier and middle.measurements == 1 and runner.remaining > 0:
                     runner.remeasure(runner.trials[middle.config])
 
-    def confirm_choice(self, choose_within: float) -> None:
-        """Measure again the fastest trial and the cheaper one the choice would take instead, when they differ.
+    # ------------------------------------------------------------------ downwards
+    def probe_fewer(self, best: Trial, start: Trial) -> Trial:
+        """After the climb, fewer workers than the start (and 0 when allowed) where they may be as fast.
 
-        Only that comparison decides the answer; when they are one configuration, nothing is repeated.
+        Tried when the cost model says the main thread or the path limits (:func:`_main_thread_rate`:
+        loading in the main thread would still reach the best rate; or the main thread hardly waited),
+        or when the climb's first step up gained less than :data:`MARGINAL_GAIN`. Within noise is a tie,
+        resolved towards fewer workers; a count that loses beyond noise ends the way down (0 workers,
+        tried only where the model predicts it, is measured regardless: it has no hand-over to pay).
         """
-        measured = self._measured()
-        if not measured:
-            return
-        top = max(measured, key=lambda trial: trial.batches_per_sec)
-        chosen = cheapest_near(measured, 1 - choose_within)
-        if chosen is None or chosen.config == top.config:
-            return
-        for trial in (chosen, top):
-            if self.runner.remaining <= 0:
-                return
-            if self.runner.trials[trial.config].measurements == 1:
-                self.runner.remeasure(self.runner.trials[trial.config])
+        if "num_workers" in self.fixed:
+            return best
+        minimum = self.limits.min_workers
+        main_rate = _main_thread_rate(best)
+        zero = minimum == 0 and main_rate >= (1 - MODEL_SLACK) * best.batches_per_sec
+        first = self.first_step
+        marginal = first is not None and first.batches_per_sec < start.batches_per_sec * (1 + MARGINAL_GAIN)
+        if not (zero or marginal or _path_bound(best)):
+            return best
+        counts = []
+        if marginal or _path_bound(best):
+            counts.append(_workers_needed(best, max(1, minimum)))
+            lower = start.num_workers
+            while (lower := lower // 2) >= max(1, minimum):
+                counts.append(lower)
+        if zero:
+            counts.append(0)
+        why = "the main thread limits" if zero else "the first step up was marginal"
+        before, lost = best, False
+        for workers in sorted({count for count in counts if count < start.num_workers}, reverse=True):
+            if self.runner.remaining <= 0 or (lost and workers):
+                continue
+            trial = self.measure(workers, best.prefetch_factor or start.prefetch_factor, best.pin_memory)
+            if self.as_fast(trial, best):  # a tie goes to fewer workers
+                best = trial
+            else:
+                lost = True
+        if best is not before:
+            self.stop_detail += f"; fewer were as fast ({why}): {best.num_workers} workers {_change(best, before)}"
+        return best
 
     def _measured(self) -> list[Trial]:
         return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
@@ -249,6 +283,13 @@ def _queue_starved(trial: Trial, noise: float) -> bool:
     if capacity is None or trial.wait_share is None:
         return True
     return not _path_bound(trial) and capacity > trial.batches_per_sec * (1 + 2 * noise)
+
+
+def _main_thread_rate(trial: Trial) -> float:
+    """Batches/s with 0 workers, predicted: the main thread does its own part and the workers' (0 unknown)."""
+    if trial.main_s is None or trial.work_s is None:
+        return 0.0
+    return 1 / max(trial.main_s + trial.work_s, 1e-9)
 
 
 def _workers_needed(trial: Trial, minimum: int) -> int:
@@ -285,10 +326,10 @@ def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
     if best.work_s and best.main_s is not None:
         target = _predicted_rate(best, cpus)
         need = math.ceil(target * best.work_s * (1 + HEADROOM)) if math.isfinite(target) else math.inf
-        return int(max(floor, min(limit, MAX_JUMP * workers, need)))
+        return int(min(limit, max(floor, min(MAX_JUMP * workers, need))))  # the floor never passes the bound
     busy = best.worker_busy
     factor = 2.0 if busy is None or busy < 0.5 else 1.5
-    return max(workers + 1, min(limit, round(workers * factor)))
+    return min(limit, max(workers + 1, round(workers * factor)))
 
 
 def _change(trial: Trial, reference: Trial) -> str:

@@ -206,8 +206,8 @@ class TrialRunner:
         self.trials[key] = trial
         return trial
 
-    def remeasure(self, trial: Trial) -> Trial:
-        """Measure ``trial`` once more; its rate becomes the mean of all its measurements.
+    def remeasure(self, trial: Trial, cap_scale: float = 1.0) -> Trial:
+        """Measure ``trial`` once more (``cap_scale``: see :meth:`run`); its rate becomes the mean of its measurements.
 
         When it was the last configuration measured, its workers are still alive (kept, idle, with their
         queues full): the repeat continues with them, so it pays no start-up (which no rate includes).
@@ -215,7 +215,7 @@ class TrialRunner:
         if trial.refused is not None or self.remaining <= 0:
             return trial
         self.listener("start", trial.config)
-        again = self.run(*trial.config)
+        again = self.run(*trial.config, cap_scale=cap_scale)
         if again.batches > 1 and again.batches_per_sec > 0:
             count = trial.measurements
             trial = dataclasses.replace(
@@ -253,8 +253,11 @@ class TrialRunner:
         collate = TimedCollate(self.loader_kwargs.get("collate_fn") or default_collate)
         return DataLoader(TimedDataset(self.dataset), self.batch_size, sampler=sampler, collate_fn=collate, **kwargs)
 
-    def run(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
+    def run(self, workers: int, prefetch: int | None, pin: bool, cap_scale: float = 1.0) -> Trial:
         """One measurement of a configuration, not stored (:meth:`measure` stores it; the benchmark's grid uses this).
+
+        ``cap_scale`` stretches the trial's time and batch caps and tightens its precision by as much (a close
+        call is measured longer).
 
         ``startup_s`` is -1 when the kept workers of the previous measurement of the same configuration
         were reused (no start-up was paid).
@@ -270,7 +273,7 @@ class TrialRunner:
         if not reused:
             iterator = iter(self._loader(*config))
         try:
-            drained = self._drain(iterator, started, workers, _skip(workers, prefetch))
+            drained = self._drain(iterator, started, workers, _skip(workers, prefetch), cap_scale)
         except BaseException:
             shutdown_loader_iterator(iterator)
             raise
@@ -306,7 +309,7 @@ class TrialRunner:
             main_s=drained.main_s,
         )
 
-    def _drain(self, iterator: Iterator[Any], started: float, workers: int, skip: int) -> Drained:
+    def _drain(self, iterator: Iterator[Any], started: float, workers: int, skip: int, scale: float = 1.0) -> Drained:
         """Consume batches until the rate is known: arrivals, start-up, what the workers and the main thread did.
 
         The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
@@ -316,7 +319,8 @@ class TrialRunner:
         out = Drained()
         arrivals, timings = out.arrivals, []
         consume = self.path.consumer()
-        cap, limits = self.limits.trial_cap, self.limits
+        limits = self.limits
+        cap, batch_cap = limits.trial_cap * scale, limits.batch_budget * scale
         workers_cpu = WorkerCpu() if workers else None
         cpu_start = wall_start = None
         last_report = started
@@ -354,12 +358,12 @@ class TrialRunner:
                 break
             if count < skip + 1 + round_size or count < 3:
                 continue  # not one steady round yet
-            if now - arrivals[skip] > cap or count > limits.batch_budget + skip:
+            if now - arrivals[skip] > cap or count > batch_cap + skip:
                 break
             if (count - skip - 1) % round_size == 0:
                 _, error, counted = steady_rate(arrivals, workers, skip)
                 enough_rounds = counted >= max(MIN_STEADY_BATCHES, MIN_ROUNDS * round_size)
-                if enough_rounds and error <= limits.precision:
+                if enough_rounds and error <= limits.precision / scale:
                     break
         if workers_cpu is not None:
             out.worker_mb = workers_cpu.unique_mb()
