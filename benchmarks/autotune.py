@@ -2,15 +2,31 @@
 
 Every measurement runs the batches through the workload's training path (the same
 :class:`~lightning_dataperf.autotune_consumer.TransferPath` autotune is given): the copy (stock
-``non_blocking`` or the side stream), the device transform, and the step. The grid covers
-``num_workers`` x ``prefetch_factor`` x ``pin_memory`` (pinned only for the side stream); each point is
-one measurement of ``--seconds`` after the batches queued during start-up and one round. Then the
-policy's pick, autotune's pick and the grid's best are re-measured ``--repeats`` times, interleaved,
-and pooled where they name the same configuration; "of best" is relative to the fastest re-measured
-row (the grid's single-run maximum is biased upward).
+``non_blocking`` or the side stream), the device transform, and the step.
+
+**The grid**: the full cross-product ``num_workers`` x ``prefetch_factor`` x ``pin_memory`` a user
+would run (:func:`grid`): workers from (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32) up to ``max(8, 2 x CPUs)``
+for a loader that computes and to 32 for the I/O-latency one (``--grid-workers`` to choose them),
+prefetch (2, 4, 8) (``--grid-prefetch``), pin both ways for the stock CUDA copy, pinned only for the
+side stream, and left out on a CPU-only run (nothing is copied; the script says so).
+
+**Grid time, defined**: what a user would pay for that grid at the SAME accuracy as autotune's trials.
+Each grid point is one trial by autotune's own rule (:meth:`TrialRunner.run`: fresh workers, start-up
+and the batches queued during it excluded from the rate, stopped once the rate's relative standard
+error is below ``--precision`` over at least three rounds, or at the same per-trial cap and batch cap);
+grid time is the wall time of those trials. Search time is autotune's ``search_seconds`` (probe,
+trials, repeats, bookkeeping).
+
+**The pick, measured fairly**: after the search, the policy's pick, autotune's pick and the grid's best
+are measured again ``--repeats`` times, interleaved (order reversed every other repeat), fresh workers
+each time, on the same consumer, with twice the per-trial cap; a row whose median ratio is within
+``--close`` of the grid best (a close call) is then measured ``--close-repeats`` more times against the
+grid best only, interleaved, with four times the cap. "of grid best" is the median over all repeats of
+(row's rate / grid best's rate in the same repeat), "spread" the least and most of those ratios. Where
+two rows name the same configuration they share its measurements (ratio 100%).
 
     python benchmarks/autotune.py                          # every workload this machine can run
-    python benchmarks/autotune.py --workloads io tiny --seconds 1.0
+    python benchmarks/autotune.py --workloads io tiny cpu --cpu --repeats 3
 
 Workloads:
 
@@ -35,10 +51,12 @@ from typing import Any
 import torch
 from _common import print_table, write_json
 from torch.nn import functional
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from lightning_dataperf import autotune_loader, probe_hardware, recommend_loader_settings
 from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf.autotune_records import Limits
+from lightning_dataperf.autotune_trials import TrialRunner
 
 Config = tuple[int, int | None, bool]
 
@@ -155,41 +173,54 @@ def resnet_path(device: torch.device, side_stream: bool) -> TransferPath:
     return TransferPath(device=device, side_stream=side_stream, device_transform=normalise, step_fn=step)
 
 
-def measure(dataset: Dataset, batch_size: int, config: Config, seconds: float, path: TransferPath) -> float:
-    """Steady batches/s through ``path``: after the queued batches and one round, whole rounds for ``seconds``."""
-    workers, prefetch, pin = config
-    options: dict[str, Any] = {"num_workers": workers, "pin_memory": pin}
+def trial_limits(args: Any, budget: float = 1e9, cap_scale: float = 1.0) -> Limits:
+    """The trial rule autotune uses (precision, per-trial cap, batch cap); ``budget`` only bounds a whole run."""
+    cap = (args.trial_seconds or max(1.0, args.budget / 15)) * cap_scale
+    return Limits(budget, args.batch_budget, 0.03, 0.5, None, 0, args.precision, cap)
+
+
+def make_runner(dataset: Dataset, batch_size: int, path: TransferPath, hardware: Any, limits: Limits) -> TrialRunner:
+    runner = TrialRunner(dataset, batch_size, {}, hardware, path, limits)
+    runner.learn_batch_size()
+    return runner
+
+
+def measure(runner: TrialRunner, config: Config) -> float:
+    """One fresh trial of ``config`` by autotune's own rule (start-up excluded, stops once the rate is known)."""
+    runner.close()  # never continue a previous measurement's workers: each point pays what a grid point pays
+    trial = runner.run(*config)
+    runner.close()
+    return trial.batches_per_sec
+
+
+#: The worker axis of the grid, cut to the workload's sensible range (see :func:`grid`).
+WORKER_AXIS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: The prefetch axis of the grid.
+PREFETCH_AXIS = (2, 4, 8)
+
+
+def grid(
+    cpus: int,
+    pins: tuple[bool, ...],
+    latency: bool = False,
+    workers: list[int] | None = None,
+    prefetches: tuple[int, ...] = PREFETCH_AXIS,
+) -> list[Config]:
+    """The full cross-product workers x prefetch x pin a user would run (0 workers has no prefetch).
+
+    Workers: :data:`WORKER_AXIS` up to ``max(8, 2 x cpus)`` for a loader that computes (past twice the
+    CPUs only memory and main-thread CPU are spent), the whole axis (to 32) for an I/O-latency loader,
+    or ``workers`` when given. Pin: both where the path copies to CUDA with the stock copy, pinned only
+    for the side stream, and left out on a CPU-only run (``pins == (False,)``: nothing is copied, so
+    pinning would only cost the pin thread).
+    """
     if workers:
-        options["prefetch_factor"] = prefetch
-    start_index = int(torch.randint(0, len(dataset) // 2, ()).item())
-    subset = torch.utils.data.Subset(dataset, range(start_index, len(dataset)))
-    iterator = iter(DataLoader(subset, batch_size=batch_size, **options))
-    consume = path.consumer()
-    for _ in range(max(2, workers * (prefetch or 1) + workers)):  # start-up, the queued burst, one round
-        consume(next(iterator))
-    consume.finish()
-    started, batches, round_size = time.perf_counter(), 0, max(1, workers)
-    while batches < 3 or batches % round_size or time.perf_counter() - started < seconds:  # whole rounds
-        consume(next(iterator))
-        batches += 1
-    consume.finish()
-    elapsed = time.perf_counter() - started
-    if callable(shutdown := getattr(iterator, "_shutdown_workers", None)):
-        shutdown()
-    return batches / elapsed
-
-
-def grid(cpus: int, pins: tuple[bool, ...], quick: bool, latency: bool = False) -> list[Config]:
-    """Worker counts around the CPUs (to 16x the CPUs for an I/O-latency loader) x prefetch x pin."""
-    if cpus >= 12:
-        counts = {4, 8, 12, cpus - 1, cpus, cpus + 2, cpus + 4, round(1.5 * cpus), 2 * cpus}
+        counts = sorted(set(workers))
     else:
-        counts = {0, 1, 2, cpus // 2, cpus - 1, cpus, 2 * cpus, 4 * cpus}
-    if latency:
-        counts |= {8 * cpus, 16 * cpus}
-    prefetches = (2, 4) if quick else (1, 2, 4, 8)
+        ceiling = WORKER_AXIS[-1] if latency else max(8, 2 * cpus)
+        counts = [count for count in WORKER_AXIS if count <= ceiling]
     configs: list[Config] = []
-    for count in sorted(value for value in counts if value >= 0):
+    for count in counts:
         for pin in pins:
             configs.extend([(count, None, pin)] if count == 0 else [(count, value, pin) for value in prefetches])
     return configs
@@ -205,10 +236,14 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     hardware = probe_hardware()
     cpus = hardware.cpus_per_rank
     pins = path.pin_choices()
+    runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args))
     grid_started = time.perf_counter()
     rates: dict[Config, float] = {}
-    for config in grid(cpus, pins, args.quick, latency=name == "io"):
-        rates[config] = measure(dataset, batch_size, config, args.seconds, path)
+    if pins == (False,):
+        print(f"  {name}/{label}: CPU-only path, pin_memory left out of the grid (nothing is copied)", flush=True)
+    points = grid(cpus, pins, latency=name == "io", workers=args.grid_workers, prefetches=tuple(args.grid_prefetch))
+    for config in points:
+        rates[config] = measure(runner, config)
         print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
     grid_s = time.perf_counter() - grid_started
     best_config = max(rates, key=rates.get)
@@ -221,29 +256,56 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         path=path,
         min_workers=0 if path.step_fn or path.step_seconds or path.host_step_seconds else args.min_workers,
         time_budget=args.budget,
+        batch_budget=args.batch_budget,
+        precision=args.precision,
+        trial_seconds=args.trial_seconds,
         force=True,
         cache_path=os.path.join(args.cache_dir, "autotune_bench.json"),
         progress="log",
     )
     named = {"policy": policy, "autotune": _config(tuned.settings, pins), "grid best": best_config}
-    samples: dict[str, list[float]] = {row: [] for row in named}
-    for _ in range(args.repeats):
-        for row, config in named.items():
-            samples[row].append(measure(dataset, batch_size, config, args.seconds, path))
-    pooled: dict[Config, list[float]] = {}
-    for row, config in named.items():
-        pooled.setdefault(config, []).extend(samples[row])
-    final = {row: statistics.median(pooled[config]) for row, config in named.items()}
-    reference = max(final.values())
+    # The final comparison: each distinct configuration once per repeat, interleaved, fresh workers each
+    # time, on the same consumer, with twice the trial cap; ratios are taken within a repeat.
+    final_runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args, cap_scale=2.0))
+    distinct = list(dict.fromkeys(named.values()))
+    per_config: dict[Config, list[float]] = {config: [] for config in distinct}
+    reference = named["grid best"]
+    pairs: dict[Config, list[float]] = {config: [] for config in distinct}  # ratio to the grid best, per repeat
+    for repeat in range(args.repeats):
+        rates_now = {}
+        for config in distinct if repeat % 2 == 0 else reversed(distinct):
+            rates_now[config] = measure(final_runner, config)
+            per_config[config].append(rates_now[config])
+        for config in distinct:
+            pairs[config].append(rates_now[config] / rates_now[reference])
+    # A close call (median within CLOSE of the grid best, not the same configuration) is measured longer:
+    # that pair only, interleaved, with four times the trial cap (and a precision four times as tight).
+    long_runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args, cap_scale=4.0))
+    close = [c for c in distinct if c != reference and abs(statistics.median(pairs[c]) - 1) < args.close]
+    for config in close:
+        for repeat in range(args.close_repeats):
+            order = (config, reference) if repeat % 2 == 0 else (reference, config)
+            got = {item: measure(long_runner, item) for item in order}
+            pairs[config].append(got[config] / got[reference])
+            pairs[reference].append(1.0)
+            per_config[config].append(got[config])
+            per_config[reference].append(got[reference])
+    samples = {row: per_config[config] for row, config in named.items()}
+    ratios = {row: pairs[config] for row, config in named.items()}
     rows = []
     for row, config in named.items():
-        rows.append(
-            [name, label, row, *config, f"{final[row] * batch_size:,.0f}", f"{100 * final[row] / reference:.1f}%"]
-        )
+        values = ratios[row]
+        spread = f"{100 * min(values):.0f}-{100 * max(values):.0f}%"
+        rate = statistics.median(per_config[config]) * batch_size
+        rows.append([name, label, row, *config, f"{rate:,.0f}", f"{100 * statistics.median(values):.1f}%", spread])
     share = 100 * tuned.search_seconds / grid_s
     summary = (
-        f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials) vs grid {grid_s:.1f} s "
-        f"({len(rates)} points): {share:.0f}%; stop: {tuned.stop_reason}: {tuned.stop_detail}"
+        f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials, "
+        f"{sum(trial.measurements for trial in tuned.trials)} measurements) vs grid {grid_s:.1f} s "
+        f"({len(rates)} points, same trial rule): {share:.0f}%; close rows measured longer: {len(close)}; "
+        f"autotune/grid best "
+        f"{100 * statistics.median(ratios['autotune']):.1f}% ({rows[1][-1]}), policy/grid best "
+        f"{100 * statistics.median(ratios['policy']):.1f}%; stop: {tuned.stop_reason}: {tuned.stop_detail}"
     )
     print(summary, flush=True)
     print(tuned.format(), flush=True)
@@ -252,8 +314,10 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         "summary": summary,
         "search_s": tuned.search_seconds,
         "grid_s": grid_s,
+        "grid_points": len(rates),
         "grid": {str(config): rate for config, rate in rates.items()},
         "final_samples": samples,
+        "final_ratios": ratios,
         "autotune": tuned.to_dict(),
         "cpus_per_rank": cpus,
     }
@@ -285,13 +349,18 @@ def workloads(names: list[str], device: torch.device | None) -> list[tuple[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["jpeg", "cpu", "io", "tiny"])
-    parser.add_argument("--seconds", type=float, default=1.0, help="timed seconds per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="re-measurements of the named rows")
     parser.add_argument("--budget", type=float, default=30.0, help="autotune time budget (s)")
     parser.add_argument(
         "--min-workers", type=int, default=1, help="as TunedDataModule: 1 (0 where the workload models its step)"
     )
-    parser.add_argument("--quick", action="store_true", help="prefetch 2 and 4 only in the grid")
+    parser.add_argument("--grid-workers", type=int, nargs="+", default=None, help="worker counts of the grid")
+    parser.add_argument("--grid-prefetch", type=int, nargs="+", default=list(PREFETCH_AXIS), help="prefetch axis")
+    parser.add_argument("--close", type=float, default=0.1, help="a row within this of the grid best is close")
+    parser.add_argument("--close-repeats", type=int, default=2, help="longer re-measurements of a close row")
+    parser.add_argument("--precision", type=float, default=0.03, help="trial precision (autotune's and the grid's)")
+    parser.add_argument("--trial-seconds", type=float, default=None, help="cap per trial (default budget / 15)")
+    parser.add_argument("--batch-budget", type=int, default=400, help="most batches per trial")
     parser.add_argument("--cpus", type=int, default=None, help="pin this process (and workers) to N cores")
     parser.add_argument("--cache-dir", default=os.environ.get("OUT", "/tmp"))
     parser.add_argument("--cpu", action="store_true", help="do not copy to the GPU even if there is one")
@@ -309,7 +378,7 @@ def main() -> None:
         rows.extend(result["rows"])
         summaries.append(result["summary"])
         write_json(args.name or f"autotune_{'cuda' if device else 'cpu'}", payload)
-    headers = ["workload", "path", "row", "workers", "prefetch", "pin", "samples/s", "of best"]
+    headers = ["workload", "path", "row", "workers", "prefetch", "pin", "samples/s", "of grid best", "spread"]
     payload["table"] = print_table(headers, rows)
     payload["summaries"] = summaries
     print("\n".join(summaries))

@@ -5,20 +5,29 @@ Every trial runs the batches through the path training will use (:class:`Transfe
 its time or function is given), so settings that steal CPU from the main thread lose. From the
 hardware policy's recommendation the search
 
-1. grows ``num_workers`` while the gain holds (x2 steps while each worker is mostly idle, as an
-   I/O-latency loader is; x1.5 when busy), never past the smallest of the machine's bounds
-   (:meth:`TrialRunner.worker_bounds`: ``/dev/shm``, memory per worker measured in the trials, file
-   descriptors, the rank's CPU share divided by each worker's measured busy share, the dataset), and
-   tries one count between the last gain and the first miss; if fewer workers are as fast, it goes
-   down instead;
-2. doubles ``prefetch_factor`` while that gains, then tries the other ``pin_memory`` where the path
-   allows both (the side stream wants pinned batches from the loader: only ``True``);
-3. repeats a trial whose rate is an outlier against its neighbours, the two trials whose comparison
-   ends the climb, and those a close call between the fastest depends on.
+1. grows ``num_workers`` to the count the cost model predicts (:mod:`~lightning_dataperf.autotune_search`:
+   each worker's time per batch measured inside the worker, the most the main thread and the CPUs can
+   take) while the gain holds, never past the smallest of the machine's bounds
+   (:meth:`TrialRunner.worker_bounds`: ``/dev/shm``, memory per worker, file descriptors, the rank's CPU
+   share divided by each worker's measured busy share, the dataset); a start the training path already
+   limits (its main thread hardly waited for batches) does not climb, and tries the fewer workers its
+   rate needs instead. After the climb it probes downwards too (fewer workers than the start, and 0
+   when allowed) where the cost model says the main thread or the path limits, or the first step up
+   was marginal;
+2. doubles ``prefetch_factor`` only when the workers could make more than they delivered, then tries
+   the other ``pin_memory`` where the path allows both (the side stream wants pinned batches from the
+   loader: only ``True``);
+3. repeats a trial clearly slower than its neighbours or than the best it would end the climb against,
+   and one faster but not beyond its own noise; a repeat of the configuration just measured continues
+   with its workers (kept alive, no start-up).
 
-A trial's rate excludes the worker start-up (kept apart as ``startup_s``; it decides
-``persistent_workers``) and stops as soon as it is known within ``precision``. The cheapest
-configuration within ``choose_within`` of the fastest wins. The result records why the search
+Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
+is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
+(kept apart as ``startup_s``; it decides ``persistent_workers``) and stops as soon as it is known
+within ``precision``. The answer (:func:`~lightning_dataperf.autotune_choice.choose`) is the cheapest
+configuration as fast as the fastest; a close call (more than ``choose_within`` apart, within noise) is
+measured again, interleaved and longer; and the policy's pick, measured first, is the floor: only a
+configuration faster beyond noise, or a cheaper one as fast, replaces it. The result records why the search
 stopped (``stop_reason``: ``"gain"``, a bound's name, ``"time budget"``, ...), each trial's time and
 the total; :meth:`AutotuneResult.summary_line` says it in one line.
 
@@ -40,7 +49,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 import warnings
@@ -52,14 +60,15 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_dataperf.autotune_cache import cache_key, default_cache_path, read_entry, write_entry
+from lightning_dataperf.autotune_choice import choose
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_progress import make_progress
 from lightning_dataperf.autotune_result import AutotuneResult
+from lightning_dataperf.autotune_search import Search
 from lightning_dataperf.autotune_trials import (
     Limits,
     Trial,
     TrialRunner,
-    cheapest_near,
     confirmation_candidates,
 )
 from lightning_dataperf.hardware import Hardware, probe_hardware
@@ -76,11 +85,9 @@ __all__ = [
     "default_cache_path",
 ]
 
+_Search = Search  # the name the tests drive the climb through
+
 SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
-#: Most doublings of ``prefetch_factor`` tried.
-MAX_PREFETCH = 16
-#: A trial slower than this share of its neighbours (or of the best, at the end of the climb) is measured again.
-OUTLIER_SHARE = 0.8
 
 Config = tuple[int, int | None, bool]
 
@@ -200,175 +207,6 @@ def _cached(path: Path, key: str) -> AutotuneResult | None:
         return None
 
 
-class _Search:
-    """One search's decisions over a :class:`TrialRunner`."""
-
-    def __init__(self, runner: TrialRunner, fixed: Mapping[str, Any], pins: tuple[bool, ...], limits: Limits) -> None:
-        self.runner, self.fixed, self.pins, self.limits = runner, fixed, pins, limits
-        self.stop_reason, self.stop_detail = "", ""
-
-    def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
-        workers = self.fixed.get("num_workers", workers)
-        prefetch = self.fixed.get("prefetch_factor", prefetch or 2) if workers else None
-        return workers, prefetch, self.fixed.get("pin_memory", pin)
-
-    def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        return self.runner.measure(*self.config(workers, prefetch, pin))
-
-    def better(self, trial: Trial, than: Trial) -> bool:
-        return trial.refused is None and trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
-
-    def as_fast(self, trial: Trial, than: Trial) -> bool:
-        return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - self.limits.noise)
-
-    def stop(self, reason: str, detail: str) -> None:
-        if not self.stop_reason:
-            self.stop_reason, self.stop_detail = reason, detail
-
-    # ------------------------------------------------------------------ workers
-    def climb_workers(self, best: Trial) -> Trial:
-        """Up while the gain holds; if the first step up gains nothing, down while fewer are as fast."""
-        if "num_workers" in self.fixed:
-            self.stop("fixed", f"num_workers={best.num_workers} is yours")
-            return best
-        start = best
-        best = self._ascend(best)
-        if best.config != start.config or self.stop_reason != "gain":
-            return best
-        lower = self._fewer(start.num_workers)
-        if lower is None or self.runner.remaining <= 0:
-            return best
-        trial = self.measure(lower, start.prefetch_factor, start.pin_memory)
-        if not self.as_fast(trial, start):
-            return best
-        self.stop_reason = ""
-        return self._descend(trial, start)
-
-    def _fewer(self, workers: int) -> int | None:
-        minimum = self.limits.min_workers
-        if workers <= minimum:
-            return None
-        return max(minimum, workers // 2)
-
-    def _descend(self, best: Trial, above: Trial) -> Trial:
-        while (lower := self._fewer(best.num_workers)) is not None and self.runner.remaining > 0:
-            trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory)
-            if not self.as_fast(trial, best):
-                self.stop("fewer", f"{lower} workers lost {_change(trial, best)}; {above.num_workers} gained nothing")
-                return best
-            best = trial
-        self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers}, {above.num_workers} no faster)")
-        return best
-
-    def _ascend(self, best: Trial) -> Trial:
-        runner = self.runner
-        while True:
-            bounds = runner.worker_bounds(best.prefetch_factor, best.pin_memory)
-            name, limit = min(bounds.items(), key=lambda item: item[1]) if bounds else ("", math.inf)
-            if best.num_workers >= limit:
-                self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)})")
-                return best
-            if runner.remaining <= 0:
-                self.stop("time budget", f"the time budget ran out at {best.num_workers} workers, still gaining")
-                return best
-            step = _next_workers(best, int(min(limit, 1 << 20)))
-            trial = self.measure(step, best.prefetch_factor, best.pin_memory)
-            if trial.refused is not None:
-                self.stop("memory guard", f"{step} workers refused: {trial.refused}")
-                return best
-            if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
-                trial = runner.remeasure(trial)  # more workers much slower: an artefact until seen twice
-            if self.better(trial, best):
-                best = trial
-                continue
-            if runner.remaining <= 0:  # the trial was cut short: it proves nothing
-                self.stop("time budget", f"the time budget ran out measuring {step} workers")
-                return best
-            if best.measurements == 1 or trial.measurements == 1:  # the step that ends the climb, seen twice
-                best, trial = runner.remeasure(best), runner.remeasure(trial)
-                if self.better(trial, best):
-                    best = trial
-                    continue
-            between = (best.num_workers + step) // 2
-            if step - best.num_workers >= 3 and runner.remaining > 0:
-                middle = self.measure(between, best.prefetch_factor, best.pin_memory)
-                if self.better(middle, best):
-                    self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, middle)})")
-                    return middle
-            self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, best)})")
-            return best
-
-    # ------------------------------------------------------------------ prefetch and pinning
-    def tune_prefetch(self, best: Trial) -> Trial:
-        if "prefetch_factor" in self.fixed or not best.num_workers:
-            return best
-        while (best.prefetch_factor or 2) * 2 <= MAX_PREFETCH and self.runner.remaining > 0:
-            trial = self.measure(best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory)
-            if not self.better(trial, best):
-                break
-            best = trial
-        return best
-
-    def tune_pin(self, best: Trial) -> Trial:
-        if "pin_memory" in self.fixed or len(self.pins) < 2 or self.runner.remaining <= 0:
-            return best
-        trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory)
-        return trial if self.better(trial, best) else best
-
-    # ------------------------------------------------------------------ honest numbers
-    def repeat_outliers(self) -> None:
-        """Measure again any trial much slower than both neighbours in worker count (a peak is real, a dip suspect)."""
-        runner = self.runner
-        groups: dict[tuple[int | None, bool], list[Trial]] = {}
-        for trial in self._measured():
-            if trial.num_workers:
-                groups.setdefault((trial.prefetch_factor, trial.pin_memory), []).append(trial)
-        for trials in groups.values():
-            trials.sort(key=lambda trial: trial.num_workers)
-            for left, middle, right in zip(trials, trials[1:], trials[2:], strict=False):
-                low = min(left.batches_per_sec, right.batches_per_sec)
-                outlier = middle.batches_per_sec < OUTLIER_SHARE * low  # a dip (start-up, memory artefacts)
-                if outlier and middle.measurements == 1 and runner.remaining > 0:
-                    runner.remeasure(runner.trials[middle.config])
-
-    def confirm_close_calls(self, count: int = 3) -> None:
-        """Measure again the fastest trials and the cheapest near them when they are within noise of each other."""
-        measured = self._measured()
-        if not measured:
-            return
-        top = max(trial.batches_per_sec for trial in measured)
-        close = [trial for trial in measured if trial.batches_per_sec >= top * (1 - 2 * self.limits.noise)]
-        if len(close) < 2:
-            return
-        for trial in confirmation_candidates(close, count, band=1 - 2 * self.limits.noise):
-            if self.runner.remaining <= 0:
-                return
-            self.runner.remeasure(self.runner.trials[trial.config])
-
-    def _measured(self) -> list[Trial]:
-        return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
-
-
-def _next_workers(best: Trial, limit: int) -> int:
-    """The next worker count: x2 while each worker is mostly idle (latency-bound), x1.5 when busy."""
-    workers = best.num_workers
-    if workers == 0:
-        return min(limit, 1)
-    busy = best.worker_busy
-    factor = 2.0 if busy is None or busy < 0.5 else 1.5
-    return max(workers + 1, min(limit, round(workers * factor)))
-
-
-def _change(trial: Trial, reference: Trial) -> str:
-    if not reference.batches_per_sec:
-        return "n/a"
-    return f"{100 * (trial.batches_per_sec / reference.batches_per_sec - 1):+.0f}%"
-
-
-def _bounds_text(bounds: Mapping[str, int]) -> str:
-    return ", ".join(f"{name} {value}" for name, value in sorted(bounds.items(), key=lambda item: item[1]))
-
-
 def _search(
     dataset: Dataset,
     batch_size: int,
@@ -386,20 +224,36 @@ def _search(
     loader_kwargs.pop("persistent_workers", None)
     runner = TrialRunner(dataset, batch_size, loader_kwargs, hardware, path, limits, listener)
     pins = path.pin_choices()
-    search = _Search(runner, fixed, pins, limits)
+    search = Search(runner, fixed, pins, limits, hardware.cpus_per_rank)
+    try:
+        return _climb(search, runner, policy, pins, limits, choose_within, batch_size)
+    finally:
+        runner.close()
+
+
+def _climb(
+    search: Search,
+    runner: TrialRunner,
+    policy: LoaderSettings,
+    pins: tuple[bool, ...],
+    limits: Limits,
+    choose_within: float,
+    batch_size: int,
+) -> AutotuneResult:
+    max_epochs = limits.max_epochs
     runner.learn_batch_size()
     start_pin = policy.pin_memory if policy.pin_memory in pins else pins[0]
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
-    baseline = best = runner.measure(*runner.affordable(start))
+    baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
     best = search.climb_workers(best)
+    best = search.probe_fewer(best, baseline)
     best = search.tune_prefetch(best)
     best = search.tune_pin(best)
     search.repeat_outliers()
-    search.confirm_close_calls()
+    chosen = choose(search, baseline, choose_within)
     baseline = runner.trials[baseline.config]
     measured = search._measured()
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
-    chosen = cheapest_near(measured, 1 - choose_within) or baseline
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(
         settings=settings,

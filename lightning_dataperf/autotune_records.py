@@ -27,6 +27,7 @@ __all__ = [
     "TrialListener",
     "cheapest_near",
     "confirmation_candidates",
+    "margin",
     "steady_rate",
 ]
 
@@ -54,6 +55,13 @@ class Trial:
     loaders); ``seconds`` the trial's whole wall time; ``worker_busy`` each worker's CPU busy share and
     ``worker_mb`` its own (unique) memory, both measured during the trial; ``measurements`` > 1 when it
     was measured again (an outlier against its neighbours, or a close call) and the rate is the mean.
+
+    What the cost model predicts the next worker count from (all over the steady part of the trial):
+    ``wait_share`` is the share of the main thread's time spent waiting in the loader's ``next()``
+    (near 0: the training path, not the loader, is the limit); ``work_s`` and ``cpu_s`` a worker's wall
+    and CPU time per batch in the dataset and collate (measured inside the worker, as
+    :mod:`~lightning_dataperf.loader_probe` does); ``main_s`` the main thread's time per batch when
+    it does not wait (the consumer and the hand-over: ``1 / main_s`` is the most the path can take).
     """
 
     num_workers: int
@@ -69,10 +77,24 @@ class Trial:
     worker_busy: float | None = None
     worker_mb: float | None = None
     precision: float | None = None
+    wait_share: float | None = None
+    work_s: float | None = None
+    cpu_s: float | None = None
+    main_s: float | None = None
 
     @property
     def config(self) -> tuple[int, int | None, bool]:
         return self.num_workers, self.prefetch_factor, self.pin_memory
+
+    def relative_error(self, floor: float) -> float:
+        """The rate's relative standard error, never below ``floor`` (unknown: ``floor``)."""
+        return max(floor, self.precision if self.precision is not None else floor)
+
+    def loader_capacity(self) -> float | None:
+        """Batches/s the workers could deliver if never held back (``workers / work_s``); ``None`` unknown."""
+        if not self.num_workers or not self.work_s:
+            return None
+        return self.num_workers / self.work_s
 
     @property
     def cost(self) -> tuple[int, float, bool]:
@@ -123,6 +145,13 @@ def steady_rate(arrivals: list[float], round_size: int, skip: int | None = None)
         return rate, math.inf, rounds * round_size
     error = statistics.stdev(durations) / statistics.fmean(durations) / math.sqrt(rounds)
     return rate, error, rounds * round_size
+
+
+def margin(first: Trial, second: Trial, noise: float) -> float:
+    """Relative difference two trials' rates must exceed to count as different: ``noise``, or twice their
+    combined standard error when that is larger (a noisy pair needs a bigger gap)."""
+    combined = math.hypot(first.relative_error(noise / 2), second.relative_error(noise / 2))
+    return max(noise, 2 * combined)
 
 
 def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:

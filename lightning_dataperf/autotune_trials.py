@@ -20,21 +20,20 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.data import sized_len
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
 from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf.autotune_measures import Drained, WorkerCpu, open_files, pooled_error
 from lightning_dataperf.autotune_records import (
     CPU_OVERSUBSCRIPTION,
     FD_SHARE,
@@ -49,6 +48,7 @@ from lightning_dataperf.autotune_records import (
 )
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
+from lightning_dataperf.loader_probe import TimedBatch, TimedCollate, TimedDataset
 from lightning_dataperf.preflight import open_file_limit, pinned_bytes
 
 __all__ = [
@@ -102,6 +102,7 @@ class TrialRunner:
         generator = torch.Generator().manual_seed(0)
         self.order = torch.randperm(length, generator=generator).tolist() if length else []
         self.offset = 0
+        self._kept: tuple[tuple[int, int | None, bool], Iterator[Any]] | None = None  # the last trial's live workers
 
     @property
     def remaining(self) -> float:
@@ -114,6 +115,10 @@ class TrialRunner:
         batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
         self.offset += self.batch_size
         self._learn(batch)
+        consume = self.path.consumer()  # the step's own warm-up (CUDA context, cuDNN plans) before any trial
+        for _ in range(2):
+            consume(batch)
+        consume.finish()
 
     def _learn(self, batch: Any) -> None:
         self.batch_bytes = BatchFootprint.of(batch).bytes
@@ -172,7 +177,7 @@ class TrialRunner:
             bounds["memory"] = max(1, int(fraction * self.hardware.ram_available_mb // max(per_worker, 1e-3)))
         limit = open_file_limit()
         if limit is not None:
-            free = limit - _open_files()
+            free = limit - open_files()
             per_worker = 6 + 2 * prefetch * self.batch_tensors
             bounds["file descriptors"] = max(1, int(FD_SHARE * free // per_worker))
         busy = self._measured("worker_busy", max)
@@ -196,26 +201,31 @@ class TrialRunner:
             trial = Trial(*key, memory_mb=self.memory_mb(*key), refused=reason)
         else:
             self.listener("start", key)
-            trial = self._run(*key)
+            trial = self.run(*key)
             self.listener("done", trial)
         self.trials[key] = trial
         return trial
 
-    def remeasure(self, trial: Trial) -> Trial:
-        """Measure ``trial`` once more; its rate becomes the mean of all its measurements."""
+    def remeasure(self, trial: Trial, cap_scale: float = 1.0) -> Trial:
+        """Measure ``trial`` once more (``cap_scale``: see :meth:`run`); its rate becomes the mean of its measurements.
+
+        When it was the last configuration measured, its workers are still alive (kept, idle, with their
+        queues full): the repeat continues with them, so it pays no start-up (which no rate includes).
+        """
         if trial.refused is not None or self.remaining <= 0:
             return trial
         self.listener("start", trial.config)
-        again = self._run(*trial.config)
+        again = self.run(*trial.config, cap_scale=cap_scale)
         if again.batches > 1 and again.batches_per_sec > 0:
             count = trial.measurements
             trial = dataclasses.replace(
-                trial,
+                again,
                 batches_per_sec=(trial.batches_per_sec * count + again.batches_per_sec) / (count + 1),
                 batches=trial.batches + again.batches,
                 measurements=count + 1,
                 seconds=trial.seconds + again.seconds,
-                startup_s=min(trial.startup_s, again.startup_s),
+                startup_s=trial.startup_s if again.startup_s < 0 else min(trial.startup_s, again.startup_s),
+                precision=pooled_error(trial, again, count),
                 worker_busy=again.worker_busy if again.worker_busy is not None else trial.worker_busy,
                 worker_mb=again.worker_mb if again.worker_mb is not None else trial.worker_mb,
             )
@@ -223,84 +233,124 @@ class TrialRunner:
         self.listener("done", trial)
         return trial
 
-    def _run(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
+    def close(self) -> None:
+        """Shut down the workers kept from the last trial."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            shutdown_loader_iterator(kept[1])
+            gc.collect()
+
+    def _loader(self, workers: int, prefetch: int | None, pin: bool) -> DataLoader:
         sampler = _Offsets(self.order, self.offset) if self.order else None
         kwargs = {
             key: value
             for key, value in self.loader_kwargs.items()
-            if key not in {"shuffle", "sampler", "batch_sampler"}
+            if key not in {"shuffle", "sampler", "batch_sampler", "collate_fn"}
         }
         kwargs.update(num_workers=workers, pin_memory=pin, generator=torch.Generator().manual_seed(0))
         if workers:
             kwargs["prefetch_factor"] = prefetch
-        loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)
+        collate = TimedCollate(self.loader_kwargs.get("collate_fn") or default_collate)
+        return DataLoader(TimedDataset(self.dataset), self.batch_size, sampler=sampler, collate_fn=collate, **kwargs)
+
+    def run(self, workers: int, prefetch: int | None, pin: bool, cap_scale: float = 1.0) -> Trial:
+        """One measurement of a configuration, not stored (:meth:`measure` stores it; the benchmark's grid uses this).
+
+        ``cap_scale`` stretches the trial's time and batch caps and tightens its precision by as much (a close
+        call is measured longer).
+
+        ``startup_s`` is -1 when the kept workers of the previous measurement of the same configuration
+        were reused (no start-up was paid).
+        """
+        config = (workers, prefetch if workers else None, pin)
+        reused = self._kept is not None and self._kept[0] == config
+        if reused:
+            iterator = self._kept[1]  # type: ignore[index]
+        else:
+            self.close()
+        self._kept = None
         started = time.perf_counter()
-        iterator = iter(loader)
+        if not reused:
+            iterator = iter(self._loader(*config))
         try:
-            arrivals, startup, busy, worker_mb = self._drain(iterator, started, workers, _skip(workers, prefetch))
-        finally:
+            drained = self._drain(iterator, started, workers, _skip(workers, prefetch), cap_scale)
+        except BaseException:
             shutdown_loader_iterator(iterator)
-            del iterator, loader
+            raise
+        if drained.exhausted:
+            shutdown_loader_iterator(iterator)
             gc.collect()
+        else:
+            self._kept = (config, iterator)
+        arrivals = drained.arrivals
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size
         rate, error, counted = steady_rate(arrivals, workers, _skip(workers, prefetch))
         if counted == 0 and len(arrivals) > 1:  # the budget ran out before one steady round: a rough rate
             rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
+        memory = self.memory_mb(workers, prefetch, pin)
+        startup = -1.0 if reused else drained.startup
         if len(arrivals) < 2:  # the budget ran out before a rate could be measured: not a result
-            return Trial(
-                workers,
-                prefetch,
-                pin,
-                startup_s=startup,
-                batches=len(arrivals),
-                seconds=seconds,
-                memory_mb=self.memory_mb(workers, prefetch, pin),
-                refused="the time budget ran out first",
-            )
+            return Trial(*config, startup_s=startup, batches=len(arrivals), seconds=seconds, memory_mb=memory,
+                         refused="the time budget ran out first")  # fmt: skip
         return Trial(
-            workers,
-            prefetch,
-            pin,
+            *config,
             rate,
             startup,
             len(arrivals),
-            self.memory_mb(workers, prefetch, pin),
+            memory,
             seconds=seconds,
-            worker_busy=busy,
-            worker_mb=worker_mb,
+            worker_busy=drained.busy,
+            worker_mb=drained.worker_mb,
             precision=None if math.isinf(error) else error,
+            wait_share=drained.wait_share,
+            work_s=drained.work_s,
+            cpu_s=drained.cpu_s,
+            main_s=drained.main_s,
         )
 
-    def _drain(
-        self, iterator: Iterator[Any], started: float, workers: int, skip: int
-    ) -> tuple[list[float], float, float | None, float | None]:
-        """Arrival times of the consumed batches, the start-up, each worker's CPU busy share and memory.
+    def _drain(self, iterator: Iterator[Any], started: float, workers: int, skip: int, scale: float = 1.0) -> Drained:
+        """Consume batches until the rate is known: arrivals, start-up, what the workers and the main thread did.
 
         The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
         always sees one whole round after it unless the search's budget runs out: many workers on few
         cores take seconds to start, and a trial cut short then measures only their staggered arrival.
         """
-        arrivals: list[float] = []
+        out = Drained()
+        arrivals, timings = out.arrivals, []
         consume = self.path.consumer()
-        cap, limits = self.limits.trial_cap, self.limits
-        workers_cpu = _WorkerCpu() if workers else None
+        limits = self.limits
+        cap, batch_cap = limits.trial_cap * scale, limits.batch_budget * scale
+        workers_cpu = WorkerCpu() if workers else None
         cpu_start = wall_start = None
-        worker_mb = None
         last_report = started
         round_size = max(1, workers)
-        startup = 0.0
-        for batch in iterator:
+        waited = 0.0
+        while True:
+            asked = time.perf_counter()
+            try:
+                item = next(iterator)
+            except StopIteration:
+                out.exhausted = True
+                break
+            got = time.perf_counter()
+            batch = item.batch if type(item) is TimedBatch else item
             if not arrivals:
-                startup = time.perf_counter() - started
+                out.startup = got - started
                 if self.batch_bytes is None:
                     self._learn(batch)
+            elif len(arrivals) > skip:  # steady: what the main thread waited, what the workers did
+                waited += got - asked
+                if type(item) is TimedBatch:
+                    timings.append(item.timing)
             consume(batch)
             now = time.perf_counter()
             arrivals.append(now)
             count = len(arrivals)
-            if workers_cpu is not None and count == skip + 1:
-                cpu_start, wall_start = workers_cpu.seconds(), now
+            if count == skip + 1:
+                wall_start = now
+                if workers_cpu is not None:
+                    cpu_start = workers_cpu.seconds()
             if count > 1 and now - last_report > 0.25:
                 last_report = now
                 self.listener("progress", (count - 1) / (now - arrivals[0]))
@@ -308,68 +358,33 @@ class TrialRunner:
                 break
             if count < skip + 1 + round_size or count < 3:
                 continue  # not one steady round yet
-            if now - arrivals[skip] > cap or count > limits.batch_budget + skip:
+            if now - arrivals[skip] > cap or count > batch_cap + skip:
                 break
             if (count - skip - 1) % round_size == 0:
                 _, error, counted = steady_rate(arrivals, workers, skip)
                 enough_rounds = counted >= max(MIN_STEADY_BATCHES, MIN_ROUNDS * round_size)
-                if enough_rounds and error <= limits.precision:
+                if enough_rounds and error <= limits.precision / scale:
                     break
         if workers_cpu is not None:
-            worker_mb = workers_cpu.unique_mb()
+            out.worker_mb = workers_cpu.unique_mb()
         consume.finish()
+        end = time.perf_counter()
         if arrivals:
-            arrivals[-1] = time.perf_counter()  # the last batch is consumed once the device is done
-        busy = None
-        if workers_cpu is not None and cpu_start is not None and wall_start is not None:
-            wall = time.perf_counter() - wall_start
-            if wall > 0:
-                busy = min(1.0, (workers_cpu.seconds() - cpu_start) / (wall * workers))
-        return arrivals, (startup if arrivals else time.perf_counter() - started), busy, worker_mb
+            arrivals[-1] = end  # the last batch is consumed once the device is done
+        else:
+            out.startup = end - started
+        if wall_start is not None and end > wall_start and len(arrivals) > skip + 1:
+            wall, steady = end - wall_start, len(arrivals) - skip - 1
+            out.wait_share = min(1.0, waited / wall)
+            out.main_s = max(0.0, wall - waited) / steady
+            if workers_cpu is not None and cpu_start is not None:
+                out.busy = min(1.0, (workers_cpu.seconds() - cpu_start) / (wall * workers))
+        if timings:
+            out.work_s = sum(timing.fetch_s + timing.collate_s for timing in timings) / len(timings)
+            out.cpu_s = sum(timing.work_cpu_s for timing in timings) / len(timings)
+        return out
 
 
 def _skip(workers: int, prefetch: int | None) -> int:
     """Batches after the first that the workers may have queued during start-up (the burst)."""
     return max(0, workers * (prefetch or 0) - 1) if workers else 0
-
-
-class _WorkerCpu:
-    """CPU seconds and unique memory of this process's children (the trial loader's workers)."""
-
-    def __init__(self) -> None:
-        try:
-            import psutil
-
-            self._me = psutil.Process()
-        except Exception:  # psutil missing or /proc unreadable: no busy share, no memory bound
-            self._me = None
-
-    def _children(self) -> list[Any]:
-        if self._me is None:
-            return []
-        try:
-            return self._me.children()
-        except Exception:
-            return []
-
-    def seconds(self) -> float:
-        total = 0.0
-        for child in self._children():
-            with contextlib.suppress(Exception):
-                times = child.cpu_times()
-                total += times.user + times.system
-        return total
-
-    def unique_mb(self) -> float | None:
-        sizes = []
-        for child in self._children():
-            with contextlib.suppress(Exception):
-                sizes.append(child.memory_full_info().uss / _MB)
-        return max(sizes) if sizes else None
-
-
-def _open_files() -> int:
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return 0

@@ -1,0 +1,53 @@
+"""Autotune's answer from its trials: the cheapest as fast as the fastest, never worse than the policy's pick.
+
+:func:`choose` takes the measured trials of a :class:`~lightning_dataperf.autotune_search.Search`:
+
+* the contenders are the trials as fast as the fastest within noise (``noise``, or twice the two rates'
+  combined standard error); the cheapest of them wins (fewer workers, less memory, no pinning);
+* a close call (the cheapest contender more than ``choose_within`` below the fastest, but within noise)
+  is measured again, both configurations interleaved, each time twice as long and twice as precise,
+  until it is decided or ``refine`` rounds are spent (then the tie goes to the cheaper);
+* the policy's pick (measured first) is the floor: it is replaced only by a configuration faster
+  beyond noise, or by a cheaper one as fast.
+
+Example::
+
+    baseline = runner.measure(*policy_config)
+    ...                                      # climb, prefetch, pinning
+    chosen = choose(search, baseline, choose_within=0.02)
+"""
+
+from __future__ import annotations
+
+from lightning_dataperf.autotune_records import Trial
+from lightning_dataperf.autotune_search import Search
+
+__all__ = ["REFINE_ROUNDS", "choose"]
+
+#: Most rounds of re-measuring a close call (each round measures both configurations once more).
+REFINE_ROUNDS = 2
+
+
+def choose(search: Search, floor: Trial, choose_within: float, refine: int = REFINE_ROUNDS) -> Trial:
+    """The configuration to train with (``floor``, the policy's pick, when nothing beats it)."""
+    runner = search.runner
+    chosen = floor
+    for round_index in range(refine + 1):
+        measured = search._measured()
+        if not measured:
+            return runner.trials.get(floor.config, floor)
+        top = max(measured, key=lambda trial: trial.batches_per_sec)
+        contenders = [trial for trial in measured if search.as_fast(trial, top)]
+        chosen = min(contenders, key=lambda trial: trial.cost)
+        close = chosen.config != top.config and chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
+        if not close or round_index == refine or runner.remaining <= 0:
+            break
+        for trial in (chosen, top) if round_index % 2 == 0 else (top, chosen):
+            runner.remeasure(runner.trials[trial.config], cap_scale=2.0 ** (round_index + 1))
+    floor = runner.trials.get(floor.config, floor)
+    if floor.refused is not None or floor.batches < 2 or chosen.config == floor.config:
+        return chosen
+    if search.better(chosen, floor) or (chosen.cost < floor.cost and search.as_fast(chosen, floor)):
+        return chosen
+    faster = [trial for trial in search._measured() if search.better(trial, floor) and search.as_fast(trial, top)]
+    return min(faster, key=lambda trial: trial.cost) if faster else floor

@@ -1,0 +1,86 @@
+"""Measurements one autotune trial takes besides batch arrivals: the workers' CPU and memory, open files.
+
+Example::
+
+    cpu = WorkerCpu()            # this process's children: the trial loader's workers
+    before = cpu.seconds(); ...; busy = (cpu.seconds() - before) / (wall * workers)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from typing import Any
+
+from lightning_dataperf.autotune_records import Trial
+
+__all__ = ["Drained", "WorkerCpu", "open_files", "pooled_error"]
+
+_MB = 2**20
+
+
+@dataclasses.dataclass
+class Drained:
+    """What one trial's consumption saw (see :meth:`TrialRunner._drain`)."""
+
+    arrivals: list[float] = dataclasses.field(default_factory=list)
+    startup: float = 0.0
+    busy: float | None = None
+    worker_mb: float | None = None
+    wait_share: float | None = None
+    work_s: float | None = None
+    cpu_s: float | None = None
+    main_s: float | None = None
+    exhausted: bool = False
+
+
+def pooled_error(first: Trial, again: Trial, count: int) -> float | None:
+    """Standard error of the mean of ``count`` earlier measurements and one more (``None`` if one is unknown)."""
+    if first.precision is None or again.precision is None:
+        return None
+    total = (count * first.precision) ** 2 + again.precision**2
+    return math.sqrt(total) / (count + 1)
+
+
+class WorkerCpu:
+    """CPU seconds and unique memory of this process's children (the trial loader's workers)."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+
+            self._me = psutil.Process()
+        except Exception:  # psutil missing or /proc unreadable: no busy share, no memory bound
+            self._me = None
+
+    def _children(self) -> list[Any]:
+        if self._me is None:
+            return []
+        try:
+            return self._me.children()
+        except Exception:
+            return []
+
+    def seconds(self) -> float:
+        total = 0.0
+        for child in self._children():
+            with contextlib.suppress(Exception):
+                times = child.cpu_times()
+                total += times.user + times.system
+        return total
+
+    def unique_mb(self) -> float | None:
+        sizes = []
+        for child in self._children():
+            with contextlib.suppress(Exception):
+                sizes.append(child.memory_full_info().uss / _MB)
+        return max(sizes) if sizes else None
+
+
+def open_files() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0

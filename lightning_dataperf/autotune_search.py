@@ -1,0 +1,342 @@
+"""Autotune's decisions: the worker climb from a cost model, prefetch and pinning, noise-aware comparisons.
+
+:class:`Search` drives a :class:`~lightning_dataperf.autotune_trials.TrialRunner`. From each trial's
+in-loader timing (a worker's wall and CPU time per batch) and the main thread's (its share of time
+waiting for batches, its time per batch otherwise) the cost model predicts the worker count the
+fastest possible rate needs (:func:`next_workers`), instead of doubling blindly; a start that the
+training path already limits (its main thread hardly waited) does not climb at all. Two rates count as
+different only beyond :func:`~lightning_dataperf.autotune_records.margin` (noise, or twice their
+combined standard error): when two configurations are within noise, either is fine.
+
+Example::
+
+    search = Search(runner, fixed={}, pins=(True, False), limits=limits, cpus=16)
+    best = search.climb_workers(runner.measure(15, 2, True))
+    best = search.tune_prefetch(best)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_dataperf.autotune_records import Limits, Trial, margin
+from lightning_dataperf.autotune_trials import TrialRunner
+
+__all__ = ["HEADROOM", "MARGINAL_GAIN", "MAX_JUMP", "MODEL_SLACK", "PATH_BOUND", "TIE_BAND", "Search", "next_workers"]
+
+Config = tuple[int, int | None, bool]
+
+#: Most doublings of ``prefetch_factor`` tried.
+MAX_PREFETCH = 16
+#: A trial slower than this share of both its neighbours in worker count is measured again.
+OUTLIER_SHARE = 0.8
+#: A trial whose main thread waited less than this share of its time for batches is limited by the training path.
+PATH_BOUND = 0.05
+#: Spare capacity the cost model adds to the workers a rate needs.
+HEADROOM = 0.15
+#: Largest factor between one worker count and the next (the model extrapolates from one point).
+MAX_JUMP = 4
+#: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
+#: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
+#: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
+TIE_BAND = 0.1
+#: A first step up gaining less than this was marginal: after the climb, fewer workers are tried too.
+MARGINAL_GAIN = 0.15
+#: 0 workers are tried when the main thread alone is predicted within this share of the best rate (the
+#: prediction counts the hand-over of batches from workers, which loading in the main thread does not pay).
+MODEL_SLACK = 0.1
+
+
+class Search:
+    """One search's decisions over a :class:`TrialRunner`."""
+
+    def __init__(
+        self, runner: TrialRunner, fixed: Mapping[str, Any], pins: tuple[bool, ...], limits: Limits, cpus: int = 1
+    ) -> None:
+        self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
+        self.stop_reason, self.stop_detail = "", ""
+        self.first_step: Trial | None = None  # the climb's first trial above its start
+
+    def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
+        workers = self.fixed.get("num_workers", workers)
+        prefetch = self.fixed.get("prefetch_factor", prefetch or 2) if workers else None
+        return workers, prefetch, self.fixed.get("pin_memory", pin)
+
+    def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
+        return self.runner.measure(*self.config(workers, prefetch, pin))
+
+    def better(self, trial: Trial, than: Trial) -> bool:
+        """Faster by more than noise: ``noise``, or twice the two rates' combined standard error."""
+        gap = margin(trial, than, self.limits.noise)
+        return trial.refused is None and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
+
+    def as_fast(self, trial: Trial, than: Trial) -> bool:
+        """Not slower by more than noise (either is fine), and never more than :data:`TIE_BAND` slower."""
+        gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
+        return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
+
+    def _faster_but_unsure(self, trial: Trial, than: Trial) -> bool:
+        raw = trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
+        return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
+
+    def stop(self, reason: str, detail: str) -> None:
+        if not self.stop_reason:
+            self.stop_reason, self.stop_detail = reason, detail
+
+    # ------------------------------------------------------------------ workers
+    def climb_workers(self, best: Trial) -> Trial:
+        """Up while the gain holds; if the first step up gains nothing, down while fewer are as fast.
+
+        A start the training path already limits (its main thread hardly waited for batches) does not
+        climb: more workers cannot feed it faster. The cost model says how many workers that rate needs,
+        and one trial there tells whether the cheaper setting is as fast.
+        """
+        if "num_workers" in self.fixed:
+            self.stop("fixed", f"num_workers={best.num_workers} is yours")
+            return best
+        if _path_bound(best):
+            return self._fewer_predicted(best)
+        start = best
+        best = self._ascend(best)
+        if best.config != start.config or self.stop_reason != "gain":
+            return best
+        lower = self._fewer(start.num_workers)
+        if lower is None or self.runner.remaining <= 0:
+            return best
+        trial = self.measure(lower, start.prefetch_factor, start.pin_memory)
+        if not self.as_fast(trial, start):
+            return best
+        self.stop_reason = ""
+        return self._descend(trial, start)
+
+    def _fewer_predicted(self, best: Trial) -> Trial:
+        waited = f"the main thread waited for batches {100 * (best.wait_share or 0):.0f}% of the time"
+        self.stop("path", f"the training path is the limit at {best.num_workers} workers ({waited}); more cannot help")
+        need = _workers_needed(best, self.limits.min_workers)
+        tried = best
+        for lower in dict.fromkeys(value for value in (need, 0 if need <= 1 else None) if value is not None):
+            if lower >= tried.num_workers or lower < self.limits.min_workers or self.runner.remaining <= 0:
+                continue
+            trial = self.measure(lower, best.prefetch_factor, best.pin_memory)
+            if not self.as_fast(trial, best):
+                break
+            tried = trial
+        if tried is not best:
+            self.stop_detail += f"; {tried.num_workers} workers were as fast"
+        return tried
+
+    def _fewer(self, workers: int) -> int | None:
+        minimum = self.limits.min_workers
+        if workers <= minimum:
+            return None
+        return max(minimum, workers // 2)
+
+    def _descend(self, best: Trial, above: Trial) -> Trial:
+        while (lower := self._fewer(best.num_workers)) is not None and self.runner.remaining > 0:
+            trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory)
+            if not self.as_fast(trial, best):
+                self.stop("fewer", f"{lower} workers lost {_change(trial, best)}; {above.num_workers} gained nothing")
+                return best
+            best = trial
+        self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers}, {above.num_workers} no faster)")
+        return best
+
+    def _ascend(self, best: Trial) -> Trial:
+        runner, cpus = self.runner, self.cpus
+        while True:
+            bounds = runner.worker_bounds(best.prefetch_factor, best.pin_memory)
+            name, limit = min(bounds.items(), key=lambda item: item[1]) if bounds else ("", math.inf)
+            if best.num_workers >= limit:
+                self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)})")
+                return best
+            if runner.remaining <= 0:
+                self.stop("time budget", f"the time budget ran out at {best.num_workers} workers, still gaining")
+                return best
+            if best.num_workers and _path_bound(best):
+                self.stop("path", f"the training path is the limit at {best.num_workers} workers; more cannot help")
+                return best
+            step = next_workers(best, int(min(limit, 1 << 20)), cpus)
+            trial = self.measure(step, best.prefetch_factor, best.pin_memory)
+            self.first_step = self.first_step or trial
+            if trial.refused is not None:
+                self.stop("memory guard", f"{step} workers refused: {trial.refused}")
+                return best
+            if self.better(trial, best):
+                best = trial
+                continue
+            if self._faster_but_unsure(trial, best):
+                # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
+                # the same workers (still alive), then follow the rate if it still reads faster
+                trial = runner.remeasure(trial)
+                if trial.batches_per_sec > best.batches_per_sec * (1 + self.limits.noise):
+                    best = trial
+                    continue
+            if runner.remaining <= 0:  # the trial was cut short: it proves nothing
+                self.stop("time budget", f"the time budget ran out measuring {step} workers")
+                return best
+            if not self.as_fast(trial, best) and trial.measurements == 1:
+                # clearly slower with more workers: an artefact (start-up, memory) until seen twice; its
+                # workers are still alive, so the repeat pays no start-up
+                trial = runner.remeasure(trial)
+                if self.better(trial, best):
+                    best = trial
+                    continue
+            if not self.as_fast(trial, best) and step - best.num_workers >= 3 and runner.remaining > 0:
+                middle = self.measure((best.num_workers + step) // 2, best.prefetch_factor, best.pin_memory)
+                if self.better(middle, best):
+                    self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, middle)})")
+                    return middle
+            self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, best)})")
+            return best
+
+    # ------------------------------------------------------------------ prefetch and pinning
+    def tune_prefetch(self, best: Trial) -> Trial:
+        if "prefetch_factor" in self.fixed or not best.num_workers or not _queue_starved(best, self.limits.noise):
+            return best
+        while (best.prefetch_factor or 2) * 2 <= MAX_PREFETCH and self.runner.remaining > 0:
+            trial = self.measure(best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory)
+            if not self.better(trial, best):
+                break
+            best = trial
+        return best
+
+    def tune_pin(self, best: Trial) -> Trial:
+        if "pin_memory" in self.fixed or len(self.pins) < 2 or self.runner.remaining <= 0:
+            return best
+        trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory)
+        return trial if self.better(trial, best) else best
+
+    # ------------------------------------------------------------------ honest numbers
+    def repeat_outliers(self) -> None:
+        """Measure again any trial much slower than both neighbours in worker count (a peak is real, a dip suspect)."""
+        runner = self.runner
+        groups: dict[tuple[int | None, bool], list[Trial]] = {}
+        for trial in self._measured():
+            if trial.num_workers:
+                groups.setdefault((trial.prefetch_factor, trial.pin_memory), []).append(trial)
+        for trials in groups.values():
+            trials.sort(key=lambda trial: trial.num_workers)
+            for left, middle, right in zip(trials, trials[1:], trials[2:], strict=False):
+                low = min(left.batches_per_sec, right.batches_per_sec)
+                outlier = middle.batches_per_sec < OUTLIER_SHARE * low  # a dip (start-up, memory artefacts)
+                if outlier and middle.measurements == 1 and runner.remaining > 0:
+                    runner.remeasure(runner.trials[middle.config])
+
+    # ------------------------------------------------------------------ downwards
+    def probe_fewer(self, best: Trial, start: Trial) -> Trial:
+        """After the climb, fewer workers than the start (and 0 when allowed) where they may be as fast.
+
+        Tried when the cost model says the main thread or the path limits (:func:`_main_thread_rate`:
+        loading in the main thread would still reach the best rate; or the main thread hardly waited),
+        or when the climb's first step up gained less than :data:`MARGINAL_GAIN`. Within noise is a tie,
+        resolved towards fewer workers; a count that loses beyond noise ends the way down (0 workers,
+        tried only where the model predicts it, is measured regardless: it has no hand-over to pay).
+        """
+        if "num_workers" in self.fixed:
+            return best
+        minimum = self.limits.min_workers
+        main_rate = _main_thread_rate(best)
+        zero = minimum == 0 and main_rate >= (1 - MODEL_SLACK) * best.batches_per_sec
+        first = self.first_step
+        marginal = first is not None and first.batches_per_sec < start.batches_per_sec * (1 + MARGINAL_GAIN)
+        if not (zero or marginal or _path_bound(best)):
+            return best
+        counts = []
+        if marginal or _path_bound(best):
+            counts.append(_workers_needed(best, max(1, minimum)))
+            lower = start.num_workers
+            while (lower := lower // 2) >= max(1, minimum):
+                counts.append(lower)
+        if zero:
+            counts.append(0)
+        why = "the main thread limits" if zero else "the first step up was marginal"
+        before, lost = best, False
+        for workers in sorted({count for count in counts if count < start.num_workers}, reverse=True):
+            if self.runner.remaining <= 0 or (lost and workers):
+                continue
+            trial = self.measure(workers, best.prefetch_factor or start.prefetch_factor, best.pin_memory)
+            if self.as_fast(trial, best):  # a tie goes to fewer workers
+                best = trial
+            else:
+                lost = True
+        if best is not before:
+            self.stop_detail += f"; fewer were as fast ({why}): {best.num_workers} workers {_change(best, before)}"
+        return best
+
+    def _measured(self) -> list[Trial]:
+        return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
+
+
+def _path_bound(trial: Trial) -> bool:
+    """The training path, not the loader, limited this trial: its main thread hardly waited for batches."""
+    return trial.wait_share is not None and trial.wait_share < PATH_BOUND and trial.refused is None
+
+
+def _queue_starved(trial: Trial, noise: float) -> bool:
+    """The main thread waited although the workers could make more than they delivered: a deeper queue may help.
+
+    Unknown (no in-loader timing): ``True``, so prefetch is tried.
+    """
+    capacity = trial.loader_capacity()
+    if capacity is None or trial.wait_share is None:
+        return True
+    return not _path_bound(trial) and capacity > trial.batches_per_sec * (1 + 2 * noise)
+
+
+def _main_thread_rate(trial: Trial) -> float:
+    """Batches/s with 0 workers, predicted: the main thread does its own part and the workers' (0 unknown)."""
+    if trial.main_s is None or trial.work_s is None:
+        return 0.0
+    return 1 / max(trial.main_s + trial.work_s, 1e-9)
+
+
+def _workers_needed(trial: Trial, minimum: int) -> int:
+    """Workers that deliver ``trial``'s rate with ``HEADROOM`` to spare: rate x each worker's time per batch."""
+    if not trial.work_s:
+        return trial.num_workers
+    return max(minimum, math.ceil(trial.batches_per_sec * trial.work_s * (1 + HEADROOM)))
+
+
+def _predicted_rate(trial: Trial, cpus: int) -> float:
+    """The most the path could take past this trial: what its main thread can take, and, when the workers
+    compute, what the CPUs left by the main thread can make (``inf`` unknown)."""
+    limits = []
+    if trial.main_s:
+        limits.append(1 / trial.main_s)
+    if trial.cpu_s and trial.work_s and trial.cpu_s > 0.2 * trial.work_s:
+        main_cpus = 1 - (trial.wait_share or 0)
+        limits.append(max(0.5, cpus - main_cpus) / trial.cpu_s)
+    return min(limits) if limits else math.inf
+
+
+def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
+    """The next worker count to try.
+
+    With the trial's in-loader timing (each worker's time per batch) and the main thread's: the workers
+    that the predicted rate needs (:func:`_predicted_rate` x time per batch, plus ``HEADROOM``), at
+    least 20% more than now and at most ``MAX_JUMP`` times. Without it: x2 while each worker is mostly
+    idle (latency-bound), x1.5 when busy.
+    """
+    workers = best.num_workers
+    if workers == 0:
+        return min(limit, 1)
+    floor = max(workers + 1, math.ceil(workers * 1.2))
+    if best.work_s and best.main_s is not None:
+        target = _predicted_rate(best, cpus)
+        need = math.ceil(target * best.work_s * (1 + HEADROOM)) if math.isfinite(target) else math.inf
+        return int(min(limit, max(floor, min(MAX_JUMP * workers, need))))  # the floor never passes the bound
+    busy = best.worker_busy
+    factor = 2.0 if busy is None or busy < 0.5 else 1.5
+    return min(limit, max(workers + 1, round(workers * factor)))
+
+
+def _change(trial: Trial, reference: Trial) -> str:
+    if not reference.batches_per_sec:
+        return "n/a"
+    return f"{100 * (trial.batches_per_sec / reference.batches_per_sec - 1):+.0f}%"
+
+
+def _bounds_text(bounds: Mapping[str, int]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in sorted(bounds.items(), key=lambda item: item[1]))
