@@ -49,7 +49,8 @@ class GpuDecodeLoader:
         loader: a ``DataLoader`` (``collate_fn=collate_encoded``) or any iterable of ``EncodedBatch``.
         device: where to decode; default ``cuda`` when available, else ``cpu``.
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
-        size, dtype, channels_last, mean, std, on_error: see :class:`JpegDecoder`.
+        size, dtype, channels_last, mean, std, on_error, backend, decode_threads: see :class:`JpegDecoder`
+            (``backend="auto"``: nvImageCodec when installed, else torchvision's nvJPEG).
 
     Lightning: return it from ``train_dataloader``. ``sampler.set_epoch`` (Lightning calls it each
     epoch) reaches the wrapped sampler and the dataset's ``set_epoch``, so crops follow the epoch.
@@ -67,6 +68,8 @@ class GpuDecodeLoader:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         on_error: str = "raise",
+        backend: str = "auto",
+        decode_threads: int | None = None,
     ) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, not {lookahead}")
@@ -74,7 +77,9 @@ class GpuDecodeLoader:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.loader = loader
         self.lookahead = lookahead
-        self.decoder = JpegDecoder(device, size, dtype, channels_last, mean, std, on_error)
+        self.decoder = JpegDecoder(
+            device, size, dtype, channels_last, mean, std, on_error, backend=backend, decode_threads=decode_threads
+        )
         self.device = self.decoder.device
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None

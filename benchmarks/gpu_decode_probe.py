@@ -1,0 +1,328 @@
+"""Where the GPU-decode path's host time goes, and who holds the GIL (issue 17): one process, side by side.
+
+Per variant (decode, or decode + augment, of pre-collated batches of 128, no workers), run in a
+background thread as the loader does:
+
+- ``img/s``: images per second of the variant alone (``torch.cuda.synchronize`` only at the end);
+- ``thread ms``: CPU time of the calling thread per batch (``time.thread_time``; GIL-holding Python
+  and C++ alike); ``proc ms``: CPU time of the whole process per batch (the library's own threads too);
+- ``gpu ms``: CUDA-event time per batch on the calling stream;
+- ``spin %``: how fast a pure-Python spinning thread (the stand-in for a 100%-busy training step's
+  main thread) counts while the variant runs, as a share of its rate alone: 100% means the variant
+  takes no GIL time from it; ``img/s spin``: the variant's own rate meanwhile (it waits for the GIL).
+
+Then end to end: ResNet-18 bf16 channels-last, batch 128, on a batch already on the GPU (the
+ceiling) vs ``GpuDecodeLoader`` with each backend and 4 (or ``--workers``) loader workers.
+Prints a table, writes ``gpu_decode_probe.json`` to ``$OUT`` (or ``benchmarks/results``).
+
+    PYTHONPATH=$PWD python benchmarks/gpu_decode_probe.py --images 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_decode import BATCH, SIZE, gpu_loader, make_model, make_set, measure
+
+from lightning_dataperf._decode_backends import import_nvimgcodec
+from lightning_dataperf.gpu_decode import JpegDecoder, crop_resize_flip
+from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+
+
+class Spinner:
+    """A pure-Python thread that counts as fast as the GIL lets it."""
+
+    def __init__(self) -> None:
+        self.count, self._stop = 0, threading.Event()
+
+    def _run(self) -> None:
+        count, stop = 0, self._stop
+        while not stop.is_set():
+            for _ in range(200):
+                count += 1
+            self.count = count
+
+    def rate_during(self, work) -> tuple[float, object]:
+        self.count, self._stop = 0, threading.Event()
+        thread = threading.Thread(target=self._run, daemon=True)
+        thread.start()
+        time.sleep(0.05)
+        start_count, start = self.count, time.perf_counter()
+        result = work()
+        rate = (self.count - start_count) / (time.perf_counter() - start)
+        self._stop.set()
+        thread.join()
+        return rate, result
+
+
+def run_variant(fn, batches, iters: int, time_cap: float = 4.0, warmup: int = 2) -> dict:
+    """``fn(batch)`` on ``iters`` batches in a background thread with its own stream."""
+    out: dict = {}
+
+    def body() -> None:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for batch in batches[:warmup]:
+                fn(batch)
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            wall, thread0, proc0 = time.perf_counter(), time.thread_time(), time.process_time()
+            begin.record(stream)
+            done = 0
+            while done < iters and (done < 3 or time.perf_counter() - wall < time_cap):
+                fn(batches[done % len(batches)])
+                done += 1
+            end.record(stream)
+            host_thread, host_proc = time.thread_time() - thread0, time.process_time() - proc0
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - wall
+            out.update(
+                batches=done, images_per_s=done * BATCH / wall, thread_ms=1e3 * host_thread / done,
+                proc_ms=1e3 * host_proc / done, gpu_ms=begin.elapsed_time(end) / done, wall_ms=1e3 * wall / done,
+            )  # fmt: skip
+
+    def threaded() -> None:
+        worker = threading.Thread(target=body)
+        worker.start()
+        worker.join()
+
+    threaded()
+    return out
+
+
+def variants(batches, nvi) -> dict:
+    """name -> fn(batch); built lazily so one failing library does not stop the others."""
+    from torchvision.io import decode_jpeg
+
+    table: dict = {}
+    split = [b.split() for b in batches]  # 128 views each, made once
+    index = {id(b): i for i, b in enumerate(batches)}
+    table["py_split_128_views"] = lambda b: b.split()
+    table["tv_decode"] = lambda b: decode_jpeg(split[index[id(b)]], device="cuda")
+    if nvi is not None:
+        for threads in (1, 4, 8):
+            kinds = [nvi.Backend(nvi.BackendKind.HW_GPU_ONLY), nvi.Backend(nvi.BackendKind.GPU_ONLY)]
+            decoder = nvi.Decoder(max_num_cpu_threads=threads, backends=kinds)
+
+            def nvi_decode(b, decoder=decoder):
+                streams = [nvi.CodeStream(p.numpy()) for p in split[index[id(b)]]]
+                return decoder.decode(streams, cuda_stream=torch.cuda.current_stream().cuda_stream)
+
+            table[f"nvi_decode_t{threads}"] = nvi_decode
+        decoder = nvi.Decoder(max_num_cpu_threads=4, backends=kinds)
+        table["nvi_codestreams_only"] = lambda b: [nvi.CodeStream(p.numpy()) for p in split[index[id(b)]]]
+
+        def nvi_roi(b):
+            meta = b.meta.tolist()
+            streams = []
+            for p, row in zip(split[index[id(b)]], meta, strict=True):
+                top, left, h, w = row[5:9]
+                region = nvi.Region(top, left, top + h, left + w)
+                streams.append(nvi.CodeStream(p.numpy()).get_sub_code_stream(region=region))
+            return decoder.decode(streams, cuda_stream=torch.cuda.current_stream().cuda_stream)
+
+        table["nvi_decode_roi_t4"] = nvi_roi
+    for backend in ("torchvision", "nvimgcodec"):
+        if backend == "nvimgcodec" and nvi is None:
+            continue
+        decoder_holder: dict = {}
+
+        def full(b, backend=backend, holder=decoder_holder):
+            if "d" not in holder:  # made in the thread that uses it
+                holder["d"] = JpegDecoder("cuda", size=SIZE, dtype=torch.bfloat16, backend=backend)
+            return holder["d"](b)
+
+        table[f"pkg_decode_augment_{backend}"] = full
+        table[f"_holder_{backend}"] = decoder_holder
+    return table
+
+
+def augment_variants(batches, backend: str) -> dict:
+    """Augment alone on already-decoded flat buffers: eager (as the package) and as one CUDA graph."""
+    decoder = JpegDecoder("cuda", size=SIZE, dtype=torch.bfloat16, backend=backend)
+    prepared = []
+    for b in batches:
+        rows = b.meta.tolist()
+        flat, bases, sizes, _, _, _ = decoder._decode(b, rows)
+        table = [(base, h, w, *row[5:9], row[9]) for row, base, (h, w) in zip(rows, bases, sizes, strict=True)]
+        prepared.append((flat, torch.tensor(table, dtype=torch.int64).pin_memory()))
+    torch.cuda.synchronize()
+    index = {id(b): i for i, b in enumerate(batches)}
+    layout = decoder.layout
+
+    def eager(b):
+        flat, table = prepared[index[id(b)]]
+        small = table.to("cuda", non_blocking=True)
+        pixels = crop_resize_flip(flat, small[:, 0], small[:, 1:3], small[:, 3:7], small[:, 7].bool(), SIZE,
+                                  torch.float16, layout)  # fmt: skip
+        return decoder._finish(pixels)
+
+    capacity = max(flat.numel() for flat, _ in prepared)
+    static_flat = torch.zeros(capacity, dtype=torch.uint8, device="cuda")
+    static_small = prepared[0][1].cuda()
+    graphs: dict = {}
+
+    def graphed(b):
+        flat, table = prepared[index[id(b)]]
+        if "g" not in graphs:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    eager_static()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                graphs["out"] = eager_static()
+            graphs["g"] = graph
+        static_small.copy_(table, non_blocking=True)
+        static_flat[: flat.numel()].copy_(flat)  # in the package the decoder would write here directly
+        graphs["g"].replay()
+        return graphs["out"]
+
+    def eager_static():
+        s = static_small
+        boxes, flips = s[:, 3:7], s[:, 7].bool()
+        pixels = crop_resize_flip(static_flat, s[:, 0], s[:, 1:3], boxes, flips, SIZE, torch.float16, layout)
+        return decoder._finish(pixels)
+
+    return {f"augment_eager_{layout}": eager, f"augment_cuda_graph_{layout}": graphed}
+
+
+def probe_set(name: str, samples, args, spinner: Spinner, base_rate: float, nvi) -> list[dict]:
+    dataset = EncodedImageDataset(samples, seed=0)
+    count = min(len(samples) // BATCH, args.batches)
+    batches = [collate_encoded([dataset[i] for i in range(k * BATCH, (k + 1) * BATCH)]) for k in range(count)]
+    rows = []
+    table = variants(batches, nvi)
+    for backend in ("torchvision", "nvimgcodec") if nvi is not None else ("torchvision",):
+        try:
+            table.update(augment_variants(batches, backend))
+        except Exception as error:
+            rows.append({"set": name, "variant": f"augment_{backend}", "error": repr(error)[:300]})
+    for variant, fn in table.items():
+        if variant.startswith("_"):
+            continue
+        row = {"set": name, "variant": variant}
+        try:
+            row.update(run_variant(fn, batches, args.iters))
+            rate, spun = spinner.rate_during(lambda fn=fn: run_variant(fn, batches, args.iters, 2.0, 0))
+            row["spin_share"] = rate / base_rate
+            row["images_per_s_with_spinner"] = spun["images_per_s"]
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {error}"[:300]
+            traceback.print_exc()
+        holder = table.get("_holder_" + variant.rsplit("_", 1)[-1])
+        if variant.startswith("pkg_") and holder and "d" in holder:
+            decoder = holder["d"]
+            row["into"] = getattr(decoder.backend, "into", None)
+            row["cpu_fallback"] = decoder.stats().cpu_fallback
+        rows.append(row)
+        _print_row(row)
+    return rows
+
+
+def _print_row(row: dict) -> None:
+    if "error" in row:
+        print(f"{row['set']:8s} {row['variant']:32s} ERROR {row['error']}", flush=True)
+        return
+    print(
+        f"{row['set']:8s} {row['variant']:32s} {row['images_per_s']:9.0f} img/s  thread {row['thread_ms']:6.2f} ms  "
+        f"proc {row['proc_ms']:6.2f} ms  gpu {row['gpu_ms']:6.2f} ms  spin {100 * row['spin_share']:5.1f}%  "
+        f"img/s spin {row['images_per_s_with_spinner']:8.0f}" + (f"  into={row['into']}" if "into" in row else ""),
+        flush=True,
+    )
+
+
+def end_to_end(sets, args, backends) -> list[dict]:
+    rows = []
+    step = make_model("resnet18")
+    from gpu_decode import ceiling_batches
+
+    ceiling = measure(step, ceiling_batches(), args.warmup, args.steps)
+    for name, samples in sets.items():
+        rows.append({"set": name, "path": "ceiling", **ceiling})
+        for backend in backends:
+            for workers in args.workers:
+                try:
+                    loader = gpu_loader(samples, workers, args.warmup + args.steps, backend)
+                    row = measure(step, loader, args.warmup, args.steps)
+                    row["decode"] = loader.stats().to_metrics()
+                    loader.close()
+                except Exception as error:
+                    row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
+                row.update(set=name, path=f"gpu_{backend}", workers=workers)
+                rows.append(row)
+    for row in rows:
+        row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
+        decode = row.get("decode", {})
+        print(
+            f"e2e {row['set']:8s} {row['path']:16s} w={row.get('workers', 0)} {row['images_per_s']:8.0f} img/s "
+            f"{100 * row['share_of_ceiling']:5.1f}%  main {row.get('main_cpu_percent', float('nan')):4.0f}%  "
+            f"workers {row.get('workers_cpu_percent', float('nan')):4.0f}%  "
+            f"submit {1e3 * decode.get('Decode/submit_seconds', float('nan')):5.2f} ms "
+            f"(cpu {1e3 * decode.get('Decode/submit_cpu_seconds', float('nan')):5.2f})  "
+            f"lookahead {decode.get('Decode/lookahead_mean', float('nan')):.2f}  "
+            f"jpeg {row.get('jpeg_util_percent', float('nan')):.0f}%  {row.get('error', '')}",
+            flush=True,
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--batches", type=int, default=8, help="distinct pre-collated batches per set")
+    parser.add_argument("--iters", type=int, default=24, help="batches per variant measurement")
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--warmup", type=int, default=15)
+    parser.add_argument("--workers", type=int, nargs="+", default=[4])
+    parser.add_argument("--skip-e2e", action="store_true")
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = True
+    started = time.perf_counter()
+    info: dict = {"torch": torch.__version__, "python": sys.version.split()[0], "args": vars(args)}
+    try:
+        import torchvision
+
+        info["torchvision"] = torchvision.__version__
+    except Exception as error:
+        info["torchvision"] = repr(error)
+    try:
+        nvi = import_nvimgcodec()
+        info["nvimgcodec"] = getattr(nvi, "__version__", "?")
+    except ImportError as error:
+        nvi, info["nvimgcodec"] = None, str(error)[:300]
+    print(json.dumps(info), flush=True)
+    root = tempfile.mkdtemp(prefix="gpu_decode_probe_")
+    sets = {kind: make_set(os.path.join(root, kind), kind, args.images)[0] for kind in ("uniform", "varied")}
+    print(f"generated {2 * args.images} JPEGs in {time.perf_counter() - started:.1f} s", flush=True)
+    spinner = Spinner()
+    base_rate, _ = spinner.rate_during(lambda: time.sleep(1.0))
+    info["spinner_rate_alone"] = base_rate
+    results: dict = {"info": info, "micro": [], "e2e": []}
+    for name, samples in sets.items():
+        results["micro"] += probe_set(name, samples, args, spinner, base_rate, nvi)
+    if not args.skip_e2e:
+        backends = ["torchvision"] + (["nvimgcodec"] if nvi is not None else [])
+        results["e2e"] = end_to_end(sets, args, backends)
+    results["elapsed_s"] = time.perf_counter() - started
+    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gpu_decode_probe.json"), "w") as file:
+        json.dump(results, file, indent=1, default=str)
+    print(f"done in {results['elapsed_s']:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
