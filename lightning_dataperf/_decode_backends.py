@@ -15,7 +15,7 @@ Example::
 
     backend = make_backend("auto", torch.device("cuda", 0))   # nvImageCodec if importable
     flat = torch.empty(total_bytes, dtype=torch.uint8, device="cuda")
-    ok = backend.decode(parts, sizes, flat, bases)            # per image: decoded into its slot?
+    ok, keep = backend.decode(data, spans, sizes, flat, bases)  # per image: decoded into its slot?
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ __all__ = ["NvImageCodecBackend", "TorchvisionBackend", "host_layout", "make_bac
 
 EXTRA = "lightning-dataperf[gpu-decode]"
 BACKENDS = ("auto", "nvimgcodec", "torchvision")
+Spans = Sequence[tuple[int, int]]
+Sizes = Sequence[tuple[int, int]]
 
 
 def import_nvimgcodec() -> Any:
@@ -69,9 +71,10 @@ class TorchvisionBackend:
         self._stream = torch.cuda.Stream(device)
 
     def decode(
-        self, parts: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]], flat: torch.Tensor, bases: Sequence[int]
+        self, data: torch.Tensor, spans: Spans, sizes: Sizes, flat: torch.Tensor, bases: Sequence[int]
     ) -> tuple[list[bool], list[Any]]:
-        """Decode ``parts[i]`` into ``flat[bases[i]:]``; ``(ok per image, objects to keep alive until read)``."""
+        """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
+        parts = _views(data, spans)
         current = torch.cuda.current_stream(self.device)
         # nvJPEG's outputs are allocated on a stream that runs nothing else: a block freed on the
         # current stream is never handed to nvJPEG's own stream while queued kernels still read it.
@@ -128,30 +131,31 @@ class NvImageCodecBackend:
         self.into = True  # decode into views of the flat buffer; False after it fails once
 
     def decode(
-        self, parts: Sequence[torch.Tensor], sizes: Sequence[tuple[int, int]], flat: torch.Tensor, bases: Sequence[int]
+        self, data: torch.Tensor, spans: Spans, sizes: Sizes, flat: torch.Tensor, bases: Sequence[int]
     ) -> tuple[list[bool], list[Any]]:
-        """Decode ``parts[i]`` into ``flat[bases[i]:]``; ``(ok per image, objects to keep alive until read)``."""
-        codec = self._codec
+        """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
+        codec, array = self._codec, data.numpy()
         stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         try:
-            streams = [codec.CodeStream(part.numpy()) for part in parts]
+            streams = [codec.CodeStream(array[a:b]) for a, b in spans]
         except Exception:  # a stream nvImageCodec cannot even parse: one by one, None for those
-            streams = [_code_stream(codec, part) for part in parts]
-        views = [flat[base : base + 3 * h * w].view(h, w, 3) for base, (h, w) in zip(bases, sizes, strict=True)]
-        keep: list[Any] = [streams, parts]
-        ok: list[bool] = [False] * len(parts)
+            streams = [_code_stream(codec, array[a:b]) for a, b in spans]
+        keep: list[Any] = [streams, array]
+        ok: list[bool] = [False] * len(spans)
         if self.into and all(code is not None for code in streams):
+            pointer = flat.data_ptr()
+            slots = [_Slot(pointer + base, h, w) for base, (h, w) in zip(bases, sizes, strict=True)]
             try:
-                targets = codec.as_images(views, cuda_stream=stream)
+                targets = codec.as_images(slots, cuda_stream=stream)
                 images = self._decoder.decode(streams, images=targets, params=self._params, cuda_stream=stream)
                 keep.append(targets)
             except Exception:  # this build does not decode into external buffers: copy from now on
-                self.into, images = False, [None] * len(parts)
+                self.into, images = False, [None] * len(spans)
             for i, image in enumerate(images):
-                if _fills(image, views[i]):
+                if _fills(image, slots[i]):
                     ok[i] = True
                 elif image is not None:  # decoded into a buffer of its own: copy, and stop trying
-                    ok[i] = _copy(image, views[i], keep)
+                    ok[i] = _copy(image, slot_view(flat, bases[i], sizes[i], "hwc"), keep)
                     self.into = False
         missing = [i for i, good in enumerate(ok) if not good]
         missing = [i for i in missing if streams[i] is not None]
@@ -161,7 +165,7 @@ class NvImageCodecBackend:
             except Exception:  # the batch call failed as a whole: image by image
                 images = [self._decode_one(streams[i], stream) for i in missing]
             for i, image in zip(missing, images, strict=True):
-                ok[i] = image is not None and _copy(image, views[i], keep)
+                ok[i] = image is not None and _copy(image, slot_view(flat, bases[i], sizes[i], "hwc"), keep)
         return ok, keep
 
     def _decode_one(self, code: Any, stream: int) -> Any:
@@ -171,9 +175,28 @@ class NvImageCodecBackend:
             return None
 
 
-def _code_stream(codec: Any, part: torch.Tensor) -> Any:
+class _Slot:
+    """A ``[h, w, 3]`` uint8 slot of the flat device buffer, as ``__cuda_array_interface__`` (cheaper than a view)."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, pointer: int, height: int, width: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (height, width, 3), "typestr": "|u1", "data": (pointer, False), "version": 3, "strides": None,
+        }  # fmt: skip
+
+
+def _views(data: torch.Tensor, spans: Spans) -> list[torch.Tensor]:
+    """``data[a:b]`` for each span; one ``torch.split`` when the spans are back to back."""
+    if spans and all(spans[k][1] == spans[k + 1][0] for k in range(len(spans) - 1)):
+        lengths = [b - a for a, b in spans]
+        return list(torch.split(data[spans[0][0] : spans[-1][1]], lengths))
+    return [data[a:b] for a, b in spans]
+
+
+def _code_stream(codec: Any, part: Any) -> Any:
     try:
-        return codec.CodeStream(part.numpy())
+        return codec.CodeStream(part)
     except Exception:
         return None
 
@@ -192,15 +215,16 @@ def _decode_params(codec: Any, color: Any) -> Any:
     return codec.DecodeParams()
 
 
-def _fills(image: Any, view: torch.Tensor) -> bool:
-    """Did nvImageCodec decode into ``view`` itself (not into a buffer of its own)?"""
+def _fills(image: Any, slot: _Slot) -> bool:
+    """Did nvImageCodec decode into ``slot`` itself (not into a buffer of its own)?"""
     if image is None:
         return False
     try:
         pointer = image.__cuda_array_interface__["data"][0]
     except Exception:
         return False
-    return pointer == view.data_ptr() and tuple(image.shape)[:2] == tuple(view.shape[:2])
+    wanted = slot.__cuda_array_interface__
+    return pointer == wanted["data"][0] and tuple(image.shape)[:2] == wanted["shape"][:2]
 
 
 def _copy(image: Any, view: torch.Tensor, keep: list[Any]) -> bool:
@@ -238,7 +262,7 @@ def host_layout(image: torch.Tensor, layout: str) -> torch.Tensor:
 
 def make_backend(name: Any, device: torch.device, threads: int | None = None) -> Any:
     """The backend called ``name`` (``auto``: nvImageCodec if it imports, else torchvision), or ``name``
-    itself if it is a backend object (``layout`` and ``decode(parts, sizes, flat, bases)``)."""
+    itself if it is a backend object (``layout`` and ``decode(data, spans, sizes, flat, bases)``)."""
     if hasattr(name, "decode") and hasattr(name, "layout"):
         return name
     if name not in BACKENDS:

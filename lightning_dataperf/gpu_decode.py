@@ -314,12 +314,12 @@ class JpegDecoder:
         fallback = sum(1 for i in host if rows[i][2] != KIND_GPU or self.backend is not None)
         if gpu:
             assert self.backend is not None
-            parts = [data[offsets[i] : offsets[i + 1]] for i in gpu]
-            slots = [slot_view(flat, bases[i], sizes[i], self.layout) for i in gpu]
-            ok, keep = self.backend.decode(parts, [sizes[i] for i in gpu], flat, [bases[i] for i in gpu])
-            for i, good, slot in zip(gpu, ok, slots, strict=True):
+            spans = [(offsets[i], offsets[i + 1]) for i in gpu]
+            ok, keep = self.backend.decode(data, spans, [sizes[i] for i in gpu], flat, [bases[i] for i in gpu])
+            for i, good in zip(gpu, ok, strict=True):
                 if good:
                     continue
+                slot = slot_view(flat, bases[i], sizes[i], self.layout)
                 retried: dict[int, torch.Tensor] = {}
                 self._host_decode(batch, data, offsets, rows, i, retried, bad)
                 if i in retried and tuple(retried[i].shape[:2]) == sizes[i]:
