@@ -100,6 +100,13 @@ def run_variant(fn, batches, iters: int, time_cap: float = 4.0, warmup: int = 2)
     return out
 
 
+def _region(nvi, top: int, left: int, h: int, w: int):
+    try:
+        return nvi.Region(top, left, top + h, left + w)
+    except TypeError:  # another constructor spelling
+        return nvi.Region(start=(top, left), end=(top + h, left + w))
+
+
 def variants(batches, nvi) -> dict:
     """name -> fn(batch); built lazily so one failing library does not stop the others."""
     from torchvision.io import decode_jpeg
@@ -127,7 +134,7 @@ def variants(batches, nvi) -> dict:
             streams = []
             for p, row in zip(split[index[id(b)]], meta, strict=True):
                 top, left, h, w = row[5:9]
-                region = nvi.Region(top, left, top + h, left + w)
+                region = _region(nvi, top, left, h, w)
                 streams.append(nvi.CodeStream(p.numpy()).get_sub_code_stream(region=region))
             return decoder.decode(streams, cuda_stream=torch.cuda.current_stream().cuda_stream)
 
@@ -236,47 +243,68 @@ def _print_row(row: dict) -> None:
     if "error" in row:
         print(f"{row['set']:8s} {row['variant']:32s} ERROR {row['error']}", flush=True)
         return
+    extra = f"  into={row['into']} cpu_fallback={row['cpu_fallback']}" if "into" in row else ""
     print(
         f"{row['set']:8s} {row['variant']:32s} {row['images_per_s']:9.0f} img/s  thread {row['thread_ms']:6.2f} ms  "
         f"proc {row['proc_ms']:6.2f} ms  gpu {row['gpu_ms']:6.2f} ms  spin {100 * row['spin_share']:5.1f}%  "
-        f"img/s spin {row['images_per_s_with_spinner']:8.0f}" + (f"  into={row['into']}" if "into" in row else ""),
+        f"img/s spin {row['images_per_s_with_spinner']:8.0f}{extra}",
         flush=True,
     )
 
 
 def end_to_end(sets, args, backends) -> list[dict]:
-    rows = []
-    step = make_model("resnet18")
     from gpu_decode import ceiling_batches
 
-    ceiling = measure(step, ceiling_batches(), args.warmup, args.steps)
-    for name, samples in sets.items():
-        rows.append({"set": name, "path": "ceiling", **ceiling})
-        for backend in backends:
-            for workers in args.workers:
-                try:
-                    loader = gpu_loader(samples, workers, args.warmup + args.steps, backend)
-                    row = measure(step, loader, args.warmup, args.steps)
-                    row["decode"] = loader.stats().to_metrics()
-                    loader.close()
-                except Exception as error:
-                    row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
-                row.update(set=name, path=f"gpu_{backend}", workers=workers)
-                rows.append(row)
-    for row in rows:
-        row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
-        decode = row.get("decode", {})
-        print(
-            f"e2e {row['set']:8s} {row['path']:16s} w={row.get('workers', 0)} {row['images_per_s']:8.0f} img/s "
-            f"{100 * row['share_of_ceiling']:5.1f}%  main {row.get('main_cpu_percent', float('nan')):4.0f}%  "
-            f"workers {row.get('workers_cpu_percent', float('nan')):4.0f}%  "
-            f"submit {1e3 * decode.get('Decode/submit_seconds', float('nan')):5.2f} ms "
-            f"(cpu {1e3 * decode.get('Decode/submit_cpu_seconds', float('nan')):5.2f})  "
-            f"lookahead {decode.get('Decode/lookahead_mean', float('nan')):.2f}  "
-            f"jpeg {row.get('jpeg_util_percent', float('nan')):.0f}%  {row.get('error', '')}",
-            flush=True,
-        )
+    rows = []
+    for model in args.models:
+        step = make_model(model)
+        ceiling = measure(step, ceiling_batches(), args.warmup, args.steps)
+        for name, samples in sets.items():
+            rows.append(
+                {"model": model, "set": name, "path": "ceiling", "workers": 0, "share_of_ceiling": 1.0, **ceiling}
+            )
+            _print_e2e(rows[-1])
+            for backend in backends:
+                for workers in args.workers:
+                    loader = None
+                    try:
+                        loader = gpu_loader(samples, workers, args.warmup + args.steps, backend)
+                        row = measure(step, loader, args.warmup, args.steps)
+                        row["decode"] = loader.stats().to_metrics()
+                    except Exception as error:
+                        row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
+                    finally:
+                        _shutdown(loader)
+                    row.update(model=model, set=name, path=f"gpu_{backend}", workers=workers)
+                    row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
+                    rows.append(row)
+                    _print_e2e(row)
+        del step
+        torch.cuda.empty_cache()
     return rows
+
+
+def _shutdown(loader) -> None:
+    if loader is None:
+        return
+    loader.close()
+    iterator = getattr(loader.loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
+def _print_e2e(row: dict) -> None:
+    decode, nan = row.get("decode", {}), float("nan")
+    print(
+        f"e2e {row['model']:9s} {row['set']:8s} {row['path']:16s} w={row['workers']} {row['images_per_s']:8.0f} img/s "
+        f"{100 * row['share_of_ceiling']:5.1f}%  main {row.get('main_cpu_percent', nan):4.0f}%  "
+        f"workers {row.get('workers_cpu_percent', nan):4.0f}%  "
+        f"submit {1e3 * decode.get('Decode/submit_seconds', nan):5.2f} ms "
+        f"(cpu {1e3 * decode.get('Decode/submit_cpu_seconds', nan):5.2f})  "
+        f"lookahead {decode.get('Decode/lookahead_mean', nan):.2f}  "
+        f"jpeg {row.get('jpeg_util_percent', nan):.0f}%  {row.get('error', '')}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -287,6 +315,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--workers", type=int, nargs="+", default=[4])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--skip-e2e", action="store_true")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True

@@ -195,10 +195,12 @@ def _views(data: torch.Tensor, spans: Spans) -> list[torch.Tensor]:
 
 
 def _code_stream(codec: Any, part: Any) -> Any:
-    try:
-        return codec.CodeStream(part)
-    except Exception:
-        return None
+    for source in (part, part.tobytes()):  # a numpy view, else a copy as bytes
+        try:
+            return codec.CodeStream(source)
+        except Exception:
+            continue
+    return None
 
 
 def _decode_params(codec: Any, color: Any) -> Any:
