@@ -37,10 +37,13 @@ from typing import Any
 import torch
 
 from lightning_dataperf._decode_backends import host_layout, make_backend, pil_decode, slot_view
+from lightning_dataperf._flat_gather import crop_resize_flip
+from lightning_dataperf._graph_augment import GraphedAugment
 from lightning_dataperf.jpeg_batches import KIND_BAD, KIND_GPU, EncodedBatch
 
 __all__ = ["DecodeError", "DecodeStats", "GpuDecodeLoader", "JpegDecoder", "crop_resize_flip"]
 
+_TABLE_COLUMNS = 9  # base, height, width, crop top, left, height, width, flip, label
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _EXTRA = "lightning-dataperf[gpu-decode]"
@@ -48,81 +51,6 @@ _EXTRA = "lightning-dataperf[gpu-decode]"
 
 class DecodeError(RuntimeError):
     """A sample that neither the GPU nor the CPU can decode (names its dataset index and path)."""
-
-
-def _axis(start: torch.Tensor, length: torch.Tensor, out: int, flip: torch.Tensor | None):
-    """Source indices (absolute) and weights along one axis, as ``upsample_bilinear2d`` computes them."""
-    scale = length.to(torch.float32) / out  # [B]
-    position = torch.arange(out, device=start.device, dtype=torch.float32).add_(0.5)
-    source = (position[None, :] * scale[:, None]).sub_(0.5).clamp_(min=0)  # [B, out]
-    first = source.floor()
-    weight = source - first
-    first = first.long()
-    second = first + (first < (length - 1)[:, None]).long()
-    if flip is not None:
-        flipped = flip[:, None]
-        first = torch.where(flipped, first.flip(1), first)
-        second = torch.where(flipped, second.flip(1), second)
-        weight = torch.where(flipped, weight.flip(1), weight)
-    return first + start[:, None], second + start[:, None], weight
-
-
-def crop_resize_flip(
-    flat: torch.Tensor,
-    bases: torch.Tensor,
-    sizes: torch.Tensor,
-    boxes: torch.Tensor,
-    flips: torch.Tensor,
-    size: int,
-    compute_dtype: torch.dtype = torch.float32,
-    layout: str = "chw",
-) -> torch.Tensor:
-    """Crop, bilinearly resize and flip a batch of images of any sizes held in one flat buffer.
-
-    Args:
-        flat: every image's uint8 pixels (``[3, H, W]`` for ``layout="chw"``, ``[H, W, 3]`` for ``"hwc"``),
-            each at its base.
-        bases: ``[B]`` where each image starts in ``flat``.
-        sizes: ``[B, 2]`` height, width.
-        boxes: ``[B, 4]`` crop top, left, height, width (source pixels).
-        flips: ``[B]`` bool, flip horizontally after the resize.
-        size: output side.
-        compute_dtype: the interpolation's arithmetic (``float16`` halves the memory traffic; its
-            rounding, about 0.1 of a level, is below a bfloat16 output's).
-        layout: ``"chw"`` (planar) or ``"hwc"`` (interleaved) images in ``flat``.
-
-    Returns:
-        ``[B, size, size, 3]`` in ``compute_dtype``, 0..255 (channels last), equal to ``F.interpolate`` of each crop
-        (bilinear, ``align_corners=False``, no antialias), then flipped.
-
-    Example::
-
-        pixels = crop_resize_flip(flat, bases, sizes, boxes, flips, 224, layout="hwc")  # [B, 224, 224, 3]
-    """
-    if layout not in ("chw", "hwc"):
-        raise ValueError(f"layout must be 'chw' or 'hwc', not {layout!r}")
-    top, left, box_h, box_w = boxes.unbind(1)
-    heights, widths = sizes[:, 0], sizes[:, 1]
-    y0, y1, wy = _axis(top, box_h, size, None)
-    x0, x1, wx = _axis(left, box_w, size, flips)
-    channels = torch.arange(3, device=flat.device)
-    if layout == "chw":
-        channel = bases[:, None] + (heights * widths)[:, None] * channels  # [B, 3]
-        row_stride = widths[:, None]
-    else:
-        channel = bases[:, None] + channels
-        row_stride = 3 * widths[:, None]
-        x0, x1 = x0 * 3, x1 * 3
-    row0 = (y0 * row_stride)[:, :, None, None]
-    row1 = (y1 * row_stride)[:, :, None, None]
-    col0, col1 = x0[:, None, :, None], x1[:, None, :, None]
-    base = channel[:, None, None, :]  # [B, 1, 1, 3]
-    top_row = base + row0
-    bottom_row = base + row1
-    wx = wx[:, None, :, None].to(compute_dtype)
-    upper = flat[top_row + col0].to(compute_dtype).lerp_(flat[top_row + col1].to(compute_dtype), wx)
-    lower = flat[bottom_row + col0].to(compute_dtype).lerp_(flat[bottom_row + col1].to(compute_dtype), wx)
-    return upper.lerp_(lower, wy[:, :, None, None].to(compute_dtype))
 
 
 @dataclass(frozen=True)
@@ -195,6 +123,8 @@ class JpegDecoder:
         backend: ``"auto"`` (nvImageCodec if installed, else torchvision), ``"nvimgcodec"`` or
             ``"torchvision"`` (ignored on CPU), or a backend object (see ``_decode_backends``).
         decode_threads: nvImageCodec's CPU thread pool (default ``min(4, cores)``).
+        graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph_augment`; eager if
+            the capture fails, and for a batch of another size).
 
     Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it from its background thread.
 
@@ -214,6 +144,7 @@ class JpegDecoder:
         on_error: str = "raise",
         backend: Any = "auto",
         decode_threads: int | None = None,
+        graph_augment: bool = True,
     ) -> None:
         if on_error not in ("raise", "zeros"):
             raise ValueError(f"on_error must be 'raise' or 'zeros', not {on_error!r}")
@@ -228,6 +159,8 @@ class JpegDecoder:
         custom = not isinstance(backend, str)
         self.backend = make_backend(backend, self.device, decode_threads) if self._cuda or custom else None
         self.layout = self.backend.layout if self.backend is not None else "hwc"
+        self.graph_augment = graph_augment and self._cuda
+        self._graphed: GraphedAugment | None = None
         self.telemetry = _Telemetry()
         self._keep: deque[tuple[torch.cuda.Event, Any]] = deque()
 
@@ -240,23 +173,22 @@ class JpegDecoder:
             start.record(stream)
         meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
         rows = meta.tolist()
-        flat, bases, sizes, fallback, bad, keep = self._decode(batch, rows)
+        flat, bases, sizes, fallback, bad, keep, graphed = self._decode(batch, rows)
         count = len(rows)
         if count:
             table = [
-                (base, h, w, *((0, 0, 1, 1) if i in bad else row[5:9]), row[9])
+                (base, h, w, *((0, 0, 1, 1) if i in bad else row[5:9]), row[9], row[0])
                 for i, (row, base, (h, w)) in enumerate(zip(rows, bases, sizes, strict=True))
             ]  # fmt: skip
-            small = self._to_device(torch.tensor(table, dtype=torch.int64))
-            compute = torch.float16 if self._cuda and self.dtype in (torch.bfloat16, torch.float16) else torch.float32
-            pixels = crop_resize_flip(
-                flat, small[:, 0], small[:, 1:3], small[:, 3:7], small[:, 7].bool(), self.size, compute, self.layout
-            )
-            images = self._finish(pixels)
+            host_table = self._pinned(torch.tensor(table, dtype=torch.int64))
+            if graphed is not None:
+                images, labels = self._replay(graphed, host_table)
+            else:
+                images, labels = self._augment(flat, host_table.to(self.device, non_blocking=True))
             self._release_after_use(keep)
         else:
             images = torch.empty(0, 3, self.size, self.size, device=self.device, dtype=self.dtype)
-        labels = self._to_device(meta[:, 0].contiguous())
+            labels = self._to_device(meta[:, 0].contiguous())
         if self._cuda:
             end.record(stream)
         with telemetry.lock:
@@ -272,6 +204,34 @@ class JpegDecoder:
             if not self._cuda:
                 telemetry.decode_s += elapsed
         return images, labels
+
+    def _augment(self, flat: torch.Tensor, small: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Crop/resize/flip/normalise from ``flat`` by the device table ``small``; launches kernels only."""
+        compute = torch.float16 if self._cuda and self.dtype in (torch.bfloat16, torch.float16) else torch.float32
+        pixels = crop_resize_flip(
+            flat, small[:, 0], small[:, 1:3], small[:, 3:7], small[:, 7].bool(), self.size, compute, self.layout
+        )
+        return self._finish(pixels), small[:, 8].contiguous()
+
+    def _replay(self, graphed: GraphedAugment, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return graphed.run(table)
+        except Exception:  # capture failed: eager from now on (the static buffers hold this batch)
+            self._graphed, self.graph_augment = None, False
+            return self._augment(graphed.flat, graphed.table)
+
+    def _allocate(self, count: int, needed: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
+        """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it."""
+        if self.graph_augment and self._cuda and count:
+            graphed = self._graphed
+            if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
+                capacity = needed * 5 // 4 + 3
+                graphed = self._graphed = GraphedAugment(self._augment, count, capacity, _TABLE_COLUMNS, self.device)
+            if graphed.fits(count, needed):
+                return graphed.flat[:needed], graphed.zero_base, graphed
+        flat = torch.empty(needed + 3, dtype=torch.uint8, device=self.device)
+        flat[needed:].zero_()
+        return flat, needed, None
 
     def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self._cuda else tensor
@@ -289,7 +249,7 @@ class JpegDecoder:
 
     def _decode(self, batch: EncodedBatch, rows: list[list[int]]):
         """Every sample into one flat device buffer (GPU-decoded slots first, then host-decoded ones,
-        then one zero pixel for the undecodable): ``(flat, bases, sizes, cpu fallbacks, bad, keep-alive)``."""
+        a zero pixel for the undecodable): ``(flat, bases, sizes, cpu fallbacks, bad, keep-alive, graph)``."""
         data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
         offsets = batch.offsets.tolist()
         count = len(rows)
@@ -309,7 +269,7 @@ class JpegDecoder:
         for i, image in host.items():
             sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
             position += image.numel()
-        flat = torch.empty(position + 3, dtype=torch.uint8, device=self.device)
+        flat, zero_base, graphed = self._allocate(count, position)
         keep: Any = None
         fallback = sum(1 for i in host if rows[i][2] != KIND_GPU or self.backend is not None)
         if gpu:
@@ -330,10 +290,9 @@ class JpegDecoder:
         if host:
             joined = torch.cat([host_layout(host[i], self.layout).view(-1) for i in host])
             flat[host_start:position].copy_(self._pinned(joined), non_blocking=True)
-        flat[position:].zero_()
         for i in bad:
-            bases[i], sizes[i] = position, (1, 1)
-        return flat, bases, sizes, fallback, bad, keep
+            bases[i], sizes[i] = zero_base, (1, 1)
+        return flat, bases, sizes, fallback, bad, keep, graphed
 
     def _host_decode(self, batch, data, offsets, rows, i, out, bad) -> None:
         """PIL decode of sample ``i`` into ``out[i]`` (``[H, W, 3]``), or mark it bad / raise."""

@@ -58,7 +58,7 @@ def test_gpu_batch_matches_cpu_reference(tmp_path, backend):
     assert mean < MEAN_TOLERANCE and p99 < P99_TOLERANCE
     assert torch.equal(labels.cpu(), reference_labels)
     assert gpu.stats().cpu_fallback == 0
-    bf16, _ = JpegDecoder("cuda", size=224, dtype=torch.bfloat16, backend=backend)(batch)  # float16 arithmetic
+    bf16, _ = JpegDecoder("cuda", size=224, dtype=torch.bfloat16, backend=backend, graph_augment=False)(batch)
     assert bf16.dtype == torch.bfloat16 and bf16.is_contiguous(memory_format=torch.channels_last)
     fp32, _ = JpegDecoder("cuda", size=224, backend=backend)(batch)
     torch.testing.assert_close(bf16.float(), fp32, atol=0.05, rtol=0.01)
@@ -159,3 +159,23 @@ def test_lightning_fit_receives_decoded_batches(tmp_path):
     trainer.fit(Model())
     assert len(seen) == 8 and set(seen) == {("cuda", torch.bfloat16, True)}
     assert dataset.epoch == 1  # Lightning's set_epoch reached the dataset
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graphed_augment_equals_eager(tmp_path, backend):
+    """Batches of one size through the CUDA graph (growing its buffer once), a partial batch eagerly."""
+    small = write_files(str(tmp_path / "small"), 8, sizes=((64, 80), (72, 60)))
+    large = write_files(str(tmp_path / "large"), 8, sizes=((300, 420), (380, 260)))
+    dataset = EncodedImageDataset(small + large, seed=5)
+    batches = [
+        collate_encoded([dataset[i] for i in chunk]) for chunk in (range(8), range(8, 16), range(4, 12), range(3))
+    ]
+    graphed = JpegDecoder("cuda", size=48, dtype=torch.bfloat16, backend=backend, graph_augment=True)
+    eager = JpegDecoder("cuda", size=48, dtype=torch.bfloat16, backend=backend, graph_augment=False)
+    outputs = [(graphed(batch), eager(batch)) for batch in batches]
+    torch.cuda.synchronize()
+    assert graphed.graph_augment, "the capture failed: the decoder fell back to eager"
+    assert graphed._graphed is not None and graphed._graphed.batch == 8
+    for (images, labels), (expected, expected_labels) in outputs:
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
