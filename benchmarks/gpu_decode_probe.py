@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_decode import BATCH, SIZE, gpu_loader, make_model, make_set, measure
 
 from lightning_dataperf._decode_backends import import_nvimgcodec
-from lightning_dataperf.gpu_decode import JpegDecoder, crop_resize_flip
+from lightning_dataperf._graph_augment import GraphedAugment
+from lightning_dataperf.gpu_decode import JpegDecoder
 from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
 
 
@@ -107,8 +108,8 @@ def _region(nvi, top: int, left: int, h: int, w: int):
         return nvi.Region(start=(top, left), end=(top + h, left + w))
 
 
-def variants(batches, nvi) -> dict:
-    """name -> fn(batch); built lazily so one failing library does not stop the others."""
+def variants(batches, nvi, holders: dict) -> dict:
+    """name -> fn(batch); the package's decoders go into ``holders[name]["d"]`` once made."""
     from torchvision.io import decode_jpeg
 
     table: dict = {}
@@ -142,68 +143,46 @@ def variants(batches, nvi) -> dict:
     for backend in ("torchvision", "nvimgcodec"):
         if backend == "nvimgcodec" and nvi is None:
             continue
-        decoder_holder: dict = {}
+        for graph in (False, True):
+            holder: dict = {}
 
-        def full(b, backend=backend, holder=decoder_holder):
-            if "d" not in holder:  # made in the thread that uses it
-                holder["d"] = JpegDecoder("cuda", size=SIZE, dtype=torch.bfloat16, backend=backend)
-            return holder["d"](b)
+            def full(b, backend=backend, graph=graph, holder=holder):
+                if "d" not in holder:  # made in the thread that uses it
+                    holder["d"] = JpegDecoder(
+                        "cuda", size=SIZE, dtype=torch.bfloat16, backend=backend, graph_augment=graph
+                    )
+                return holder["d"](b)
 
-        table[f"pkg_decode_augment_{backend}"] = full
-        table[f"_holder_{backend}"] = decoder_holder
+            name = f"pkg_{backend}_{'graph' if graph else 'eager'}"
+            table[name] = full
+            holders[name] = holder
     return table
 
 
 def augment_variants(batches, backend: str) -> dict:
-    """Augment alone on already-decoded flat buffers: eager (as the package) and as one CUDA graph."""
-    decoder = JpegDecoder("cuda", size=SIZE, dtype=torch.bfloat16, backend=backend)
+    """Augment alone on already-decoded flat buffers: eager (~90 PyTorch calls) and as one CUDA graph."""
+    decoder = JpegDecoder("cuda", size=SIZE, dtype=torch.bfloat16, backend=backend, graph_augment=False)
     prepared = []
     for b in batches:
         rows = b.meta.tolist()
-        flat, bases, sizes, _, _, _ = decoder._decode(b, rows)
-        table = [(base, h, w, *row[5:9], row[9]) for row, base, (h, w) in zip(rows, bases, sizes, strict=True)]
+        flat, bases, sizes, *_ = decoder._decode(b, rows)
+        table = [(base, h, w, *row[5:9], row[9], row[0]) for row, base, (h, w) in zip(rows, bases, sizes, strict=True)]
         prepared.append((flat, torch.tensor(table, dtype=torch.int64).pin_memory()))
     torch.cuda.synchronize()
     index = {id(b): i for i, b in enumerate(batches)}
-    layout = decoder.layout
+    capacity = max(flat.numel() for flat, _ in prepared) + 3
+    graphed = GraphedAugment(decoder._augment, BATCH, capacity, 9, decoder.device)
 
     def eager(b):
         flat, table = prepared[index[id(b)]]
-        small = table.to("cuda", non_blocking=True)
-        pixels = crop_resize_flip(flat, small[:, 0], small[:, 1:3], small[:, 3:7], small[:, 7].bool(), SIZE,
-                                  torch.float16, layout)  # fmt: skip
-        return decoder._finish(pixels)
+        return decoder._augment(flat, table.to("cuda", non_blocking=True))
 
-    capacity = max(flat.numel() for flat, _ in prepared)
-    static_flat = torch.zeros(capacity, dtype=torch.uint8, device="cuda")
-    static_small = prepared[0][1].cuda()
-    graphs: dict = {}
-
-    def graphed(b):
+    def graph(b):
         flat, table = prepared[index[id(b)]]
-        if "g" not in graphs:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    eager_static()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                graphs["out"] = eager_static()
-            graphs["g"] = graph
-        static_small.copy_(table, non_blocking=True)
-        static_flat[: flat.numel()].copy_(flat)  # in the package the decoder would write here directly
-        graphs["g"].replay()
-        return graphs["out"]
+        graphed.flat[: flat.numel()].copy_(flat)  # the package decodes into graphed.flat directly (no copy)
+        return graphed.run(table)
 
-    def eager_static():
-        s = static_small
-        boxes, flips = s[:, 3:7], s[:, 7].bool()
-        pixels = crop_resize_flip(static_flat, s[:, 0], s[:, 1:3], boxes, flips, SIZE, torch.float16, layout)
-        return decoder._finish(pixels)
-
-    return {f"augment_eager_{layout}": eager, f"augment_cuda_graph_{layout}": graphed}
+    return {f"augment_eager_{decoder.layout}": eager, f"augment_cuda_graph_{decoder.layout}": graph}
 
 
 def probe_set(name: str, samples, args, spinner: Spinner, base_rate: float, nvi) -> list[dict]:
@@ -211,15 +190,14 @@ def probe_set(name: str, samples, args, spinner: Spinner, base_rate: float, nvi)
     count = min(len(samples) // BATCH, args.batches)
     batches = [collate_encoded([dataset[i] for i in range(k * BATCH, (k + 1) * BATCH)]) for k in range(count)]
     rows = []
-    table = variants(batches, nvi)
+    holders: dict = {}
+    table = variants(batches, nvi, holders)
     for backend in ("torchvision", "nvimgcodec") if nvi is not None else ("torchvision",):
         try:
             table.update(augment_variants(batches, backend))
         except Exception as error:
             rows.append({"set": name, "variant": f"augment_{backend}", "error": repr(error)[:300]})
     for variant, fn in table.items():
-        if variant.startswith("_"):
-            continue
         row = {"set": name, "variant": variant}
         try:
             row.update(run_variant(fn, batches, args.iters))
@@ -229,10 +207,10 @@ def probe_set(name: str, samples, args, spinner: Spinner, base_rate: float, nvi)
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"[:300]
             traceback.print_exc()
-        holder = table.get("_holder_" + variant.rsplit("_", 1)[-1])
-        if variant.startswith("pkg_") and holder and "d" in holder:
-            decoder = holder["d"]
+        decoder = holders.get(variant, {}).get("d")
+        if decoder is not None:
             row["into"] = getattr(decoder.backend, "into", None)
+            row["graph_kept"] = decoder.graph_augment
             row["cpu_fallback"] = decoder.stats().cpu_fallback
         rows.append(row)
         _print_row(row)
@@ -243,7 +221,9 @@ def _print_row(row: dict) -> None:
     if "error" in row:
         print(f"{row['set']:8s} {row['variant']:32s} ERROR {row['error']}", flush=True)
         return
-    extra = f"  into={row['into']} cpu_fallback={row['cpu_fallback']}" if "into" in row else ""
+    extra = ""
+    if "into" in row:
+        extra = f"  into={row['into']} graph={row['graph_kept']} cpu_fallback={row['cpu_fallback']}"
     print(
         f"{row['set']:8s} {row['variant']:32s} {row['images_per_s']:9.0f} img/s  thread {row['thread_ms']:6.2f} ms  "
         f"proc {row['proc_ms']:6.2f} ms  gpu {row['gpu_ms']:6.2f} ms  spin {100 * row['spin_share']:5.1f}%  "
@@ -264,18 +244,20 @@ def end_to_end(sets, args, backends) -> list[dict]:
                 {"model": model, "set": name, "path": "ceiling", "workers": 0, "share_of_ceiling": 1.0, **ceiling}
             )
             _print_e2e(rows[-1])
-            for backend in backends:
+            for backend, graph in backends:
                 for workers in args.workers:
                     loader = None
                     try:
-                        loader = gpu_loader(samples, workers, args.warmup + args.steps, backend)
+                        options = {"backend": backend, "graph_augment": graph}
+                        loader = gpu_loader(samples, workers, args.warmup + args.steps, **options)
                         row = measure(step, loader, args.warmup, args.steps)
                         row["decode"] = loader.stats().to_metrics()
                     except Exception as error:
                         row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
                     finally:
                         _shutdown(loader)
-                    row.update(model=model, set=name, path=f"gpu_{backend}", workers=workers)
+                    path = f"{backend}_{'graph' if graph else 'eager'}"
+                    row.update(model=model, set=name, path=path, workers=workers)
                     row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
                     rows.append(row)
                     _print_e2e(row)
@@ -296,7 +278,7 @@ def _shutdown(loader) -> None:
 def _print_e2e(row: dict) -> None:
     decode, nan = row.get("decode", {}), float("nan")
     print(
-        f"e2e {row['model']:9s} {row['set']:8s} {row['path']:16s} w={row['workers']} {row['images_per_s']:8.0f} img/s "
+        f"e2e {row['model']:9s} {row['set']:8s} {row['path']:18s} w={row['workers']} {row['images_per_s']:8.0f} img/s "
         f"{100 * row['share_of_ceiling']:5.1f}%  main {row.get('main_cpu_percent', nan):4.0f}%  "
         f"workers {row.get('workers_cpu_percent', nan):4.0f}%  "
         f"submit {1e3 * decode.get('Decode/submit_seconds', nan):5.2f} ms "
@@ -343,7 +325,8 @@ def main() -> None:
     for name, samples in sets.items():
         results["micro"] += probe_set(name, samples, args, spinner, base_rate, nvi)
     if not args.skip_e2e:
-        backends = ["torchvision"] + (["nvimgcodec"] if nvi is not None else [])
+        names = ["torchvision"] + (["nvimgcodec"] if nvi is not None else [])
+        backends = [(name, graph) for name in names for graph in (False, True)]
         results["e2e"] = end_to_end(sets, args, backends)
     results["elapsed_s"] = time.perf_counter() - started
     out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")

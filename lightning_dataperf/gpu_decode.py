@@ -225,6 +225,7 @@ class JpegDecoder:
         if self.graph_augment and self._cuda and count:
             graphed = self._graphed
             if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
+                self._release_after_use(graphed)  # replays of the old graph may still be queued
                 capacity = needed * 5 // 4 + 3
                 graphed = self._graphed = GraphedAugment(self._augment, count, capacity, _TABLE_COLUMNS, self.device)
             if graphed.fits(count, needed):
