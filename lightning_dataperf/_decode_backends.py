@@ -146,7 +146,7 @@ class NvImageCodecBackend:
             pointer = flat.data_ptr()
             slots = [_Slot(pointer + base, h, w) for base, (h, w) in zip(bases, sizes, strict=True)]
             try:
-                targets = codec.as_images(slots, cuda_stream=stream)
+                targets = _wrap(codec, slots, stream)
                 images = self._decoder.decode(streams, images=targets, params=self._params, cuda_stream=stream)
                 keep.append(targets)
             except Exception:  # this build does not decode into external buffers: copy from now on
@@ -173,6 +173,13 @@ class NvImageCodecBackend:
             return self._decoder.decode([code], params=self._params, cuda_stream=stream)[0]
         except Exception:
             return None
+
+
+def _wrap(codec: Any, slots: list[_Slot], stream: int) -> Any:
+    try:
+        return codec.as_images(slots, cuda_stream=stream)
+    except TypeError:  # a build whose as_images takes no stream
+        return codec.as_images(slots)
 
 
 class _Slot:
@@ -212,7 +219,7 @@ def _decode_params(codec: Any, color: Any) -> Any:
     for extra in attempts:
         try:
             return codec.DecodeParams(apply_exif_orientation=False, color_spec=color, allow_any_depth=False, **extra)
-        except TypeError:  # an older DecodeParams without sample_format
+        except (TypeError, ValueError):  # an older DecodeParams without sample_format
             continue
     return codec.DecodeParams()
 
