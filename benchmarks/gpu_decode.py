@@ -201,7 +201,8 @@ def gpu_loader(samples, workers: int, total: int, **options) -> GpuDecodeLoader:
         dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=collate_encoded,
         persistent_workers=workers > 0, prefetch_factor=4 if workers else None, drop_last=True,
     )  # fmt: skip
-    return GpuDecodeLoader(loader, device="cuda", lookahead=3, dtype=torch.bfloat16, **options)
+    options = {"device": "cuda", "lookahead": 3, "dtype": torch.bfloat16, **options}
+    return GpuDecodeLoader(loader, **options)
 
 
 def decode_micro(samples) -> dict:

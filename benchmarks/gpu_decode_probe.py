@@ -8,14 +8,19 @@ background thread as the loader does:
   and C++ alike); ``proc ms``: CPU time of the whole process per batch (the library's own threads too);
 - ``gpu ms``: CUDA-event time per batch on the calling stream;
 - ``spin %``: how fast a pure-Python spinning thread (the stand-in for a 100%-busy training step's
-  main thread) counts while the variant runs, as a share of its rate alone: 100% means the variant
-  takes no GIL time from it; ``img/s spin``: the variant's own rate meanwhile (it waits for the GIL).
+  main thread) counts while the variant runs, as a share of its rate alone, measured right before
+  and right after the variant (their mean; the earlier single baseline at start-up read 110-195%):
+  100% means the variant takes no GIL time from it; ``img/s spin``: the variant's own rate meanwhile.
 
-Then end to end: ResNet-18 bf16 channels-last, batch 128, on a batch already on the GPU (the
-ceiling) vs ``GpuDecodeLoader`` with each backend and 4 (or ``--workers``) loader workers.
-Prints a table, writes ``gpu_decode_probe.json`` to ``$OUT`` (or ``benchmarks/results``).
+Then end to end (``e2e`` lines): ResNet-18/50 bf16 channels-last, batch 128, on a batch already on the
+GPU (the ceiling) vs ``GpuDecodeLoader`` for each ``--paths`` entry (``backend:graph|eager``) and
+each ``--workers`` count. Prints a table, writes ``gpu_decode_probe.json`` to ``$OUT`` (or
+``benchmarks/results``). ``--skip-micro`` runs only the end-to-end rows; ``--dry-run`` builds every
+end-to-end loader on the CPU (PIL fallback) and takes 2 batches from each: argument errors show up
+on a machine without a GPU.
 
     PYTHONPATH=$PWD python benchmarks/gpu_decode_probe.py --images 2000
+    PYTHONPATH=$PWD python benchmarks/gpu_decode_probe.py --dry-run --images 300 --workers 2 4
 """
 
 from __future__ import annotations
@@ -130,16 +135,26 @@ def variants(batches, nvi, holders: dict) -> dict:
         decoder = nvi.Decoder(max_num_cpu_threads=4, backends=kinds)
         table["nvi_codestreams_only"] = lambda b: [nvi.CodeStream(p.numpy()) for p in split[index[id(b)]]]
 
-        def nvi_roi(b):
+        def nvi_roi(b, decoder=decoder):
             meta = b.meta.tolist()
             streams = []
             for p, row in zip(split[index[id(b)]], meta, strict=True):
                 top, left, h, w = row[5:9]
                 region = _region(nvi, top, left, h, w)
                 streams.append(nvi.CodeStream(p.numpy()).get_sub_code_stream(region=region))
-            return decoder.decode(streams, cuda_stream=torch.cuda.current_stream().cuda_stream)
+            images = decoder.decode(streams, cuda_stream=torch.cuda.current_stream().cuda_stream)
+            missing = sum(image is None for image in images)
+            if missing:  # run 1: all 128 came back None (the HW decoder refuses ROI with fancy upsampling)
+                raise RuntimeError(f"{missing} of {len(images)} ROI decodes returned None")
+            return images
 
         table["nvi_decode_roi_t4"] = nvi_roi
+        try:  # the option nvImageCodec's warning names (edge pixels may differ with nvJPEG < 13.2)
+            option = "nvjpeg_hw_decoder:enable_roi_fancy_upsampling=1"
+            roi_decoder = nvi.Decoder(max_num_cpu_threads=4, backends=kinds, options=option)
+            table["nvi_decode_roi_t4_fancy_ok"] = lambda b, d=roi_decoder: nvi_roi(b, d)
+        except Exception as error:
+            print(f"no ROI decoder with {option!r}: {error}", flush=True)
     for backend in ("torchvision", "nvimgcodec"):
         if backend == "nvimgcodec" and nvi is None:
             continue
@@ -171,7 +186,7 @@ def augment_variants(batches, backend: str) -> dict:
     torch.cuda.synchronize()
     index = {id(b): i for i, b in enumerate(batches)}
     capacity = max(flat.numel() for flat, _ in prepared) + 3
-    graphed = GraphedAugment(decoder._augment, BATCH, capacity, 9, decoder.device)
+    graphed = GraphedAugment(BATCH, capacity, 9, decoder.device)
 
     def eager(b):
         flat, table = prepared[index[id(b)]]
@@ -180,12 +195,12 @@ def augment_variants(batches, backend: str) -> dict:
     def graph(b):
         flat, table = prepared[index[id(b)]]
         graphed.flat[: flat.numel()].copy_(flat)  # the package decodes into graphed.flat directly (no copy)
-        return graphed.run(table)
+        return graphed.run(table, decoder._augment)
 
     return {f"augment_eager_{decoder.layout}": eager, f"augment_cuda_graph_{decoder.layout}": graph}
 
 
-def probe_set(name: str, samples, args, spinner: Spinner, base_rate: float, nvi) -> list[dict]:
+def probe_set(name: str, samples, args, spinner: Spinner, nvi) -> list[dict]:
     dataset = EncodedImageDataset(samples, seed=0)
     count = min(len(samples) // BATCH, args.batches)
     batches = [collate_encoded([dataset[i] for i in range(k * BATCH, (k + 1) * BATCH)]) for k in range(count)]
@@ -201,8 +216,11 @@ def probe_set(name: str, samples, args, spinner: Spinner, base_rate: float, nvi)
         row = {"set": name, "variant": variant}
         try:
             row.update(run_variant(fn, batches, args.iters))
+            before, _ = spinner.rate_during(lambda: time.sleep(0.5))
             rate, spun = spinner.rate_during(lambda fn=fn: run_variant(fn, batches, args.iters, 2.0, 0))
-            row["spin_share"] = rate / base_rate
+            after, _ = spinner.rate_during(lambda: time.sleep(0.5))
+            row["spin_share"] = rate / ((before + after) / 2)
+            row["spinner_alone_before_after"] = [before, after]
             row["images_per_s_with_spinner"] = spun["images_per_s"]
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"[:300]
@@ -232,7 +250,23 @@ def _print_row(row: dict) -> None:
     )
 
 
-def end_to_end(sets, args, backends) -> list[dict]:
+def parse_paths(paths: list[str]) -> list[tuple[str, bool]]:
+    """``["nvimgcodec:graph", "torchvision:eager"]`` -> ``[("nvimgcodec", True), ("torchvision", False)]``."""
+    parsed = []
+    for path in paths:
+        backend, _, mode = path.partition(":")
+        if mode not in ("graph", "eager"):
+            raise SystemExit(f"--paths entries are backend:graph or backend:eager, not {path!r}")
+        parsed.append((backend, mode == "graph"))
+    return parsed
+
+
+def build_loader(samples, workers: int, total: int, backend: str, graph: bool, device: str = "cuda"):
+    """The package path as the e2e rows run it (also what ``--dry-run`` builds on the CPU)."""
+    return gpu_loader(samples, workers, total, backend=backend, graph_augment=graph, device=device)
+
+
+def end_to_end(sets, args, paths) -> list[dict]:
     from gpu_decode import ceiling_batches
 
     rows = []
@@ -244,16 +278,18 @@ def end_to_end(sets, args, backends) -> list[dict]:
                 {"model": model, "set": name, "path": "ceiling", "workers": 0, "share_of_ceiling": 1.0, **ceiling}
             )
             _print_e2e(rows[-1])
-            for backend, graph in backends:
+            for backend, graph in paths:
                 for workers in args.workers:
                     loader = None
                     try:
-                        options = {"backend": backend, "graph_augment": graph}
-                        loader = gpu_loader(samples, workers, args.warmup + args.steps, **options)
+                        loader = build_loader(samples, workers, args.warmup + args.steps, backend, graph)
                         row = measure(step, loader, args.warmup, args.steps)
                         row["decode"] = loader.stats().to_metrics()
+                        row["graph_kept"] = loader.decoder.graph_augment
+                        row["into"] = getattr(loader.decoder.backend, "into", None)
                     except Exception as error:
                         row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
+                        traceback.print_exc()
                     finally:
                         _shutdown(loader)
                     path = f"{backend}_{'graph' if graph else 'eager'}"
@@ -263,6 +299,23 @@ def end_to_end(sets, args, backends) -> list[dict]:
                     _print_e2e(row)
         del step
         torch.cuda.empty_cache()
+    return rows
+
+
+def dry_run(sets, args, paths) -> list[dict]:
+    """Every e2e loader built on the CPU (the backend and graph options are taken, PIL decodes), 2 batches."""
+    rows = []
+    for name, samples in sets.items():
+        for backend, graph in paths:
+            for workers in args.workers:
+                loader = build_loader(samples, workers, 2, backend, graph, device="cpu")
+                try:
+                    shapes = [tuple(images.shape) for images, _ in loader]
+                finally:
+                    _shutdown(loader)
+                assert shapes == [(BATCH, 3, SIZE, SIZE)] * 2, shapes
+                rows.append({"set": name, "backend": backend, "graph": graph, "workers": workers, "shapes": shapes})
+                print(f"dry-run {name:8s} {backend}:{'graph' if graph else 'eager'} w={workers}: {shapes}", flush=True)
     return rows
 
 
@@ -299,6 +352,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[4])
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--skip-micro", action="store_true", help="only the end-to-end rows")
+    parser.add_argument(
+        "--paths", nargs="+", help="e2e package paths, backend:graph|eager (default: each backend found, both)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="build every e2e loader on the CPU, 2 batches each")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     started = time.perf_counter()
@@ -315,19 +373,24 @@ def main() -> None:
     except ImportError as error:
         nvi, info["nvimgcodec"] = None, str(error)[:300]
     print(json.dumps(info), flush=True)
+    if args.paths:
+        paths = parse_paths(args.paths)
+    else:
+        names = ["torchvision"] + (["nvimgcodec"] if nvi is not None else [])
+        paths = [(name, graph) for name in names for graph in (False, True)]
     root = tempfile.mkdtemp(prefix="gpu_decode_probe_")
     sets = {kind: make_set(os.path.join(root, kind), kind, args.images)[0] for kind in ("uniform", "varied")}
     print(f"generated {2 * args.images} JPEGs in {time.perf_counter() - started:.1f} s", flush=True)
-    spinner = Spinner()
-    base_rate, _ = spinner.rate_during(lambda: time.sleep(1.0))
-    info["spinner_rate_alone"] = base_rate
     results: dict = {"info": info, "micro": [], "e2e": []}
-    for name, samples in sets.items():
-        results["micro"] += probe_set(name, samples, args, spinner, base_rate, nvi)
-    if not args.skip_e2e:
-        names = ["torchvision"] + (["nvimgcodec"] if nvi is not None else [])
-        backends = [(name, graph) for name in names for graph in (False, True)]
-        results["e2e"] = end_to_end(sets, args, backends)
+    if args.dry_run:
+        results["dry_run"] = dry_run(sets, args, paths)
+    else:
+        if not args.skip_micro:
+            spinner = Spinner()
+            for name, samples in sets.items():
+                results["micro"] += probe_set(name, samples, args, spinner, nvi)
+        if not args.skip_e2e:
+            results["e2e"] = end_to_end(sets, args, paths)
     results["elapsed_s"] = time.perf_counter() - started
     out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
     os.makedirs(out_dir, exist_ok=True)

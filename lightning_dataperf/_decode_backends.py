@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import io
 import os
+import sys
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,16 +37,66 @@ Spans = Sequence[tuple[int, int]]
 Sizes = Sequence[tuple[int, int]]
 
 
+# What nvImageCodec prints at import when its JPEG 2000 / TIFF extensions find no library: noise for JPEGs.
+_IMPORT_NOISE = ("nvjpeg2k", "nvJPEG2000", "nvtiff", "nvTIFF")
+
+
 def import_nvimgcodec() -> Any:
-    """``nvidia.nvimgcodec``, or an ImportError naming the extra."""
+    """``nvidia.nvimgcodec``, or an ImportError naming the extra.
+
+    Unless ``PYNVIMGCODEC_VERBOSITY`` is set, nvImageCodec is imported with its log off (it logs a
+    warning per image it cannot decode, and errors for the JPEG 2000 / TIFF libraries it does not
+    find): the decoder counts and handles every image nvJPEG rejects itself (CPU fallback, counted in
+    ``Decode/cpu_fallback``, first one logged). Lines it prints at import that are not about the
+    missing nvJPEG2000/nvTIFF libraries are passed on to stderr.
+    """
+    if "nvidia.nvimgcodec" in sys.modules:
+        return sys.modules["nvidia.nvimgcodec"]
+    quiet = "PYNVIMGCODEC_VERBOSITY" not in os.environ
+    if quiet:
+        os.environ["PYNVIMGCODEC_VERBOSITY"] = "0"  # read once, when the module loads
     try:
-        from nvidia import nvimgcodec
+        with _StderrFiltered(quiet):
+            from nvidia import nvimgcodec
     except Exception as error:  # ImportError, or libnvjpeg missing at load time
         raise ImportError(
             f"the nvImageCodec decode backend needs nvidia-nvimgcodec-cu13 and nvidia-nvjpeg "
             f"(install the extra: pip install '{EXTRA}'); importing it failed: {error}"
         ) from error
+    finally:
+        if quiet:
+            del os.environ["PYNVIMGCODEC_VERBOSITY"]
     return nvimgcodec
+
+
+class _StderrFiltered:
+    """Capture file descriptor 2 (C++ output) while active; re-emit the lines that are not import noise."""
+
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def __enter__(self) -> None:
+        if not self.active:
+            return
+        try:
+            sys.stderr.flush()
+            self._file = tempfile.TemporaryFile()
+            self._saved = os.dup(2)
+            os.dup2(self._file.fileno(), 2)
+        except (OSError, ValueError):  # no real fd 2 (e.g. an embedded interpreter)
+            self.active = False
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.active:
+            return
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.seek(0)
+        text = self._file.read().decode(errors="replace")
+        self._file.close()
+        kept = [line for line in text.splitlines() if line.strip() and not any(n in line for n in _IMPORT_NOISE)]
+        if kept:
+            print("\n".join(kept), file=sys.stderr)
 
 
 def import_decode_jpeg() -> Any:

@@ -27,6 +27,7 @@ GPU path: ``pip install "lightning-dataperf[gpu-decode]"`` (nvImageCodec; torchv
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -47,6 +48,7 @@ _TABLE_COLUMNS = 9  # base, height, width, crop top, left, height, width, flip, 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _EXTRA = "lightning-dataperf[gpu-decode]"
+_log = logging.getLogger(__name__)
 
 
 class DecodeError(RuntimeError):
@@ -163,6 +165,7 @@ class JpegDecoder:
         self._graphed: GraphedAugment | None = None
         self.telemetry = _Telemetry()
         self._keep: deque[tuple[torch.cuda.Event, Any]] = deque()
+        self._warned = False
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -215,7 +218,7 @@ class JpegDecoder:
 
     def _replay(self, graphed: GraphedAugment, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         try:
-            return graphed.run(table)
+            return graphed.run(table, self._augment)
         except Exception:  # capture failed: eager from now on (the static buffers hold this batch)
             self._graphed, self.graph_augment = None, False
             return self._augment(graphed.flat, graphed.table)
@@ -227,7 +230,7 @@ class JpegDecoder:
             if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
                 self._release_after_use(graphed)  # replays of the old graph may still be queued
                 capacity = needed * 5 // 4 + 3
-                graphed = self._graphed = GraphedAugment(self._augment, count, capacity, _TABLE_COLUMNS, self.device)
+                graphed = self._graphed = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
             if graphed.fits(count, needed):
                 return graphed.flat[:needed], graphed.zero_base, graphed
         flat = torch.empty(needed + 3, dtype=torch.uint8, device=self.device)
@@ -280,6 +283,14 @@ class JpegDecoder:
             for i, good in zip(gpu, ok, strict=True):
                 if good:
                     continue
+                if not self._warned:
+                    self._warned = True
+                    _log.warning(
+                        "the GPU decoder rejected dataset index %d (%s); decoding it on the CPU (later ones are "
+                        "only counted in Decode/cpu_fallback)",
+                        int(rows[i][1]),
+                        batch.paths[i] if i < len(batch.paths) else "?",
+                    )
                 slot = slot_view(flat, bases[i], sizes[i], self.layout)
                 retried: dict[int, torch.Tensor] = {}
                 self._host_decode(batch, data, offsets, rows, i, retried, bad)
