@@ -194,14 +194,15 @@ def cpu_batches(samples, workers: int, total: int):
         yield images.to(torch.bfloat16), labels.cuda(non_blocking=True)
 
 
-def gpu_loader(samples, workers: int, total: int) -> GpuDecodeLoader:
+def gpu_loader(samples, workers: int, total: int, **options) -> GpuDecodeLoader:
     dataset = EncodedImageDataset(samples, seed=0)
     sampler = RandomSampler(range(len(samples)), replacement=True, num_samples=total * BATCH)
     loader = DataLoader(
         dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=collate_encoded,
         persistent_workers=workers > 0, prefetch_factor=4 if workers else None, drop_last=True,
     )  # fmt: skip
-    return GpuDecodeLoader(loader, device="cuda", lookahead=3, dtype=torch.bfloat16)
+    options = {"device": "cuda", "lookahead": 3, "dtype": torch.bfloat16, **options}
+    return GpuDecodeLoader(loader, **options)
 
 
 def decode_micro(samples) -> dict:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
 import queue
 import threading
 import time
@@ -17,6 +19,21 @@ __all__ = ["GpuDecodeLoader"]
 
 _END = object()
 _POLL_S = 0.1
+_FORK_GUARD: list[bool] = []
+
+
+def guard_forked_workers() -> None:
+    """In every process forked from this one from now on, freeze what it inherits (``gc.freeze``).
+
+    A DataLoader worker forked while this process holds cyclic garbage (e.g. an earlier loader's
+    decoder: its nvImageCodec decoder, CUDA graphs, events) would otherwise collect it: the destructors
+    then call into CUDA / nvImageCodec in a child where neither works (CUDA "initialization error" ->
+    ``terminate``, or a segfault in nvImageCodec's thread pool). Frozen, the inherited objects are never
+    collected in the child; what the child itself allocates is collected as usual. Registered once.
+    """
+    if not _FORK_GUARD and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=gc.freeze)
+        _FORK_GUARD.append(True)
 
 
 class _Failed:
@@ -49,7 +66,13 @@ class GpuDecodeLoader:
         loader: a ``DataLoader`` (``collate_fn=collate_encoded``) or any iterable of ``EncodedBatch``.
         device: where to decode; default ``cuda`` when available, else ``cpu``.
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
-        size, dtype, channels_last, mean, std, on_error: see :class:`JpegDecoder`.
+        size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment: see
+            :class:`JpegDecoder` (``backend="auto"``: nvImageCodec when installed, else torchvision's nvJPEG).
+
+    Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
+    reachable from the dataset or the collate function the workers get. Forked workers freeze what
+    they inherit (:func:`guard_forked_workers`), so a garbage-collection in a worker never runs a CUDA
+    or nvImageCodec destructor there; ``spawn``/``forkserver`` contexts work too (slower start-up).
 
     Lightning: return it from ``train_dataloader``. ``sampler.set_epoch`` (Lightning calls it each
     epoch) reaches the wrapped sampler and the dataset's ``set_epoch``, so crops follow the epoch.
@@ -67,6 +90,9 @@ class GpuDecodeLoader:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         on_error: str = "raise",
+        backend: str = "auto",
+        decode_threads: int | None = None,
+        graph_augment: bool = True,
     ) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, not {lookahead}")
@@ -74,7 +100,18 @@ class GpuDecodeLoader:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.loader = loader
         self.lookahead = lookahead
-        self.decoder = JpegDecoder(device, size, dtype, channels_last, mean, std, on_error)
+        self.decoder = JpegDecoder(
+            device,
+            size,
+            dtype,
+            channels_last,
+            mean,
+            std,
+            on_error,
+            backend=backend,
+            decode_threads=decode_threads,
+            graph_augment=graph_augment,
+        )
         self.device = self.decoder.device
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None
@@ -115,8 +152,14 @@ class GpuDecodeLoader:
 
 
 class _DecodeIterator(Iterator):
+    """One epoch. Holds the loader's parts, not the loader (no reference cycle: a dropped loader is
+    freed at once, not by the cyclic garbage collector)."""
+
     def __init__(self, owner: GpuDecodeLoader) -> None:
-        self._owner = owner
+        self._decoder, self._stream, self._device = owner.decoder, owner._stream, owner.device
+        self._persistent = bool(getattr(owner.loader, "persistent_workers", False))
+        if getattr(owner.loader, "num_workers", 0):
+            guard_forked_workers()
         self._source = iter(owner.loader)  # in the calling thread: worker processes start here
         self._queue: queue.Queue = queue.Queue(maxsize=owner.lookahead)
         self._stop = threading.Event()
@@ -125,11 +168,10 @@ class _DecodeIterator(Iterator):
         self._thread.start()
 
     def _run(self) -> None:
-        owner = self._owner
         try:
-            if owner._stream is not None:
-                torch.cuda.set_device(owner.device)
-                with torch.cuda.stream(owner._stream):
+            if self._stream is not None:
+                torch.cuda.set_device(self._device)
+                with torch.cuda.stream(self._stream):
                     self._loop()
             else:
                 self._loop()
@@ -139,11 +181,11 @@ class _DecodeIterator(Iterator):
             self._put(_END)
 
     def _loop(self) -> None:
-        stream = self._owner._stream
+        stream, decoder = self._stream, self._decoder
         for batch in self._source:
             if self._stop.is_set():
                 return
-            images, labels = self._owner.decoder(batch)
+            images, labels = decoder(batch)
             event = None
             if stream is not None:
                 event = torch.cuda.Event()
@@ -163,17 +205,14 @@ class _DecodeIterator(Iterator):
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._done:
             raise StopIteration
-        telemetry = self._owner.decoder.telemetry
+        telemetry = self._decoder.telemetry
         depth = self._queue.qsize()
         waited = time.perf_counter()
-        while True:
-            try:
-                item = self._queue.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    item = _Failed(RuntimeError("the GPU decode thread exited without a result"))
-                    break
+        try:
+            item = self._take()
+        except BaseException:  # e.g. a worker's death raised here by the DataLoader's SIGCHLD handler
+            self.close()
+            raise
         with telemetry.lock:
             telemetry.wait_s += time.perf_counter() - waited
             telemetry.depth_sum += depth
@@ -185,11 +224,19 @@ class _DecodeIterator(Iterator):
             raise StopIteration
         images, labels, event = item
         if event is not None:
-            current = torch.cuda.current_stream(self._owner.device)
+            current = torch.cuda.current_stream(self._device)
             current.wait_event(event)  # on the GPU; the host goes on
             images.record_stream(current)  # made on the decode thread's stream, used on this one
             labels.record_stream(current)
         return images, labels
+
+    def _take(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    return _Failed(RuntimeError("the GPU decode thread exited without a result"))
 
     def close(self) -> None:
         """Stop the thread, drop decoded batches not taken, release the source iterator (and its workers)."""
@@ -205,7 +252,7 @@ class _DecodeIterator(Iterator):
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         shutdown = getattr(self._source, "_shutdown_workers", None)
-        if callable(shutdown) and not getattr(self._owner.loader, "persistent_workers", False):
+        if callable(shutdown) and not self._persistent:
             shutdown()
         self._source = iter(())
 

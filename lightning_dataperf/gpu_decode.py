@@ -1,18 +1,16 @@
 """Decode and augment :class:`~lightning_dataperf.jpeg_batches.EncodedBatch` on the GPU (issue 17).
 
-:class:`JpegDecoder` turns one encoded batch into ``(images, labels)``: batched nvJPEG
-(``torchvision.io.decode_jpeg(list, device="cuda")``, the GPU's hardware JPEG engines where it has
-them), then crop + resize + flip + normalise for the whole batch in a fixed number of kernel
-launches (independent of the batch size): the decoded images are concatenated into one flat
-buffer, and every output pixel gathers its four bilinear neighbours from it (the same arithmetic as
-``F.interpolate(mode="bilinear", align_corners=False, antialias=False)`` on the crop). Samples the
-header marked for the CPU (progressive, grayscale, CMYK, PNG, ...) are decoded with PIL and counted
-(``Decode/cpu_fallback``). Without CUDA everything runs on the CPU (PIL), with the same arithmetic.
+:class:`JpegDecoder` turns one encoded batch into ``(images, labels)``: batched nvJPEG (nvImageCodec,
+else ``torchvision.io.decode_jpeg``; the hardware JPEG engines where the GPU has them) straight into
+one flat buffer, then crop + resize + flip + normalise of the whole batch in a fixed number of kernel
+launches: every output pixel gathers its four bilinear neighbours from the flat buffer (the
+arithmetic of ``F.interpolate(mode="bilinear", align_corners=False, antialias=False)`` on the crop).
+Samples the header marked for the CPU (progressive, grayscale, CMYK, PNG, ...) are decoded with PIL
+and counted (``Decode/cpu_fallback``). Without CUDA everything runs on the CPU (PIL), same arithmetic.
 
 :class:`GpuDecodeLoader` is the one switch: it wraps a ``DataLoader`` of encoded batches and runs the
-decoder ahead of the training step in a background thread on its own CUDA streams, with a bounded
-look-ahead queue and CUDA-event hand-over (``record_stream`` on everything crossing streams, no
-synchronize per step). The step receives ``(images, labels)`` on the device.
+decoder ahead of the training step in a background thread on its own CUDA stream, with a bounded
+look-ahead queue and CUDA-event hand-over (no synchronize per step).
 
 Example (plain PyTorch or a LightningModule's ``train_dataloader``)::
 
@@ -24,12 +22,12 @@ Example (plain PyTorch or a LightningModule's ``train_dataloader``)::
         ...
     print(train.stats().to_metrics())  # {"Decode/images_per_sec": ..., "Decode/cpu_fallback": ...}
 
-Requires torchvision for the GPU path: ``pip install "lightning-dataperf[gpu-decode]"``.
+GPU path: ``pip install "lightning-dataperf[gpu-decode]"`` (nvImageCodec; torchvision also works).
 """
 
 from __future__ import annotations
 
-import io
+import logging
 import threading
 import time
 from collections import deque
@@ -39,100 +37,22 @@ from typing import Any
 
 import torch
 
+from lightning_dataperf._decode_backends import host_layout, make_backend, pil_decode, slot_view
+from lightning_dataperf._flat_gather import crop_resize_flip
+from lightning_dataperf._graph_augment import GraphedAugment
 from lightning_dataperf.jpeg_batches import KIND_BAD, KIND_GPU, EncodedBatch
 
 __all__ = ["DecodeError", "DecodeStats", "GpuDecodeLoader", "JpegDecoder", "crop_resize_flip"]
 
+_TABLE_COLUMNS = 9  # base, height, width, crop top, left, height, width, flip, label
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _EXTRA = "lightning-dataperf[gpu-decode]"
+_log = logging.getLogger(__name__)
 
 
 class DecodeError(RuntimeError):
     """A sample that neither the GPU nor the CPU can decode (names its dataset index and path)."""
-
-
-def _decode_jpeg_cuda() -> Any:
-    try:
-        from torchvision.io import decode_jpeg
-    except Exception as error:  # ImportError, or a torchvision built for another torch
-        raise ImportError(
-            f"GPU JPEG decoding needs torchvision (install the extra: pip install '{_EXTRA}'); "
-            f"importing it failed: {error}"
-        ) from error
-    return decode_jpeg
-
-
-def _pil_decode(data: bytes) -> torch.Tensor:
-    """``[3, H, W]`` uint8 RGB via PIL (CMYK, grayscale, palette... converted)."""
-    try:
-        from PIL import Image
-    except ImportError as error:
-        raise ImportError("CPU decoding needs Pillow (pip install pillow)") from error
-    with Image.open(io.BytesIO(data)) as image:
-        rgb = image.convert("RGB")
-    array = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
-    return array.view(rgb.height, rgb.width, 3).permute(2, 0, 1).contiguous()
-
-
-def _axis(start: torch.Tensor, length: torch.Tensor, out: int, flip: torch.Tensor | None):
-    """Source indices (absolute) and weights along one axis, as ``upsample_bilinear2d`` computes them."""
-    scale = length.to(torch.float32) / out  # [B]
-    position = torch.arange(out, device=start.device, dtype=torch.float32).add_(0.5)
-    source = (position[None, :] * scale[:, None]).sub_(0.5).clamp_(min=0)  # [B, out]
-    first = source.floor()
-    weight = source - first
-    first = first.long()
-    second = first + (first < (length - 1)[:, None]).long()
-    if flip is not None:
-        flipped = flip[:, None]
-        first = torch.where(flipped, first.flip(1), first)
-        second = torch.where(flipped, second.flip(1), second)
-        weight = torch.where(flipped, weight.flip(1), weight)
-    return first + start[:, None], second + start[:, None], weight
-
-
-def crop_resize_flip(
-    flat: torch.Tensor,
-    bases: torch.Tensor,
-    sizes: torch.Tensor,
-    boxes: torch.Tensor,
-    flips: torch.Tensor,
-    size: int,
-    compute_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Crop, bilinearly resize and flip a batch of images of any sizes held in one flat buffer.
-
-    Args:
-        flat: every image's ``[3, H, W]`` uint8 pixels, concatenated.
-        bases: ``[B]`` where each image starts in ``flat``.
-        sizes: ``[B, 2]`` height, width.
-        boxes: ``[B, 4]`` crop top, left, height, width (source pixels).
-        flips: ``[B]`` bool, flip horizontally after the resize.
-        size: output side.
-        compute_dtype: the interpolation's arithmetic (``float16`` halves the memory traffic; its
-            rounding, about 0.1 of a level, is below a bfloat16 output's).
-
-    Returns:
-        ``[B, size, size, 3]`` in ``compute_dtype``, 0..255 (channels last), equal to ``F.interpolate`` of each crop
-        (bilinear, ``align_corners=False``, no antialias), then flipped.
-    """
-    top, left, box_h, box_w = boxes.unbind(1)
-    heights, widths = sizes[:, 0], sizes[:, 1]
-    y0, y1, wy = _axis(top, box_h, size, None)
-    x0, x1, wx = _axis(left, box_w, size, flips)
-    plane = heights * widths  # [B]
-    channel = bases[:, None] + plane[:, None] * torch.arange(3, device=flat.device)  # [B, 3]
-    row0 = (y0 * widths[:, None])[:, :, None, None]
-    row1 = (y1 * widths[:, None])[:, :, None, None]
-    col0, col1 = x0[:, None, :, None], x1[:, None, :, None]
-    base = channel[:, None, None, :]  # [B, 1, 1, 3]
-    top_row = base + row0
-    bottom_row = base + row1
-    wx = wx[:, None, :, None].to(compute_dtype)
-    upper = flat[top_row + col0].to(compute_dtype).lerp_(flat[top_row + col1].to(compute_dtype), wx)
-    lower = flat[bottom_row + col0].to(compute_dtype).lerp_(flat[bottom_row + col1].to(compute_dtype), wx)
-    return upper.lerp_(lower, wy[:, :, None, None].to(compute_dtype))
 
 
 @dataclass(frozen=True)
@@ -140,9 +60,10 @@ class DecodeStats:
     """Cumulative decode telemetry of a :class:`GpuDecodeLoader` (or a :class:`JpegDecoder`).
 
     ``decode_seconds`` is the device time from the start of the decode to the end of the augment
-    (CUDA events, read back lazily; host time on CPU), ``submit_seconds`` the host time the decode
-    thread spent submitting it, ``lookahead_mean`` the decoded batches already waiting when the step
-    asked for one, ``wait_seconds`` the step's total wait for a decoded batch.
+    (CUDA events, read back lazily; host time on CPU), ``submit_seconds`` the wall time the decode
+    thread spent submitting it (GIL waits included), ``submit_cpu_seconds`` that thread's own CPU
+    time, ``lookahead_mean`` the decoded batches already waiting when the step asked for one,
+    ``wait_seconds`` the step's total wait for a decoded batch, ``backend`` the decode library.
     """
 
     batches: int = 0
@@ -154,15 +75,18 @@ class DecodeStats:
     cpu_fallback: int = 0
     undecodable: int = 0
     jpeg_util_percent: float = float("nan")
+    submit_cpu_seconds: float = 0.0
+    backend: str = ""
 
     def to_metrics(self, prefix: str = "") -> dict[str, float]:
         """``{"Decode/...": float}`` for a logger's ``log_metrics``."""
-        per_batch = self.decode_seconds / self.batches if self.batches else 0.0
+        batches = self.batches or 1
         metrics = {
-            "Decode/batch_seconds": per_batch,
+            "Decode/batch_seconds": self.decode_seconds / batches,
             "Decode/images_per_sec": self.images / self.decode_seconds if self.decode_seconds else 0.0,
-            "Decode/submit_seconds": self.submit_seconds / self.batches if self.batches else 0.0,
-            "Decode/wait_seconds": self.wait_seconds / self.batches if self.batches else 0.0,
+            "Decode/submit_seconds": self.submit_seconds / batches,
+            "Decode/submit_cpu_seconds": self.submit_cpu_seconds / batches,
+            "Decode/wait_seconds": self.wait_seconds / batches,
             "Decode/lookahead_mean": self.lookahead_mean,
             "Decode/cpu_fallback": float(self.cpu_fallback),
             "Decode/undecodable": float(self.undecodable),
@@ -177,7 +101,7 @@ class _Telemetry:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.batches = self.images = self.cpu_fallback = self.undecodable = 0
-        self.decode_s = self.submit_s = self.wait_s = 0.0
+        self.decode_s = self.submit_s = self.submit_cpu_s = self.wait_s = 0.0
         self.depth_sum = self.depth_n = 0
         self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
 
@@ -191,16 +115,24 @@ class JpegDecoder:
     """Decodes and augments one :class:`EncodedBatch` into ``(images, labels)`` on ``device``.
 
     Args:
-        device: ``"cuda"``/``"cuda:N"`` (nvJPEG via torchvision) or ``"cpu"`` (PIL).
+        device: ``"cuda"``/``"cuda:N"`` (nvJPEG) or ``"cpu"`` (PIL).
         size: output side (RandomResizedCrop / centre crop boxes come with the batch).
         dtype: output dtype (e.g. ``torch.bfloat16``); ``torch.uint8`` skips normalisation.
         channels_last: return NCHW with channels-last strides (free here), else contiguous NCHW.
         mean, std: normalisation in 0..1 units.
         on_error: ``"raise"`` a :class:`DecodeError` naming index and path for an undecodable sample,
             or ``"zeros"``: an all-zero image (after normalisation), counted as ``Decode/undecodable``.
+        backend: ``"auto"`` (nvImageCodec if installed, else torchvision), ``"nvimgcodec"`` or
+            ``"torchvision"`` (ignored on CPU), or a backend object (see ``_decode_backends``).
+        decode_threads: nvImageCodec's CPU thread pool (default ``min(4, cores)``).
+        graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph_augment`; eager if
+            the capture fails, and for a batch of another size).
 
-    Calls on CUDA run on the current stream (the decoder's own decode stream is made to hand over
-    with an event); :class:`GpuDecodeLoader` calls it from its background thread.
+    Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it from its background thread.
+
+    Example::
+
+        images, labels = JpegDecoder("cuda", size=224, dtype=torch.bfloat16)(encoded_batch)
     """
 
     def __init__(
@@ -212,6 +144,9 @@ class JpegDecoder:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         on_error: str = "raise",
+        backend: Any = "auto",
+        decode_threads: int | None = None,
+        graph_augment: bool = True,
     ) -> None:
         if on_error not in ("raise", "zeros"):
             raise ValueError(f"on_error must be 'raise' or 'zeros', not {on_error!r}")
@@ -223,62 +158,90 @@ class JpegDecoder:
         self._scale = scale.to(self.device)
         self._shift = (-torch.tensor(mean, dtype=torch.float32) / torch.tensor(std)).to(self.device)
         self._cuda = self.device.type == "cuda"
-        self._decode_jpeg = _decode_jpeg_cuda() if self._cuda else None
-        self._decode_stream = torch.cuda.Stream(self.device) if self._cuda else None
+        custom = not isinstance(backend, str)
+        self.backend = make_backend(backend, self.device, decode_threads) if self._cuda or custom else None
+        self.layout = self.backend.layout if self.backend is not None else "hwc"
+        self.graph_augment = graph_augment and self._cuda
+        self._graphed: GraphedAugment | None = None
         self.telemetry = _Telemetry()
-        self._keep: deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = deque()
+        self._keep: deque[tuple[torch.cuda.Event, Any]] = deque()
+        self._warned = False
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         telemetry = self.telemetry
         if self._cuda:
             stream = torch.cuda.current_stream(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
-        meta = batch.meta.cpu()
-        kinds = meta[:, 2].tolist()
-        decoded, fallback, bad = self._decode(batch, kinds)
-        count = len(kinds)
-        if decoded:
-            sizes = meta[:, 3:5].clone()  # header sizes: what nvJPEG allocates
-            for i, kind in enumerate(kinds):
-                if kind != KIND_GPU or not self._cuda:
-                    sizes[i, 0], sizes[i, 1] = decoded[i].shape[1], decoded[i].shape[2]
-            boxes, flips = meta[:, 5:9].clone(), meta[:, 9:10]
-            for i in bad:  # the zero image: any box inside a 1x1 image
-                boxes[i] = torch.tensor([0, 0, 1, 1])
-            bases = torch.zeros(count, 1, dtype=torch.int64)
-            bases[1:, 0] = (sizes.prod(1) * 3).cumsum(0)[:-1]
-            flat = torch.cat([image.view(-1) for image in decoded])
-            self._release_after_use(decoded)
-            small = self._to_device(torch.cat([bases, sizes, boxes, flips], 1))
-            compute = torch.float16 if self._cuda and self.dtype in (torch.bfloat16, torch.float16) else torch.float32
-            pixels = crop_resize_flip(
-                flat, small[:, 0], small[:, 1:3], small[:, 3:7], small[:, 7].bool(), self.size, compute
-            )
-            images = self._finish(pixels)
+        meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
+        rows = meta.tolist()
+        flat, bases, sizes, fallback, bad, keep, graphed = self._decode(batch, rows)
+        count = len(rows)
+        if count:
+            table = [
+                (base, h, w, *((0, 0, 1, 1) if i in bad else row[5:9]), row[9], row[0])
+                for i, (row, base, (h, w)) in enumerate(zip(rows, bases, sizes, strict=True))
+            ]  # fmt: skip
+            host_table = self._pinned(torch.tensor(table, dtype=torch.int64))
+            if graphed is not None:
+                images, labels = self._replay(graphed, host_table)
+            else:
+                images, labels = self._augment(flat, host_table.to(self.device, non_blocking=True))
+            self._release_after_use(keep)
         else:
             images = torch.empty(0, 3, self.size, self.size, device=self.device, dtype=self.dtype)
-        labels = self._to_device(meta[:, 0].contiguous())
+            labels = self._to_device(meta[:, 0].contiguous())
         if self._cuda:
             end.record(stream)
-            with telemetry.lock:
-                telemetry.pending.append((start, end, count))
         with telemetry.lock:
+            if self._cuda:
+                telemetry.pending.append((start, end, count))
             telemetry.batches += 1
             telemetry.images += count
             telemetry.cpu_fallback += fallback
             telemetry.undecodable += len(bad)
             elapsed = time.perf_counter() - started
             telemetry.submit_s += elapsed
+            telemetry.submit_cpu_s += time.thread_time() - cpu_started
             if not self._cuda:
                 telemetry.decode_s += elapsed
         return images, labels
 
+    def _augment(self, flat: torch.Tensor, small: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Crop/resize/flip/normalise from ``flat`` by the device table ``small``; launches kernels only."""
+        compute = torch.float16 if self._cuda and self.dtype in (torch.bfloat16, torch.float16) else torch.float32
+        pixels = crop_resize_flip(
+            flat, small[:, 0], small[:, 1:3], small[:, 3:7], small[:, 7].bool(), self.size, compute, self.layout
+        )
+        return self._finish(pixels), small[:, 8].contiguous()
+
+    def _replay(self, graphed: GraphedAugment, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            return graphed.run(table, self._augment)
+        except Exception:  # capture failed: eager from now on (the static buffers hold this batch)
+            self._graphed, self.graph_augment = None, False
+            return self._augment(graphed.flat, graphed.table)
+
+    def _allocate(self, count: int, needed: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
+        """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it."""
+        if self.graph_augment and self._cuda and count:
+            graphed = self._graphed
+            if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
+                self._release_after_use(graphed)  # replays of the old graph may still be queued
+                capacity = needed * 5 // 4 + 3
+                graphed = self._graphed = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
+            if graphed.fits(count, needed):
+                return graphed.flat[:needed], graphed.zero_base, graphed
+        flat = torch.empty(needed + 3, dtype=torch.uint8, device=self.device)
+        flat[needed:].zero_()
+        return flat, needed, None
+
+    def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.pin_memory() if self._cuda else tensor
+
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not self._cuda:
-            return tensor
-        return tensor.pin_memory().to(self.device, non_blocking=True)
+        return self._pinned(tensor).to(self.device, non_blocking=True) if self._cuda else tensor
 
     def _finish(self, pixels: torch.Tensor) -> torch.Tensor:
         if self.dtype == torch.uint8:
@@ -288,66 +251,89 @@ class JpegDecoder:
         out = out.permute(0, 3, 1, 2)  # NCHW view, channels-last strides
         return out if self.channels_last else out.contiguous()
 
-    def _decode(self, batch: EncodedBatch, kinds: list[int]) -> tuple[list[torch.Tensor], int, list[int]]:
-        """Every sample as a ``[3, H, W]`` uint8 tensor on the device; the CPU-fallback count; bad samples."""
+    def _decode(self, batch: EncodedBatch, rows: list[list[int]]):
+        """Every sample into one flat device buffer (GPU-decoded slots first, then host-decoded ones,
+        a zero pixel for the undecodable): ``(flat, bases, sizes, cpu fallbacks, bad, keep-alive, graph)``."""
         data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
-        offsets = batch.offsets
-        parts = list(torch.split(data[: int(offsets[-1])], (offsets[1:] - offsets[:-1]).tolist()))
-        out: list[torch.Tensor | None] = [None] * len(kinds)
-        gpu = [i for i, kind in enumerate(kinds) if kind == KIND_GPU] if self._cuda else []
+        offsets = batch.offsets.tolist()
+        count = len(rows)
+        sizes = [(row[3], row[4]) for row in rows]
+        gpu = [i for i, row in enumerate(rows) if row[2] == KIND_GPU] if self.backend is not None else []
+        on_gpu = set(gpu)
+        host: dict[int, torch.Tensor] = {}
+        bad: list[int] = []
+        for i in range(count):
+            if i not in on_gpu:
+                self._host_decode(batch, data, offsets, rows, i, host, bad)
+        bases, position = [0] * count, 0
+        for i in gpu:
+            bases[i] = position
+            position += 3 * sizes[i][0] * sizes[i][1]
+        host_start = position
+        for i, image in host.items():
+            sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
+            position += image.numel()
+        flat, zero_base, graphed = self._allocate(count, position)
+        keep: Any = None
+        fallback = sum(1 for i in host if rows[i][2] != KIND_GPU or self.backend is not None)
         if gpu:
-            decoded = self._gpu_decode([parts[i] for i in gpu])
-            for i, image in zip(gpu, decoded, strict=True):
-                out[i] = image
-        fallback, bad = 0, []
-        for i, kind in enumerate(kinds):
-            if out[i] is not None:
-                continue
-            reason = batch.reasons[i] if i < len(batch.reasons) else ""
-            if kind != KIND_BAD:
-                try:
-                    out[i] = self._to_device(_pil_decode(parts[i].numpy().tobytes()))
-                    fallback += int(kind != KIND_GPU or self._cuda)
+            assert self.backend is not None
+            spans = [(offsets[i], offsets[i + 1]) for i in gpu]
+            ok, keep = self.backend.decode(data, spans, [sizes[i] for i in gpu], flat, [bases[i] for i in gpu])
+            for i, good in zip(gpu, ok, strict=True):
+                if good:
                     continue
-                except Exception as error:  # the CPU cannot decode it either
-                    reason = f"{type(error).__name__}: {error}"
-            if self.on_error == "raise":
-                index = int(batch.meta[i, 1])
-                path = batch.paths[i] if i < len(batch.paths) else "?"
-                raise DecodeError(f"cannot decode dataset index {index} ({path}): {reason or 'undecodable'}")
-            bad.append(i)
-            out[i] = torch.zeros(3, 1, 1, dtype=torch.uint8, device=self.device)
-        return out, fallback, bad  # type: ignore[return-value]
+                if not self._warned:
+                    self._warned = True
+                    _log.warning(
+                        "the GPU decoder rejected dataset index %d (%s); decoding it on the CPU (later ones are "
+                        "only counted in Decode/cpu_fallback)",
+                        int(rows[i][1]),
+                        batch.paths[i] if i < len(batch.paths) else "?",
+                    )
+                slot = slot_view(flat, bases[i], sizes[i], self.layout)
+                retried: dict[int, torch.Tensor] = {}
+                self._host_decode(batch, data, offsets, rows, i, retried, bad)
+                if i in retried and tuple(retried[i].shape[:2]) == sizes[i]:
+                    slot.copy_(self._pinned(host_layout(retried[i], self.layout)), non_blocking=True)
+                    fallback += 1
+                elif i in retried:
+                    self._fail(batch, i, f"decoded size {tuple(retried[i].shape[:2])} differs from the header's", bad)
+        if host:
+            joined = torch.cat([host_layout(host[i], self.layout).view(-1) for i in host])
+            flat[host_start:position].copy_(self._pinned(joined), non_blocking=True)
+        for i in bad:
+            bases[i], sizes[i] = zero_base, (1, 1)
+        return flat, bases, sizes, fallback, bad, keep, graphed
 
-    def _release_after_use(self, decoded: list[torch.Tensor]) -> None:
-        """Keep nvJPEG's outputs alive until the current stream has read them (instead of ``record_stream``
-        per image): their blocks belong to the decode stream, which nvJPEG's own stream does not wait on."""
-        if not self._cuda:
+    def _host_decode(self, batch, data, offsets, rows, i, out, bad) -> None:
+        """PIL decode of sample ``i`` into ``out[i]`` (``[H, W, 3]``), or mark it bad / raise."""
+        reason = batch.reasons[i] if i < len(batch.reasons) else ""
+        if rows[i][2] != KIND_BAD:
+            try:
+                out[i] = pil_decode(data[offsets[i] : offsets[i + 1]].numpy().tobytes())
+                return
+            except Exception as error:  # the CPU cannot decode it either
+                reason = f"{type(error).__name__}: {error}"
+        self._fail(batch, i, reason, bad)
+
+    def _fail(self, batch: EncodedBatch, i: int, reason: str, bad: list[int]) -> None:
+        if self.on_error == "raise":
+            index = int(batch.meta[i, 1])
+            path = batch.paths[i] if i < len(batch.paths) else "?"
+            raise DecodeError(f"cannot decode dataset index {index} ({path}): {reason or 'undecodable'}")
+        bad.append(i)
+
+    def _release_after_use(self, keep: Any) -> None:
+        """Keep the decoder's outputs and inputs alive until the current stream has read them (instead of
+        ``record_stream`` per image: their blocks may belong to another stream)."""
+        if not self._cuda or keep is None:
             return
         while self._keep and self._keep[0][0].query():
             self._keep.popleft()
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
-        self._keep.append((event, decoded))
-
-    def _gpu_decode(self, parts: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        """Batched nvJPEG on the decode stream; if the batch fails, image by image (``None``: failed)."""
-        assert self._decode_stream is not None and self._decode_jpeg is not None
-        current = torch.cuda.current_stream(self.device)
-        # Outputs are allocated on the decode stream, which runs nothing else: a block freed on the
-        # current stream can never be handed to nvJPEG's own stream while queued kernels still read it.
-        with torch.cuda.stream(self._decode_stream):
-            try:
-                decoded: list[torch.Tensor | None] = list(self._decode_jpeg(parts, device=self.device))
-            except Exception:  # one bad image fails nvJPEG's whole batch
-                decoded = []
-                for part in parts:
-                    try:
-                        decoded.append(self._decode_jpeg([part], device=self.device)[0])
-                    except Exception:
-                        decoded.append(None)
-        current.wait_stream(self._decode_stream)
-        return decoded
+        self._keep.append((event, keep))
 
     def stats(self) -> DecodeStats:
         """A snapshot of the telemetry so far (never blocks)."""
@@ -365,6 +351,8 @@ class JpegDecoder:
                 cpu_fallback=telemetry.cpu_fallback,
                 undecodable=telemetry.undecodable,
                 jpeg_util_percent=_jpeg_utilisation(self.device),
+                submit_cpu_seconds=telemetry.submit_cpu_s,
+                backend=self.backend.name if self.backend is not None else "pil",
             )
 
 

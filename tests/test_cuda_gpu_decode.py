@@ -20,38 +20,58 @@ IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}
 MEAN_TOLERANCE, P99_TOLERANCE = 2.0, 16.0
 
 
+def _available(name: str) -> bool:
+    from lightning_dataperf._decode_backends import import_decode_jpeg, import_nvimgcodec
+
+    try:
+        (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()
+    except ImportError:
+        return False
+    return True
+
+
+BACKENDS = [
+    pytest.param(name, marks=pytest.mark.skipif(not _available(name), reason=f"{name} not importable"))
+    for name in ("nvimgcodec", "torchvision")
+]
+
+
 def _compare(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[float, float]:
     difference = (gpu.float().cpu() - cpu.float()).abs()
     return difference.mean().item(), difference.flatten().quantile(0.99).item()
 
 
-def test_gpu_batch_matches_cpu_reference(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_batch_matches_cpu_reference(tmp_path, backend):
     samples = write_files(str(tmp_path), 24, sizes=((200, 320), (480, 260), (333, 333), (250, 500)))
     dataset = EncodedImageDataset(samples, seed=11)
     batch = collate_encoded([dataset[i] for i in range(24)])
-    gpu = JpegDecoder("cuda", size=224, **IDENTITY)
+    gpu = JpegDecoder("cuda", size=224, backend=backend, **IDENTITY)
     images, labels = gpu(batch)
+    images, labels = gpu(batch)  # twice: the nvImageCodec backend settles on decoding in place or copying
     torch.cuda.synchronize()
     assert images.device.type == "cuda" and images.is_contiguous(memory_format=torch.channels_last)
     reference, reference_labels = JpegDecoder("cpu", size=224, **IDENTITY)(batch)
     mean, p99 = _compare(images, reference)
-    print(f"GPU vs CPU decode: mean abs {mean:.3f}, p99 {p99:.2f} (0..255)")
+    into = getattr(gpu.backend, "into", None)
+    print(f"{backend} vs CPU decode: mean abs {mean:.3f}, p99 {p99:.2f} (0..255), decodes in place: {into}")
     assert mean < MEAN_TOLERANCE and p99 < P99_TOLERANCE
     assert torch.equal(labels.cpu(), reference_labels)
     assert gpu.stats().cpu_fallback == 0
-    bf16, _ = JpegDecoder("cuda", size=224, dtype=torch.bfloat16)(batch)  # float16 arithmetic
+    bf16, _ = JpegDecoder("cuda", size=224, dtype=torch.bfloat16, backend=backend, graph_augment=False)(batch)
     assert bf16.dtype == torch.bfloat16 and bf16.is_contiguous(memory_format=torch.channels_last)
-    fp32, _ = JpegDecoder("cuda", size=224)(batch)
+    fp32, _ = JpegDecoder("cuda", size=224, backend=backend)(batch)
     torch.testing.assert_close(bf16.float(), fp32, atol=0.05, rtol=0.01)
 
 
-def test_bad_inputs_fall_back_or_fail_clearly(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_inputs_fall_back_or_fail_clearly(tmp_path, backend):
     paths = odd_files(str(tmp_path))
     good = write_files(str(tmp_path / "ok"), 3)
     odd = ["progressive", "grayscale", "cmyk", "png"]
     dataset = EncodedImageDataset(good + [(paths[name], 0) for name in odd], seed=1)
     batch = collate_encoded([dataset[i] for i in range(len(dataset))])
-    decoder = JpegDecoder("cuda", size=32, **IDENTITY)
+    decoder = JpegDecoder("cuda", size=32, backend=backend, **IDENTITY)
     images, _ = decoder(batch)
     reference, _ = JpegDecoder("cpu", size=32, **IDENTITY)(batch)
     mean, _ = _compare(images, reference)
@@ -62,12 +82,13 @@ def test_bad_inputs_fall_back_or_fail_clearly(tmp_path):
         with pytest.raises(DecodeError, match=r"dataset index 1"):
             decoder(collate_encoded([bad[0], bad[1]]))
     everything_bad = EncodedImageDataset([(paths["zero"], 0), (paths["garbage"], 1)])
-    zeros = JpegDecoder("cuda", size=8, on_error="zeros")
+    zeros = JpegDecoder("cuda", size=8, on_error="zeros", backend=backend)
     images, labels = zeros(collate_encoded([everything_bad[0], everything_bad[1]]))
     assert images.shape == (2, 3, 8, 8) and labels.tolist() == [0, 1] and zeros.stats().undecodable == 2
 
 
-def test_corrupt_scan_data_does_not_kill_the_batch(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_corrupt_scan_data_does_not_kill_the_batch(tmp_path, backend):
     good = write_files(str(tmp_path), 4)
     with open(good[1][0], "rb") as file:
         data = bytearray(file.read())
@@ -76,15 +97,18 @@ def test_corrupt_scan_data_does_not_kill_the_batch(tmp_path):
     with open(good[1][0], "wb") as file:
         file.write(bytes(data))
     dataset = EncodedImageDataset(good)
-    images, _ = JpegDecoder("cuda", size=16, on_error="zeros")(collate_encoded([dataset[i] for i in range(4)]))
+    decoder = JpegDecoder("cuda", size=16, on_error="zeros", backend=backend)
+    images, _ = decoder(collate_encoded([dataset[i] for i in range(4)]))
     assert images.shape == (4, 3, 16, 16) and torch.isfinite(images.float()).all()
 
 
-def test_loader_epochs_no_leaks(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loader_epochs_no_leaks(tmp_path, backend):
     samples = write_files(str(tmp_path), 40, sizes=((100, 140), (160, 90)))
     dataset = EncodedImageDataset(samples, seed=3)
     loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2, collate_fn=collate_encoded)
-    train = GpuDecodeLoader(loader, device="cuda", size=64, dtype=torch.bfloat16, lookahead=2)
+    train = GpuDecodeLoader(loader, device="cuda", size=64, dtype=torch.bfloat16, lookahead=2, backend=backend)
+    before = set(threading.enumerate())
     allocated = []
     for epoch in range(3):
         train.set_epoch(epoch)
@@ -97,10 +121,11 @@ def test_loader_epochs_no_leaks(tmp_path):
         del images, labels
         torch.cuda.synchronize()
         allocated.append(torch.cuda.memory_allocated())
-        assert not [t for t in threading.enumerate() if t.name == "dataperf-gpu-decode" and t.is_alive()]
+        left = [t for t in threading.enumerate() if t not in before and t.name == "dataperf-gpu-decode"]
+        assert not [t for t in left if t.is_alive()]
     assert allocated[2] <= allocated[0] + (1 << 20), allocated
     stats = train.stats()
-    assert stats.images == 120 and stats.decode_seconds > 0
+    assert stats.images == 120 and stats.decode_seconds > 0 and stats.backend == backend
     print("stats:", stats.to_metrics())
 
 
@@ -136,3 +161,52 @@ def test_lightning_fit_receives_decoded_batches(tmp_path):
     trainer.fit(Model())
     assert len(seen) == 8 and set(seen) == {("cuda", torch.bfloat16, True)}
     assert dataset.epoch == 1  # Lightning's set_epoch reached the dataset
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_graphed_augment_equals_eager(tmp_path, backend):
+    """Batches of one size through the CUDA graph (growing its buffer once), a partial batch eagerly."""
+    small = write_files(str(tmp_path / "small"), 8, sizes=((64, 80), (72, 60)))
+    large = write_files(str(tmp_path / "large"), 8, sizes=((300, 420), (380, 260)))
+    dataset = EncodedImageDataset(small + large, seed=5)
+    batches = [
+        collate_encoded([dataset[i] for i in chunk]) for chunk in (range(8), range(8, 16), range(4, 12), range(3))
+    ]
+    graphed = JpegDecoder("cuda", size=48, dtype=torch.bfloat16, backend=backend, graph_augment=True)
+    eager = JpegDecoder("cuda", size=48, dtype=torch.bfloat16, backend=backend, graph_augment=False)
+    outputs = [(graphed(batch), eager(batch)) for batch in batches]
+    torch.cuda.synchronize()
+    assert graphed.graph_augment, "the capture failed: the decoder fell back to eager"
+    assert graphed._graphed is not None and graphed._graphed.batch == 8
+    for (images, labels), (expected, expected_labels) in outputs:
+        assert images.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
+
+
+def _collect(_worker_id: int) -> None:
+    import gc
+
+    gc.collect()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_workers_survive_the_parents_cuda_garbage(tmp_path, backend):
+    """The H200 worker segfaults: a forked worker's garbage collection ran the destructors of the parent's
+    garbage (a dropped decoder's CUDA graph, nvImageCodec decoder). Here: such garbage, a worker that collects."""
+    import gc
+
+    samples = write_files(str(tmp_path), 16, sizes=((100, 140),))
+    dataset = EncodedImageDataset(samples, seed=3)
+    batch = collate_encoded([dataset[i] for i in range(8)])
+    gc.disable()
+    try:
+        dropped = JpegDecoder("cuda", size=32, backend=backend, graph_augment=True)
+        dropped(batch)
+        torch.cuda.synchronize()
+        dropped.cycle = dropped  # garbage only the cycle collector frees
+        del dropped
+        loader = DataLoader(dataset, batch_size=8, num_workers=2, collate_fn=collate_encoded, worker_init_fn=_collect)
+        train = GpuDecodeLoader(loader, device="cuda", size=32, backend=backend)
+        assert sum(images.shape[0] for images, _ in train) == 16
+    finally:
+        gc.enable()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import struct
 
 import pytest
@@ -188,3 +189,115 @@ def test_epoch_relay_reaches_dataset(tmp_path):
     loader = GpuDecodeLoader(DataLoader(dataset, collate_fn=collate_encoded), device="cpu")
     loader.sampler.set_epoch(4)  # what Lightning's fit loop calls
     assert dataset.epoch == 4 and len(loader) == 2
+
+
+class _FakeNvImageCodec:
+    """Stands in for ``nvidia.nvimgcodec`` on the CPU: PIL decodes, into the given images or into new ones."""
+
+    class BackendKind:
+        HW_GPU_ONLY, GPU_ONLY = "hw", "gpu"
+
+    class ColorSpec:
+        SRGB = "srgb"
+
+    class SampleFormat:
+        I_RGB = "i_rgb"
+
+    class _Wrapped:  # what as_images returns: the caller's buffer (here host memory, written with memmove)
+        def __init__(self, slot):
+            self.__cuda_array_interface__ = slot.__cuda_array_interface__
+            self.shape = self.__cuda_array_interface__["shape"]
+
+        def write(self, pixels):
+            assert tuple(pixels.shape) == self.shape
+            ctypes.memmove(self.__cuda_array_interface__["data"][0], pixels.numpy().ctypes.data, pixels.numel())
+
+    def __init__(self, into: bool, broken: int = -1) -> None:
+        self.into, self.broken, self.calls = into, broken, []
+
+    def Backend(self, kind):  # noqa: N802  (nvImageCodec's names)
+        return kind
+
+    def DecodeParams(self, **kwargs):  # noqa: N802
+        return kwargs
+
+    def CodeStream(self, array):  # noqa: N802
+        return array.tobytes()
+
+    def Decoder(self, **kwargs):  # noqa: N802
+        return self
+
+    def as_images(self, slots, cuda_stream=0):
+        if not self.into:
+            raise TypeError("external buffers not supported")
+        return [self._Wrapped(slot) for slot in slots]
+
+    def decode(self, streams, images=None, params=None, cuda_stream=0):
+        from lightning_dataperf._decode_backends import pil_decode
+
+        self.calls.append("into" if images is not None else "copy")
+        out = []
+        for k, data in enumerate(streams):
+            if data == self.broken:
+                out.append(None)
+                continue
+            pixels = pil_decode(data)
+            if images is None or self.into == "own":  # "own": ignores the buffers it was given
+                out.append(pixels.clone())
+            else:
+                images[k].write(pixels)
+                out.append(images[k])
+        return out
+
+
+@pytest.mark.parametrize("into", [True, False, "own"])
+def test_nvimgcodec_backend_fills_the_flat_buffer(tmp_path, into):
+    from lightning_dataperf._decode_backends import NvImageCodecBackend
+
+    paths = odd_files(str(tmp_path))
+    samples = [*write_files(str(tmp_path / "ok"), 5), (paths["progressive"], 0)]
+    dataset = EncodedImageDataset(samples, seed=4)
+    batch = collate_encoded([dataset[i] for i in range(len(samples))])
+    broken = _read(samples[2][0])  # the "GPU" fails this one: it is retried on the CPU
+    codec = _FakeNvImageCodec(into, broken)
+    backend = NvImageCodecBackend(torch.device("cpu"), threads=1, codec=codec)
+    decoder = JpegDecoder("cpu", size=24, backend=backend, **IDENTITY)
+    images, labels = decoder(batch)
+    expected, expected_labels = JpegDecoder("cpu", size=24, **IDENTITY)(batch)
+    torch.testing.assert_close(images, expected, atol=1e-4, rtol=0)
+    assert torch.equal(labels, expected_labels)
+    assert decoder.stats().cpu_fallback == 2  # the progressive file and the one the "GPU" failed
+    assert backend.into is (into is True)  # decoding in place is kept only where it happened
+    assert codec.calls == (["into", "copy"] if into else ["copy"])  # the copy call: only the failure / all
+
+
+def test_flat_gather_layouts_agree():
+    from lightning_dataperf.gpu_decode import crop_resize_flip
+
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (h, w, 3), generator=generator, dtype=torch.uint8) for h, w in ((9, 13), (20, 7))]
+    sizes = torch.tensor([[9, 13], [20, 7]])
+    bases = torch.tensor([0, 9 * 13 * 3])
+    boxes, flips = torch.tensor([[1, 2, 6, 9], [3, 0, 15, 7]]), torch.tensor([True, False])
+    hwc = torch.cat([image.reshape(-1) for image in images])
+    chw = torch.cat([image.permute(2, 0, 1).reshape(-1) for image in images])
+    a = crop_resize_flip(hwc, bases, sizes, boxes, flips, 5, layout="hwc")
+    b = crop_resize_flip(chw, bases, sizes, boxes, flips, 5, layout="chw")
+    torch.testing.assert_close(a, b)
+    crop = images[0][1:7, 2:11].permute(2, 0, 1)[None].float()
+    resized = torch.nn.functional.interpolate(crop, size=(5, 5), mode="bilinear", align_corners=False)
+    torch.testing.assert_close(a[0], resized[0].flip(-1).permute(1, 2, 0), atol=1e-4, rtol=0)
+
+
+def test_backend_choice_names_the_extra():
+    from lightning_dataperf._decode_backends import make_backend
+
+    with pytest.raises(ValueError, match="backend must be one of"):
+        make_backend("dali", torch.device("cpu"))
+    try:
+        from nvidia import nvimgcodec  # noqa: F401
+    except Exception:
+        with pytest.raises(ImportError, match=r"lightning-dataperf\[gpu-decode\]"):
+            make_backend("nvimgcodec", torch.device("cpu"))
+    else:
+        pytest.skip("nvImageCodec is installed here")

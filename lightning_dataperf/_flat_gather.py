@@ -1,0 +1,85 @@
+"""Crop + bilinear resize + flip of a whole batch of images of any sizes held in one flat buffer (issue 17).
+
+Import :func:`crop_resize_flip` from :mod:`lightning_dataperf.gpu_decode`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["crop_resize_flip"]
+
+
+def _axis(start: torch.Tensor, length: torch.Tensor, out: int, flip: torch.Tensor | None):
+    """Source indices (absolute) and weights along one axis, as ``upsample_bilinear2d`` computes them."""
+    scale = length.to(torch.float32) / out  # [B]
+    position = torch.arange(out, device=start.device, dtype=torch.float32).add_(0.5)
+    source = (position[None, :] * scale[:, None]).sub_(0.5).clamp_(min=0)  # [B, out]
+    first = source.floor()
+    weight = source - first
+    first = first.long()
+    second = first + (first < (length - 1)[:, None]).long()
+    if flip is not None:
+        flipped = flip[:, None]
+        first = torch.where(flipped, first.flip(1), first)
+        second = torch.where(flipped, second.flip(1), second)
+        weight = torch.where(flipped, weight.flip(1), weight)
+    return first + start[:, None], second + start[:, None], weight
+
+
+def crop_resize_flip(
+    flat: torch.Tensor,
+    bases: torch.Tensor,
+    sizes: torch.Tensor,
+    boxes: torch.Tensor,
+    flips: torch.Tensor,
+    size: int,
+    compute_dtype: torch.dtype = torch.float32,
+    layout: str = "chw",
+) -> torch.Tensor:
+    """Crop, bilinearly resize and flip a batch of images of any sizes held in one flat buffer.
+
+    Args:
+        flat: every image's uint8 pixels (``[3, H, W]`` for ``layout="chw"``, ``[H, W, 3]`` for ``"hwc"``),
+            each at its base.
+        bases: ``[B]`` where each image starts in ``flat``.
+        sizes: ``[B, 2]`` height, width.
+        boxes: ``[B, 4]`` crop top, left, height, width (source pixels).
+        flips: ``[B]`` bool, flip horizontally after the resize.
+        size: output side.
+        compute_dtype: the interpolation's arithmetic (``float16`` halves the memory traffic; its
+            rounding, about 0.1 of a level, is below a bfloat16 output's).
+        layout: ``"chw"`` (planar) or ``"hwc"`` (interleaved) images in ``flat``.
+
+    Returns:
+        ``[B, size, size, 3]`` in ``compute_dtype``, 0..255 (channels last), equal to ``F.interpolate`` of each crop
+        (bilinear, ``align_corners=False``, no antialias), then flipped.
+
+    Example::
+
+        pixels = crop_resize_flip(flat, bases, sizes, boxes, flips, 224, layout="hwc")  # [B, 224, 224, 3]
+    """
+    if layout not in ("chw", "hwc"):
+        raise ValueError(f"layout must be 'chw' or 'hwc', not {layout!r}")
+    top, left, box_h, box_w = boxes.unbind(1)
+    heights, widths = sizes[:, 0], sizes[:, 1]
+    y0, y1, wy = _axis(top, box_h, size, None)
+    x0, x1, wx = _axis(left, box_w, size, flips)
+    channels = torch.arange(3, device=flat.device)
+    if layout == "chw":
+        channel = bases[:, None] + (heights * widths)[:, None] * channels  # [B, 3]
+        row_stride = widths[:, None]
+    else:
+        channel = bases[:, None] + channels
+        row_stride = 3 * widths[:, None]
+        x0, x1 = x0 * 3, x1 * 3
+    row0 = (y0 * row_stride)[:, :, None, None]
+    row1 = (y1 * row_stride)[:, :, None, None]
+    col0, col1 = x0[:, None, :, None], x1[:, None, :, None]
+    base = channel[:, None, None, :]  # [B, 1, 1, 3]
+    top_row = base + row0
+    bottom_row = base + row1
+    wx = wx[:, None, :, None].to(compute_dtype)
+    upper = flat[top_row + col0].to(compute_dtype).lerp_(flat[top_row + col1].to(compute_dtype), wx)
+    lower = flat[bottom_row + col0].to(compute_dtype).lerp_(flat[bottom_row + col1].to(compute_dtype), wx)
+    return upper.lerp_(lower, wy[:, :, None, None].to(compute_dtype))

@@ -1,0 +1,86 @@
+"""The batched crop/resize/flip/normalise as ONE CUDA graph (issue 17).
+
+In eager mode the augment is ~90 small PyTorch calls per batch, each taking the GIL from a training
+step that may need all of it (a small model's step keeps the main thread 100% busy launching
+kernels). Captured once, it is one ``replay`` plus two copies. The graph reads fixed addresses, so
+the decoder decodes straight into :attr:`GraphedAugment.flat` and the per-sample table goes into
+:attr:`GraphedAugment.table`; the outputs are cloned so the next replay cannot overwrite a batch the
+step still reads. Batches of another size (the last, partial one) or needing more bytes than the
+buffer holds use the eager path or a new, larger graph.
+
+Example::
+
+    graphed = GraphedAugment(batch=128, capacity=needed * 5 // 4, columns=9, device=device)
+    flat = graphed.flat[:needed]                          # decode into this
+    images, labels = graphed.run(table_pinned, augment)   # on the current stream
+
+The graph holds no reference to ``augment`` (a bound method of the decoder would make a reference
+cycle, freed only by the cyclic garbage collector, which may then run in a forked DataLoader worker
+and destroy the CUDA graph there: a crash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["GraphedAugment"]
+
+Augment = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class GraphedAugment:
+    """``augment(flat, table) -> (images, labels)`` captured as a CUDA graph over static buffers.
+
+    Args:
+        batch: the batch size the graph is captured for.
+        capacity: bytes of the static flat buffer; its last 3 bytes stay zero (the undecodable pixel).
+        columns: columns of the ``int64`` per-sample table.
+        device: the CUDA device.
+    """
+
+    def __init__(self, batch: int, capacity: int, columns: int, device: torch.device) -> None:
+        self.batch, self.capacity, self.device = batch, capacity, device
+        self.flat = torch.zeros(capacity, dtype=torch.uint8, device=device)
+        self.table = torch.zeros(batch, columns, dtype=torch.int64, device=device)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._out: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def zero_base(self) -> int:
+        """Where the all-zero pixel lies in :attr:`flat`."""
+        return self.capacity - 3
+
+    def fits(self, count: int, needed: int) -> bool:
+        """Can a batch of ``count`` samples and ``needed`` decoded bytes use this graph?"""
+        return count == self.batch and needed <= self.zero_base
+
+    def run(self, table: torch.Tensor, augment: Augment) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy ``table`` (pinned host, ``[batch, columns]``) in, replay, and return fresh outputs.
+
+        ``augment(flat, table)`` is captured at the first call (it must only launch kernels: no host
+        sync, no ``.item()``); later calls replay that capture and do not call it."""
+        current = torch.cuda.current_stream(self.device)
+        self.table.copy_(table, non_blocking=True)
+        if self._graph is None:
+            self._capture(current, augment)
+        assert self._graph is not None and self._out is not None
+        self._graph.replay()
+        images, labels = self._out
+        return images.clone(memory_format=torch.preserve_format), labels.clone()
+
+    def _capture(self, current: torch.cuda.Stream, augment: Augment) -> None:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            augment(self.flat, self.table)  # warm-up outside the capture
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the training step's CUDA calls in other threads go on during the capture
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                out = augment(self.flat, self.table)
+            finally:
+                graph.capture_end()
+        current.wait_stream(side)
+        self._graph, self._out = graph, out
