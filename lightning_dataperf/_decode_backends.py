@@ -31,7 +31,8 @@ import torch
 
 __all__ = ["NvImageCodecBackend", "TorchvisionBackend", "host_layout", "make_backend", "pil_decode", "slot_view"]
 
-EXTRA = "lightning-dataperf[gpu-decode]"
+EXTRA = "lightning-dataperf[gpu-decode]"  # torchvision, the default backend
+NVIMGCODEC_EXTRA = "lightning-dataperf[gpu-decode-nvimgcodec]"
 BACKENDS = ("auto", "nvimgcodec", "torchvision")
 Spans = Sequence[tuple[int, int]]
 Sizes = Sequence[tuple[int, int]]
@@ -61,7 +62,8 @@ def import_nvimgcodec() -> Any:
     except Exception as error:  # ImportError, or libnvjpeg missing at load time
         raise ImportError(
             f"the nvImageCodec decode backend needs nvidia-nvimgcodec-cu13 and nvidia-nvjpeg "
-            f"(install the extra: pip install '{EXTRA}'); importing it failed: {error}"
+            f"(install the extra: pip install '{NVIMGCODEC_EXTRA}', or '...-cu12' for CUDA 12); "
+            f"importing it failed: {error}"
         ) from error
     finally:
         if quiet:
@@ -106,7 +108,8 @@ def import_decode_jpeg() -> Any:
     except Exception as error:  # ImportError, or a torchvision built for another torch
         raise ImportError(
             f"the torchvision decode backend needs a CUDA build of torchvision "
-            f"(pip install '{EXTRA}' installs nvImageCodec instead); importing it failed: {error}"
+            f"matching your torch (pip install '{EXTRA}', from your torch's CUDA wheel index; or the nvImageCodec "
+            f"backend: pip install '{NVIMGCODEC_EXTRA}'); importing it failed: {error}"
         ) from error
     return decode_jpeg
 
@@ -322,8 +325,9 @@ def host_layout(image: torch.Tensor, layout: str) -> torch.Tensor:
 
 
 def make_backend(name: Any, device: torch.device, threads: int | None = None) -> Any:
-    """The backend called ``name`` (``auto``: nvImageCodec if it imports, else torchvision), or ``name``
-    itself if it is a backend object (``layout`` and ``decode(data, spans, sizes, flat, bases)``)."""
+    """The backend called ``name`` (``auto``: torchvision's CUDA decode if it imports, else nvImageCodec; the order
+    measured end to end on an H200), or ``name`` itself if it is a backend object (``layout`` and
+    ``decode(data, spans, sizes, flat, bases)``)."""
     if hasattr(name, "decode") and hasattr(name, "layout"):
         return name
     if name not in BACKENDS:
@@ -333,12 +337,12 @@ def make_backend(name: Any, device: torch.device, threads: int | None = None) ->
     if name == "torchvision":
         return TorchvisionBackend(device)
     try:
-        return NvImageCodecBackend(device, threads)
-    except ImportError as nvimgcodec_error:
+        return TorchvisionBackend(device)
+    except ImportError as torchvision_error:
         try:
-            return TorchvisionBackend(device)
-        except ImportError as torchvision_error:
+            return NvImageCodecBackend(device, threads)
+        except ImportError as nvimgcodec_error:
             raise ImportError(
-                f"GPU JPEG decoding needs nvImageCodec (pip install '{EXTRA}') or a CUDA build of torchvision: "
-                f"{nvimgcodec_error}; {torchvision_error}"
-            ) from torchvision_error
+                f"GPU JPEG decoding needs a CUDA build of torchvision (pip install '{EXTRA}') or nvImageCodec "
+                f"(pip install '{NVIMGCODEC_EXTRA}'): {torchvision_error}; {nvimgcodec_error}"
+            ) from nvimgcodec_error

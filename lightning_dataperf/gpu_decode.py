@@ -42,7 +42,7 @@ from lightning_dataperf._flat_gather import crop_resize_flip
 from lightning_dataperf._graph_augment import GraphedAugment
 from lightning_dataperf.jpeg_batches import KIND_BAD, KIND_GPU, EncodedBatch
 
-__all__ = ["DecodeError", "DecodeStats", "GpuDecodeLoader", "JpegDecoder", "crop_resize_flip"]
+__all__ = ["DecodeError", "DecodeStats", "GpuDecodeLoader", "JpegDecoder", "crop_resize_flip"]  # noqa: F822 (lazy)
 
 _TABLE_COLUMNS = 9  # base, height, width, crop top, left, height, width, flip, label
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -370,4 +370,10 @@ def _jpeg_utilisation(device: torch.device) -> float:
         return float("nan")
 
 
-from lightning_dataperf._gpu_decode_loader import GpuDecodeLoader  # noqa: E402  (re-export)
+def __getattr__(name: str) -> Any:
+    """``GpuDecodeLoader`` re-exported lazily: its module imports this one (either may be imported first)."""
+    if name == "GpuDecodeLoader":
+        from lightning_dataperf._gpu_decode_loader import GpuDecodeLoader
+
+        return GpuDecodeLoader
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

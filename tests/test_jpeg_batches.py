@@ -297,7 +297,7 @@ def test_backend_choice_names_the_extra():
     try:
         from nvidia import nvimgcodec  # noqa: F401
     except Exception:
-        with pytest.raises(ImportError, match=r"lightning-dataperf\[gpu-decode\]"):
+        with pytest.raises(ImportError, match=r"lightning-dataperf\[gpu-decode-nvimgcodec\]"):
             make_backend("nvimgcodec", torch.device("cpu"))
     else:
         pytest.skip("nvImageCodec is installed here")

@@ -72,3 +72,13 @@ def test_importing_a_submodule_first_still_registers_the_strategies():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().endswith("SideStreamStrategy")
+
+
+@pytest.mark.parametrize("first", ["lightning_dataperf._gpu_decode_loader", "lightning_dataperf.gpu_decode"])
+def test_the_gpu_decode_modules_import_in_either_order(first):
+    """``gpu_decode`` re-exports ``GpuDecodeLoader``, whose module imports ``gpu_decode``: no import cycle."""
+    other = "lightning_dataperf.gpu_decode" if first.endswith("_loader") else "lightning_dataperf._gpu_decode_loader"
+    code = f"import {first}, {other}; from {first} import GpuDecodeLoader; from {other} import GpuDecodeLoader as G; "
+    code += "assert G is GpuDecodeLoader"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
