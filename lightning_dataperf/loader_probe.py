@@ -124,10 +124,20 @@ _CLOCK: _WorkerClock | None = None
 
 
 def _clock() -> _WorkerClock:
-    global _CLOCK  # noqa: PLW0603  (one per process; a forked worker starts from a copy and resets it)
-    if _CLOCK is None or _CLOCK.pid != os.getpid():
+    """This process's clock (a forked worker's copy is dropped at the fork: no ``getpid()`` per batch)."""
+    global _CLOCK  # noqa: PLW0603  (one per process)
+    if _CLOCK is None:
         _CLOCK = _WorkerClock()
     return _CLOCK
+
+
+def _forget_clock() -> None:
+    global _CLOCK  # noqa: PLW0603
+    _CLOCK = None
+
+
+if hasattr(os, "register_at_fork"):  # a spawned or forkserver worker imports this module afresh
+    os.register_at_fork(after_in_child=_forget_clock)
 
 
 class TimedDataset(Dataset):
@@ -168,10 +178,14 @@ class TimedDataset(Dataset):
 
 @dataclass(frozen=True, slots=True)
 class TimedBatch:
-    """A batch and its :class:`BatchTiming`, on the way from a worker to the training process."""
+    """A batch and its :class:`BatchTiming`, on the way from a worker to the training process.
+
+    ``pin_s`` is the pin thread's time, folded into the timing when the callback reads it (not per batch).
+    """
 
     batch: Any
     timing: BatchTiming
+    pin_s: float = 0.0
 
     def pin_memory(self, device: Any = None) -> TimedBatch:
         """Called by the DataLoader's pin thread: pin the batch and count the time."""
@@ -179,7 +193,7 @@ class TimedBatch:
 
         started = _now()
         pinned = pin_batch(self.batch)
-        return TimedBatch(pinned, dataclasses.replace(self.timing, pin_s=_now() - started))
+        return TimedBatch(pinned, self.timing, _now() - started)
 
 
 class TimedCollate:
@@ -195,18 +209,26 @@ class TimedCollate:
         return TimedBatch(batch, _clock().batch_done(ended - started, _cpu() - cpu, ended))
 
 
+#: What the main process notes per batch: (timing, pin_s, requested_at, received_at, index).
+_Received = tuple[BatchTiming, float, float, float, int]
+
+
 class LoaderProbe:
     """Where the main process leaves each received batch's timing, until the callback drains them."""
 
     def __init__(self) -> None:
-        self.records: deque[BatchTiming] = deque(maxlen=MAX_RECORDS)
+        self.records: deque[_Received] = deque(maxlen=MAX_RECORDS)
         self.blind: str | None = None  # why the inside of the loader is not seen, if it is not
 
     def unwrap(self, iterator: Iterator[Any]) -> Iterator[Any]:
         return _Unwrapping(iterator, self.records)
 
     def completed(self) -> list[BatchTiming]:
-        done = list(self.records)
+        """The batches received since the last call, oldest first (built here, at log points, not per batch)."""
+        done = [
+            dataclasses.replace(timing, pin_s=pin_s, requested_at=requested, received_at=received, index=index)
+            for timing, pin_s, requested, received, index in self.records
+        ]
         self.records.clear()
         return done
 
@@ -214,17 +236,17 @@ class LoaderProbe:
 class _Unwrapping(Iterator):
     """The loader's iterator, handing the batch on without its timing (which goes to the probe)."""
 
-    def __init__(self, iterator: Iterator[Any], records: deque[BatchTiming]) -> None:
-        self._iterator, self._records, self._index = iterator, records, 0
+    def __init__(self, iterator: Iterator[Any], records: deque[_Received]) -> None:
+        self._iterator, self._append, self._index = iterator, records.append, 0
 
     def __next__(self) -> Any:
         requested = _now()
         item = next(self._iterator)
-        index, self._index = self._index, self._index + 1
         if type(item) is TimedBatch:
-            timing = dataclasses.replace(item.timing, requested_at=requested, received_at=_now(), index=index)
-            self._records.append(timing)
+            self._append((item.timing, item.pin_s, requested, _now(), self._index))
+            self._index += 1
             return item.batch
+        self._index += 1
         return item
 
     def __getattr__(self, name: str) -> Any:  # public attributes of the wrapped iterator
