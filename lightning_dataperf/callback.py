@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook
+from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook, global_step_reader
 from lightning_dataperf.batches import BatchFootprint, BatchSizer
 from lightning_dataperf.diagnosis import diagnose
 from lightning_dataperf.evidence import Evidence
@@ -141,6 +141,7 @@ class DataPerfCallback(Callback):
         self._train: StageTimer | None = None  # self._timers.get(Stage.TRAIN), read in the per-step hooks
         self._log_every = 1  # the log interval in optimizer steps, and the batches after which a window is
         self._stuck_after = 4  # logged anyway (no optimizer step): both fixed per epoch, not worked out per step
+        self._global_step: Callable[[], int] = lambda: 0  # trainer.global_step, without its property walk
         self._hooks = FetchHooks(before=self._on_fetch_start, after=self._on_fetch_end)
         self._loader_hook = ProcessDataloaderHook(after=self._on_loader)
         self._autotune_before: Any = None
@@ -356,6 +357,7 @@ class DataPerfCallback(Callback):
         self._train_epochs_started += 1
         self._log_every = every = self.log_every_n_steps or trainer.log_every_n_steps or 1  # per optimizer step
         self._stuck_after = 4 * every * max(1, trainer.accumulate_grad_batches)
+        self._global_step = global_step_reader(trainer)
         self._epoch_started(trainer, Stage.TRAIN, anchor)
         if self.sampler is not None:
             self.sampler.reset_epoch()
@@ -392,7 +394,7 @@ class DataPerfCallback(Callback):
         if timer.host_gap is not None and timer.host_gap.step_finished(batches):
             clock.break_continuity()  # stopping the profiler waited for the GPU: not the next step's time
         timer.batches = batches = batches + 1
-        step = trainer.global_step  # per optimizer step
+        step = self._global_step()  # trainer.global_step: per optimizer step
         stuck = batches - self._logged_batches >= self._stuck_after  # no optimizer steps at all
         if (step != self._logged_step and step % self._log_every == 0) or stuck:
             self._logged_step, self._logged_batches = step, batches
