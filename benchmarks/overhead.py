@@ -25,12 +25,17 @@ outside the measured callbacks; the ratio is the median of the per-pair ratios.
 ``--floor`` (blocks) also measures an empty ``Callback`` the same way, in runs alternating with
 DataPerf's: the cost of Lightning's per-step dispatch to one more callback, which any callback pays.
 
+The table gives, next to each median ratio, the range over repeats and a 95% bootstrap confidence
+interval of the median (``--repeats`` of at least 10 make it narrower than the VM's noise).
+``--name`` changes the JSON's name.
+
 Writes ``overhead_<device>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -229,6 +234,16 @@ def compare_blocks(args: argparse.Namespace) -> dict:
     }
 
 
+def median_ci(values: list[float], level: float = 0.95, resamples: int = 4000) -> tuple[float, float]:
+    """Bootstrap confidence interval of the median of ``values`` (seeded: the same values give the same interval)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = int(resamples * (1 - level) / 2)
+    return medians[tail], medians[-tail - 1]
+
+
 class _Repeat:
     """Cycles a loader so that one epoch holds ``steps`` batches."""
 
@@ -256,6 +271,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (blocks: 1500, runs: 300)")
     parser.add_argument("--block", type=int, default=4, help="steps per block (--interleave blocks)")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--name", default=None, help="JSON name (default overhead_<device>)")
     parser.add_argument(
         "--floor", action="store_true", help="blocks: also measure an empty Callback, alternating runs with DataPerf's"
     )
@@ -270,6 +286,7 @@ def main() -> None:
     result = compare_blocks(args) if args.interleave == "blocks" else compare_runs(args)
     without, with_ = statistics.median(result["without"]), statistics.median(result["with"])
     ratios = result["ratios"]
+    ci = median_ci(ratios)
     rows = [
         [
             args.device,
@@ -278,23 +295,30 @@ def main() -> None:
             with_ * 1e3,
             statistics.median(ratios),
             f"{min(ratios):.3f}-{max(ratios):.3f}",
+            f"{ci[0]:.4f}-{ci[1]:.4f}",
         ]
     ]
     floor = result.get("floor_ratios")
+    floor_ci = median_ci(floor) if floor else None
     if floor:
         spread = f"{min(floor):.3f}-{max(floor):.3f}"
-        rows.append(["empty Callback", args.interleave, "", "", statistics.median(floor), spread])
+        interval = f"{floor_ci[0]:.4f}-{floor_ci[1]:.4f}"
+        rows.append(["empty Callback", args.interleave, "", "", statistics.median(floor), spread, interval])
     _common.print_table(
-        ["device", "interleave", "step without (ms)", "step with (ms)", "ratio", "ratios of repeats"], rows
+        ["device", "interleave", "step without (ms)", "step with (ms)", "ratio", "ratios of repeats", "95% CI"],
+        rows,
     )
     _common.write_json(
-        f"overhead_{args.device}",
+        args.name or f"overhead_{args.device}",
         {
             "args": vars(args),
             "times_s": {"without": result["without"], "with": result["with"]},
             "ratios": ratios,
             "ratio": statistics.median(ratios),
+            "ratio_ci95": ci,
             "floor_ratios": floor or None,
+            "floor_ratio": statistics.median(floor) if floor else None,
+            "floor_ratio_ci95": floor_ci,
             "workload": {"width": width, "depth": depth, "batch": batch},
         },
     )

@@ -7,6 +7,10 @@ Lightning's data fetcher brackets exactly the loader's ``next()`` with two calla
 with instance attributes that call the original first and then our timer, and remove them again at
 teardown. ``tests/test_lightning_hooks.py`` fails loudly if a Lightning release changes this.
 
+:func:`global_step_reader` reads ``trainer.global_step`` from the optimizer-step tracker it ends at,
+resolved once per epoch instead of through four properties every step; ``tests/test_lightning_hooks.py``
+checks it against ``trainer.global_step`` at every step (automatic, accumulated and manual optimization).
+
 :func:`resume_position` reads the fit loop's progress counters (``epoch_progress``,
 ``batch_progress``, ``restarting``) so that samplers can produce the order an uninterrupted run
 would have; ``tests/test_datamodule.py`` checks the resumed order end to end.
@@ -24,6 +28,7 @@ strategy given no device learns it (``SingleDeviceStrategy`` keeps its own in ``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +46,7 @@ __all__ = [
     "accept_connector_devices",
     "check_lightning_compatibility",
     "fetching_loops",
+    "global_step_reader",
     "pin_batch",
     "replace_loader_dataset",
     "resume_position",
@@ -129,6 +135,28 @@ def shutdown_loader_iterator(iterator: Any) -> None:
     stop = getattr(iterator, "_shutdown_workers", None)
     if callable(stop):
         stop()
+
+
+def global_step_reader(trainer: pl.Trainer) -> Callable[[], int]:
+    """A zero-argument callable returning ``trainer.global_step``, for the per-step hooks (resolve it per epoch).
+
+    ``trainer.global_step`` walks trainer, fit loop, epoch loop and module properties to the optimizer-step
+    tracker of the loop's automatic or manual optimization; the trackers live as long as the loops
+    (checkpoint restores and resets update them in place), so the walk is done here once. If Lightning's
+    layout differs, the reader is ``trainer.global_step`` itself.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    module = trainer.lightning_module
+    try:
+        if module is None or module.automatic_optimization:
+            tracker = epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+        else:
+            tracker = epoch_loop.manual_optimization.optim_step_progress.total
+        if not isinstance(tracker.completed, int):
+            raise AttributeError("completed")
+    except AttributeError:
+        return lambda: trainer.global_step
+    return functools.partial(getattr, tracker, "completed")  # no Python frame per call
 
 
 def resume_position(trainer: pl.Trainer) -> tuple[int, int]:

@@ -16,10 +16,11 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook
+from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook, global_step_reader
 from lightning_dataperf.batches import BatchFootprint, BatchSizer
 from lightning_dataperf.diagnosis import diagnose
 from lightning_dataperf.evidence import Evidence
@@ -44,6 +45,7 @@ __all__ = ["DataPerfCallback"]
 
 #: Evaluation loops read finished steps back every this many batches (training: at each log point).
 _EVAL_COLLECT_EVERY = 64
+_SEQUENCES = (list, tuple)
 
 
 class DataPerfCallback(Callback):
@@ -136,6 +138,10 @@ class DataPerfCallback(Callback):
         self._watchdog: HangWatchdog | None = None
         self._batch_checked = False
         self._timers: dict[Stage, StageTimer] = {}
+        self._train: StageTimer | None = None  # self._timers.get(Stage.TRAIN), read in the per-step hooks
+        self._log_every = 1  # the log interval in optimizer steps, and the batches after which a window is
+        self._stuck_after = 4  # logged anyway (no optimizer step): both fixed per epoch, not worked out per step
+        self._global_step: Callable[[], int] = lambda: 0  # trainer.global_step, without its property walk
         self._hooks = FetchHooks(before=self._on_fetch_start, after=self._on_fetch_end)
         self._loader_hook = ProcessDataloaderHook(after=self._on_loader)
         self._autotune_before: Any = None
@@ -161,7 +167,7 @@ class DataPerfCallback(Callback):
         self._timers = {name: StageTimer(StepClock(device, self._clock), name) for name in self.stages}
         self._hooks.install(trainer)
         self._loader_hook.install(trainer)
-        train = self._timers.get(Stage.TRAIN)
+        self._train = train = self._timers.get(Stage.TRAIN)
         if train is not None and device.type == "cuda" and self._host_gap_option:
             probe = self._host_gap_option
             train.host_gap = probe if isinstance(probe, HostGapProbe) else HostGapProbe()
@@ -349,6 +355,9 @@ class DataPerfCallback(Callback):
         # Epoch 0's loader iterator (worker start-up) is created before this hook; later ones after it.
         anchor = self._boundary if self._train_epochs_started == 0 else self._clock()
         self._train_epochs_started += 1
+        self._log_every = every = self.log_every_n_steps or trainer.log_every_n_steps or 1  # per optimizer step
+        self._stuck_after = 4 * every * max(1, trainer.accumulate_grad_batches)
+        self._global_step = global_step_reader(trainer)
         self._epoch_started(trainer, Stage.TRAIN, anchor)
         if self.sampler is not None:
             self.sampler.reset_epoch()
@@ -359,7 +368,7 @@ class DataPerfCallback(Callback):
     ) -> None:
         if not self._batch_checked:  # the per-batch hooks are kept to a few calls: at a 4 ms step, 1% is 40 us
             self._check_first_batch(trainer, batch)  # before the step's clock starts: not counted as compute
-        timer = self._timers.get(Stage.TRAIN)
+        timer = self._train
         if timer is not None and timer.active:
             if timer.host_gap is not None:
                 timer.host_gap.step_started(timer.batches)
@@ -370,20 +379,25 @@ class DataPerfCallback(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._boundary = self._clock()
-        timer = self._timers.get(Stage.TRAIN)
+        timer = self._train
         if timer is None or not timer.active:
             return
-        timer.clock.step_finished(timer.batches, samples=self._batch_size(batch))
-        if timer.host_gap is not None and timer.host_gap.step_finished(timer.batches):
-            timer.clock.break_continuity()  # stopping the profiler waited for the GPU: not the next step's time
-        timer.batches += 1
-        every, step = (
-            self.log_every_n_steps or trainer.log_every_n_steps or 1,
-            trainer.global_step,
-        )  # per optimizer step
-        stuck = timer.batches - self._logged_batches >= 4 * every * max(1, trainer.accumulate_grad_batches)
-        if (step != self._logged_step and step % every == 0) or stuck:  # stuck: no optimizer steps at all
-            self._logged_step, self._logged_batches = step, timer.batches
+        # samples_in's answer for the common (tensor, ...) batch, without its calls (the hot path is cache-cold)
+        first = batch[0] if type(batch) in _SEQUENCES and batch and self.batch_size_fn is None else None
+        if type(first) is torch.Tensor:
+            shape = first.shape
+            samples = shape[0] if shape else 1
+        else:
+            samples = self._batch_size(batch)
+        clock, batches = timer.clock, timer.batches
+        clock.step_finished(batches, samples)
+        if timer.host_gap is not None and timer.host_gap.step_finished(batches):
+            clock.break_continuity()  # stopping the profiler waited for the GPU: not the next step's time
+        timer.batches = batches = batches + 1
+        step = self._global_step()  # trainer.global_step: per optimizer step
+        stuck = batches - self._logged_batches >= self._stuck_after  # no optimizer steps at all
+        if (step != self._logged_step and step % self._log_every == 0) or stuck:
+            self._logged_step, self._logged_batches = step, batches
             self._log_window(trainer, timer)
 
     def _log_window(self, trainer: pl.Trainer, timer: StageTimer) -> None:

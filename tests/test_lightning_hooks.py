@@ -20,6 +20,7 @@ from lightning_dataperf._lightning_hooks import (
     ProcessDataloaderHook,
     check_lightning_compatibility,
     fetching_loops,
+    global_step_reader,
     pin_batch,
     replace_loader_dataset,
     shutdown_loader_iterator,
@@ -121,3 +122,39 @@ def test_lightning_hands_every_loader_to_process_dataloader_before_iterating(tmp
     assert seen == [("DataLoader", "train")]
     hook.uninstall()
     assert "process_dataloader" not in trainer.strategy.__dict__
+
+
+class _ManualModel(SleepyModel):
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(self._step(batch))
+        optimizer.step()
+
+
+@pytest.mark.parametrize(
+    ("model", "options"),
+    [(SleepyModel, {}), (SleepyModel, {"accumulate_grad_batches": 3}), (_ManualModel, {})],
+    ids=["automatic", "accumulated", "manual"],
+)
+def test_global_step_reader_follows_trainer_global_step(tmp_path, model, options):
+    seen = []
+
+    class Compare(pl.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            self.read = global_step_reader(trainer)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append((self.read(), trainer.global_step))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append((self.read(), trainer.global_step))
+
+    trainer = pl.Trainer(max_epochs=2, callbacks=[Compare()], **trainer_kwargs(tmp_path), **options)
+    trainer.fit(model(), sleepy_loader(24, 4, 0.0))
+    assert len(seen) == 2 * 2 * 6 and all(read == expected for read, expected in seen), seen
+    assert seen[-1][1] == (12 if not options else 4)  # the steps did advance (12 batches; 3 per optimizer step)

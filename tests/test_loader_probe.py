@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import lightning.pytorch as pl
@@ -11,7 +12,7 @@ from helpers import SleepyModel, scalar_tags, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.loader_probe import TimedBatch, instrument
+from lightning_dataperf.loader_probe import BatchTiming, LoaderProbe, TimedBatch, instrument
 from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.lookahead import add_iterator_wrapper
 
@@ -104,6 +105,19 @@ def test_iterator_wrappers_compose_inner_first():
     add_iterator_wrapper(loader, tag("inner"), inner=True)
     assert isinstance(loader, DataLoader) and [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5]]
     assert order == ["inner", "outer"]
+
+
+def test_unwrapped_records_keep_every_worker_field_and_add_the_main_process_ones():
+    made = BatchTiming(3, 4, 0.5, 0.25, 2.0, 8.0, 100.0, work_cpu_s=0.125, pid=4321)
+    probe = LoaderProbe()
+    items = iter([TimedBatch("first", made, pin_s=0.0625), "not timed", TimedBatch("third", made)])
+    assert list(probe.unwrap(items)) == ["first", "not timed", "third"]
+    first, third = probe.completed()
+    assert 0 < first.requested_at <= first.received_at <= third.requested_at <= third.received_at
+    received = {"requested_at": 0.0, "received_at": 0.0}
+    assert dataclasses.replace(first, **received) == dataclasses.replace(made, pin_s=0.0625, index=0)
+    assert dataclasses.replace(third, **received) == dataclasses.replace(made, index=2)
+    assert probe.completed() == []
 
 
 def test_timed_batches_survive_the_worker_queue():
