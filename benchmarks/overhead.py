@@ -152,6 +152,12 @@ class Mlp(pl.LightningModule):
 WORKLOADS = {"cuda": (2048, 4, 2048), "cpu": (256, 3, 128)}
 
 
+#: ``--loader``: ``iterable`` hands the batches over as a plain iterable (the in-loader timing cannot see into it);
+#: ``dataloader`` through a ``DataLoader`` (``num_workers=0``, ``batch_size=None``), so DataPerf's in-loader timing
+#: (timed dataset and collate, the unwrap before ``training_step``) runs in the training process on every batch.
+LOADER = {"kind": "iterable"}
+
+
 def fit_workload(device: str, steps: int, callbacks: list[pl.Callback]) -> None:
     """Train the MLP for ``steps`` steps on ready batches: the loader costs nothing, so any callback cost shows."""
     width, depth, batch = WORKLOADS[device]
@@ -162,9 +168,12 @@ def fit_workload(device: str, steps: int, callbacks: list[pl.Callback]) -> None:
     if device == "cuda":
         batches = [(features.pin_memory(), target.pin_memory()) for features, target in batches]
     torch.manual_seed(0)
+    loader = _Repeat(batches, steps)
+    if LOADER["kind"] == "dataloader":
+        loader = torch.utils.data.DataLoader(_Cycle(batches, steps), batch_size=None, num_workers=0)
     _common.fit_quietly(
         Mlp(width, depth),
-        _Repeat(batches, steps),
+        loader,
         accelerator=device,
         max_epochs=None,
         max_steps=steps,
@@ -244,6 +253,19 @@ def median_ci(values: list[float], level: float = 0.95, resamples: int = 4000) -
     return medians[tail], medians[-tail - 1]
 
 
+class _Cycle(torch.utils.data.Dataset):
+    """``steps`` ready batches as a map-style dataset (one batch per index), for ``--loader dataloader``."""
+
+    def __init__(self, batches: list, steps: int) -> None:
+        self.batches, self.steps = batches, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, index: int):
+        return self.batches[index % len(self.batches)]
+
+
 class _Repeat:
     """Cycles a loader so that one epoch holds ``steps`` batches."""
 
@@ -273,10 +295,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--name", default=None, help="JSON name (default overhead_<device>)")
     parser.add_argument(
+        "--loader",
+        choices=("iterable", "dataloader"),
+        default="iterable",
+        help="dataloader: batches through a DataLoader, so the in-loader timing runs too (use with --interleave runs)",
+    )
+    parser.add_argument(
         "--floor", action="store_true", help="blocks: also measure an empty Callback, alternating runs with DataPerf's"
     )
     args = parser.parse_args()
     args.interleave = args.interleave or ("runs" if args.device == "cuda" else "blocks")
+    LOADER["kind"] = args.loader
+    if args.loader == "dataloader" and args.interleave == "blocks":
+        parser.error("--loader dataloader needs --interleave runs (blocks take the callback off, not the loader probe)")
     if args.floor and args.interleave == "runs":
         parser.error("--floor needs --interleave blocks")
     args.steps = args.steps or (1500 if args.interleave == "blocks" else 300)
