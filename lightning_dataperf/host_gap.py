@@ -5,8 +5,9 @@ late (starved for CPU by busy loader workers, Python overhead, syncs) stretches 
 which the GPU has nothing to run. Those gaps are invisible to events and to NVML's coarse utilisation.
 Once per epoch, :class:`HostGapProbe` records a few consecutive training steps with the PyTorch
 profiler (CUDA activity only: kernels, copies and the runtime calls that launched them), assigns each
-kernel to the step whose host window launched it (launches from other threads, e.g. a GPU-decode
-thread working on its own stream at the same time, are not the step's work and are left out), and
+kernel to the step whose host window launched it (the work on the streams the training thread uses,
+including the backward pass autograd launches from its own thread; another thread's stream, e.g. a
+GPU-decode thread's, is not the step's work and is left out), and
 splits each step's device span (first to last of its kernels) into GPU busy time (the union of its
 kernels' intervals) and host gap (the rest).
 
@@ -47,7 +48,7 @@ class HostGapStats:
     profiled_span_s: float | None = None  # the recorded steps' own span (longer: the profiler costs launches)
     main_cpu_fraction: float | None = None  # the training thread's CPU time over wall time in the recorded steps
     main_runqueue_s: float | None = None  # per step, time the training thread was runnable but waited for a CPU
-    other_threads_kept: bool = False  # the profiler's thread ids were not recognised: launches of every thread counted
+    other_threads_kept: bool = False  # the profiler's thread ids were not recognised: work on every stream counted
 
     def with_span(self, span_s: float) -> HostGapStats:
         """The same busy time within the span of the steps the profiler did not slow down."""
@@ -69,7 +70,7 @@ class HostGapStats:
 
     def format(self) -> str:
         last = self.first_step + self.steps - 1
-        caveat = "; launches of all threads counted, thread ids not recognised" if self.other_threads_kept else ""
+        caveat = "; work of all streams counted, thread ids not recognised" if self.other_threads_kept else ""
         return (
             f"GPU busy {1e3 * self.gpu_busy_s:.2f} ms + host gap {1e3 * self.host_gap_s:.2f} ms of a "
             f"{1e3 * self.span_s:.2f} ms step span (GPU busy from profiled steps {self.first_step}-{last}{caveat})"
@@ -223,27 +224,32 @@ def _runqueue_wait() -> float | None:
 def _stats(
     events: list[Any], windows: list[tuple[int, int]], first_step: int, threads: frozenset[int] = frozenset()
 ) -> HostGapStats | None:
-    """Per step: kernels the training thread launched inside its host window -> their device span and busy union.
+    """Per step: the step's device work launched inside its host window -> its device span and busy union.
 
-    ``threads`` are the training thread's ids; launches from other threads are not the step's. If no launch
-    carries one of them (a profiler naming threads otherwise), every launch is kept and the result says so.
+    The step's work is what runs on the streams the training thread (``threads``: its ids) launches on,
+    whichever thread queued it: autograd runs the backward pass on its own device thread, on the same
+    stream. Work on other streams (a GPU-decode thread's, a side-stream copy) is not the step's. If no
+    launch carries one of the ids (a profiler naming threads otherwise), all work is kept and the result
+    says so.
     """
     launches: dict[int, tuple[int, int]] = {}  # correlation id -> (launch time (ns, host clock), thread id)
-    device: list[tuple[int, int, int]] = []  # (correlation id, start, end) of device work
+    device: list[tuple[int, int, int, int]] = []  # (correlation id, start, end, stream) of device work
     for event in events:
         name = event.name()
         if str(event.device_type()).endswith("CUDA"):  # work on the GPU: kernels, copies, memsets
             start = event.start_ns()
-            device.append((event.correlation_id(), start, start + event.duration_ns()))
+            device.append((event.correlation_id(), start, start + event.duration_ns(), event.device_resource_id()))
         elif "Launch" in name or "Memcpy" in name or "Memset" in name:  # the runtime call that queued it
             # Kineto names the launching thread in a runtime event's resource id (pthread_self, low 32 bits, as
             # a signed int32); its thread ids are its own sequence numbers (1 for every thread on torch 2.11).
             launches[event.correlation_id()] = (event.start_ns(), event.device_resource_id() & 0xFFFFFFFF)
-    ours = {correlation: at for correlation, (at, thread) in launches.items() if thread in threads}
-    kept_all = not ours
-    launches_at = ours or {correlation: at for correlation, (at, _) in launches.items()}
+    ours = {correlation for correlation, (_, thread) in launches.items() if thread in threads}
+    streams = {stream for correlation, _, _, stream in device if correlation in ours}  # a GPU event's: its stream
+    kept_all = not streams
+    launches_at = {correlation: at for correlation, (at, _) in launches.items()}
+    device = [item for item in device if kept_all or item[3] in streams]
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
-    for correlation, start, end in device:
+    for correlation, start, end, _ in device:
         launched = launches_at.get(correlation)
         if launched is None:
             continue

@@ -70,3 +70,42 @@ def test_kernels_of_another_thread_on_its_own_stream_are_not_the_steps_gpu_work(
     gap = perf.last_summary.host_gap
     assert gap is not None and not gap.other_threads_kept, gap
     assert gap.gpu_busy_s == pytest.approx(0.004, rel=0.3), gap  # not the background thread's ~1 ms kernels
+
+
+class _SleepInBackward(torch.autograd.Function):
+    """Identity forward; the backward pass (run by autograd's own device thread) spins the GPU ``cycles``."""
+
+    @staticmethod
+    def forward(ctx, x, cycles):
+        ctx.cycles = cycles
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        torch.cuda._sleep(ctx.cycles)
+        return grad, None
+
+
+class BackwardWork(pl.LightningModule):
+    """2 ms of GPU work in the forward pass, 3 ms in the backward pass: GPU busy about 5 ms."""
+
+    def __init__(self, cycles_per_ms: float) -> None:
+        super().__init__()
+        self.forward_cycles, self.backward_cycles = int(2.0 * cycles_per_ms), int(3.0 * cycles_per_ms)
+        self.layer = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        torch.cuda._sleep(self.forward_cycles)
+        return _SleepInBackward.apply(self.layer(batch), self.backward_cycles).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_the_backward_pass_autograd_launches_from_its_own_thread_is_the_steps_gpu_work(tmp_path):
+    perf = DataPerfCallback(print_summary=False, host_gap_probe=HostGapProbe(start_step=5, steps=6))
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path, accelerator="cuda"))
+    trainer.fit(BackwardWork(calibrate_cuda_sleep()), sleepy_loader(8 * 20, 8, 0.0))
+    gap = perf.last_summary.host_gap
+    assert gap is not None and not gap.other_threads_kept, gap
+    assert gap.gpu_busy_s == pytest.approx(0.005, rel=0.25), gap  # forward 2 ms + backward 3 ms, not 2 ms

@@ -47,22 +47,24 @@ def test_kernels_are_assigned_to_the_step_that_launched_them():
     assert stats.gap_share == pytest.approx(0.002 / 0.006)
 
 
-def test_launches_from_other_threads_are_not_the_steps_work():
-    """A decode thread launching on its own stream inside the step's window: its kernels are not GPU busy."""
+def test_work_on_other_threads_streams_is_not_the_steps_but_its_backward_thread_is():
+    """A decode thread on its own stream (99) is left out; autograd's thread (33) launching on the step's stream (7)
+    is the step's backward pass and counts. Resource ids: a launch's is its thread, a kernel's its stream."""
     events = [
         event("cudaLaunchKernel", "CPU", 1, 0.5, thread=11),
-        event("step_kernel", "CUDA", 1, 1.0, 2.0),
-        event("cudaLaunchKernel", "CPU", 2, 1.0, thread=-22),  # the other thread (a signed int32 resource id)
-        event("decode_kernel", "CUDA", 2, 3.0, 5.0),
-        event("cudaLaunchKernel", "CPU", 3, 6.5, thread=11),
-        event("step_kernel", "CUDA", 3, 8.0, 1.0),
+        event("forward_kernel", "CUDA", 1, 1.0, 2.0, thread=7),
+        event("cudaLaunchKernel", "CPU", 2, 1.0, thread=-22),  # the decode thread (a signed int32 resource id)
+        event("decode_kernel", "CUDA", 2, 3.0, 5.0, thread=99),
+        event("cudaLaunchKernel", "CPU", 3, 6.5, thread=33),  # autograd's device thread
+        event("backward_kernel", "CUDA", 3, 8.0, 1.0, thread=7),
     ]
     windows = [(0, 10 * MS)]
     ours = _stats(events, windows, first_step=0, threads=frozenset({11}))
-    assert _stats(events, windows, 0, threads=frozenset({-22 & 0xFFFFFFFF})).gpu_busy_s == pytest.approx(0.005)
     assert ours.gpu_busy_s == pytest.approx(0.003) and ours.span_s == pytest.approx(0.008)
     assert not ours.other_threads_kept
-    unknown = _stats(events, windows, first_step=0, threads=frozenset({33}))  # ids not recognised: say so
+    decode = _stats(events, windows, 0, threads=frozenset({-22 & 0xFFFFFFFF}))  # seen from the decode thread
+    assert decode.gpu_busy_s == pytest.approx(0.005)
+    unknown = _stats(events, windows, first_step=0, threads=frozenset({44}))  # ids not recognised: say so
     assert unknown.gpu_busy_s == pytest.approx(0.008) and unknown.other_threads_kept
     assert "thread ids not recognised" in unknown.format()
 
