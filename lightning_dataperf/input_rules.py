@@ -119,6 +119,18 @@ def _cause(evidence: Evidence) -> _Cause:
                 f"sample holds its batch) or too little in flight; raise prefetch_factor (now {loader.prefetch_factor})"
             ],
         )
+    if inside.busy_fraction >= BUSY_WHEN_SPENT and not _waiting_not_computing(evidence):
+        return _Cause(
+            "input_bound_cpu",
+            "CPU preprocessing in the workers, which also delays their hand-over",
+            [
+                f"the workers are {100 * inside.busy_fraction:.0f}% busy computing, and each finished batch waits "
+                f"{1e3 * inside.handover_s:.1f} ms before the training process has it: a DataLoader worker sends its "
+                "batch from a second thread of its process, which needs the worker's GIL while the worker computes "
+                f"the next batch; make __getitem__ ({1e3 * inside.fetch_s:.1f} ms of worker time per batch) cheaper "
+                "or GIL-free (vectorised or C-backed transforms, decode on the GPU)"
+            ],
+        )
     spent = f"each batch spends {1e3 * inside.handover_s:.1f} ms in the hand-over (worker queue, unpickling in the " + (
         "training process)" + (f" and {1e3 * inside.pin_s:.1f} ms being pinned" if inside.pin_s else "")
     )

@@ -263,6 +263,16 @@ def test_spare_cores_are_measured_not_counted_and_other_processes_are_named():
     assert "the CPUs are spent" in advice and "more workers cannot help" in advice and "num_workers=2" not in advice
 
 
+def test_busy_computing_workers_whose_batches_wait_in_the_hand_over_are_cpu_bound():
+    # H200, 15 workers spinning in Python 81% of the time: ready batches wait 4.8 ms for the worker's sending thread
+    system = SystemStats(cpu_busy_percent_mean=79.0, main_cpu_percent=60.0, workers_cpu_percent=1120.0)
+    busy = dataclasses.replace(INPUT_BOUND, loader=inside(0.81, workers=15, handover=0.028))
+    finding = diagnose(Evidence(busy, LoaderFacts(num_workers=15, prefetch_factor=2), system, usable_cpus=16))
+    first = finding.findings[0]
+    assert first.kind == "input_bound_cpu" and "delays their hand-over" in first.headline, finding.format()
+    assert "stacked tensor" not in finding.format()
+
+
 def test_a_starved_training_thread_is_not_told_to_add_workers():
     system = SystemStats(cpu_busy_percent_mean=80.0, main_cpu_percent=90.0, workers_cpu_percent=1100.0)
     gap = HostGapStats(
