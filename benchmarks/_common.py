@@ -73,7 +73,7 @@ def fit_quietly(model: pl.LightningModule, loader: Any, **trainer_options: Any) 
 
 
 class CostlySamples(Dataset):
-    """16 features per sample; each sample costs ``sample_ms`` of sleep (I/O) or busy CPU work."""
+    """16 features per sample; each sample costs ``sample_ms`` of sleep (I/O) or of CPU time (``busy``)."""
 
     def __init__(self, length: int, sample_ms: float = 0.0, busy: bool = False, stall_at: int | None = None) -> None:
         self.length, self.sample_ms, self.busy, self.stall_at = length, sample_ms, busy, stall_at
@@ -84,9 +84,9 @@ class CostlySamples(Dataset):
     def __getitem__(self, index: int) -> torch.Tensor:
         if index == self.stall_at:
             time.sleep(3.0)
-        if self.busy:
-            deadline = time.perf_counter() + self.sample_ms / 1e3
-            while time.perf_counter() < deadline:
+        if self.busy:  # a fixed amount of CPU work: the thread's CPU clock, so time-shared cores stretch it
+            deadline = time.thread_time() + self.sample_ms / 1e3
+            while time.thread_time() < deadline:
                 pass
         elif self.sample_ms:
             time.sleep(self.sample_ms / 1e3)
