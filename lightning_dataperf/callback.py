@@ -32,7 +32,7 @@ from lightning_dataperf.loaders import first_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
 from lightning_dataperf.preflight import Problem, check_batch, startup_problems
-from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence
+from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence, is_gpu_decode_loader
 from lightning_dataperf.stage_timer import StageTimer
 from lightning_dataperf.stats import EpochSummary
 from lightning_dataperf.system_stats import SystemStats
@@ -214,6 +214,8 @@ class DataPerfCallback(Callback):
         timer = self._timers.get(Stage.TRAIN)
         if timer is not None and running_stage == "train":  # RunningStage.TRAINING
             timer.probes += [probe] if (probe := instrument(loader)) not in timer.probes else []
+            if is_gpu_decode_loader(loader):
+                timer.watch_decode(loader)
         else:  # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches
             uninstrument(loader)
         return loader

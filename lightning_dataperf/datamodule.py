@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 
 from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf.hardware import Hardware, probe_hardware
+from lightning_dataperf.jpeg_batches import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.loaders import POLICY_FIELDS, LoaderSettings
 from lightning_dataperf.policy import check_loader_kwargs, recommend_loader_settings
 from lightning_dataperf.sampler import (
@@ -104,6 +105,12 @@ class TunedDataModule(pl.LightningDataModule):
         autotune: measure loader settings on the real training set before training
             (see :func:`lightning_dataperf.autotune_loader`); ``autotune_options`` are passed on.
         verbose: print the chosen settings and reasons once on rank zero.
+        gpu_decode: decode JPEGs on the GPU (``True``, or the options of
+            :class:`~lightning_dataperf.gpu_decode.GpuDecodeLoader`, e.g. ``{"size": 224, "dtype":
+            torch.bfloat16}``): a loader over an :class:`~lightning_dataperf.jpeg_batches.EncodedImageDataset`
+            gets ``collate_fn=collate_encoded`` (unless you pass one), at most 4 workers unless you say (they
+            only read files) and is returned wrapped in a ``GpuDecodeLoader`` on the run's device; the step
+            receives ``(images, labels)`` there. Other loaders are left alone.
 
     Example::
 
@@ -136,8 +143,10 @@ class TunedDataModule(pl.LightningDataModule):
         autotune: bool = False,
         autotune_options: dict[str, Any] | None = None,
         verbose: bool = True,
+        gpu_decode: bool | dict[str, Any] = False,
     ) -> None:
         super().__init__()
+        self.gpu_decode = ({} if gpu_decode is True else dict(gpu_decode)) if gpu_decode else None
         self.seed = seed
         self.shard_drop_last = shard_drop_last
         self.unpadded_eval = unpadded_eval
@@ -205,6 +214,13 @@ class TunedDataModule(pl.LightningDataModule):
                 continue
             updates[name] = plan.chosen[name] = getattr(settings, name)
             plan.reasons[name] = settings.reasons.get(name, "")
+        if self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset")):
+            chosen = encoded_loader_defaults(explicit, updates.get("num_workers"))
+            for name, (value, reason) in chosen.items():
+                updates[name] = value
+                if reason:
+                    plan.chosen[name], plan.reasons[name] = value, reason
+            workers = updates.get("num_workers", workers)
         shared = SharedEpoch()
         updates.update(self._sampler(stage, explicit, plan, shared, workers))
         if workers:
@@ -294,6 +310,21 @@ class TunedDataModule(pl.LightningDataModule):
                 "batch), your generators restored after it (same draws after a resume; ~0.2 ms per batch)"
             )
 
+    def _decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
+        """``gpu_decode``: a hook's loader over encoded JPEGs comes back wrapped in a ``GpuDecodeLoader``."""
+        if self.gpu_decode is None or not isinstance(result, DataLoader) or not is_encoded_dataset(result.dataset):
+            return result
+        from lightning_dataperf.gpu_decode import GpuDecodeLoader
+
+        trainer = self._trainer_or_none()
+        options = {"device": trainer.strategy.root_device} if trainer is not None else {}
+        options.update(self.gpu_decode)
+        for plan in plans:
+            plan.notes.append(
+                f"GPU decode: wrapped in GpuDecodeLoader({', '.join(f'{k}={v}' for k, v in options.items())})"
+            )
+        return GpuDecodeLoader(result, **options)
+
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
         from lightning_dataperf.autotune_lightning import autotune_for_datamodule
 
@@ -337,6 +368,7 @@ def _tuned(hook: Callable[..., Any], stage: str) -> Callable[..., Any]:
         plans: list[LoaderPlan] = []
         with _tuning_new_loaders(self, stage, plans):
             result = hook(self, *args, **kwargs)
+        result = self._decode_on_gpu(result, plans)
         self._report(stage, plans)
         return result
 

@@ -32,7 +32,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ import torch
 from lightning_dataperf._decode_backends import host_layout, make_backend, pil_decode, slot_view
 from lightning_dataperf._flat_gather import crop_resize_flip
 from lightning_dataperf._graph_augment import GraphedAugment
+from lightning_dataperf.decode_stats import DecodeStats
 from lightning_dataperf.jpeg_batches import KIND_BAD, KIND_GPU, EncodedBatch
 
 __all__ = ["DecodeError", "DecodeStats", "GpuDecodeLoader", "JpegDecoder", "crop_resize_flip"]  # noqa: F822 (lazy)
@@ -53,48 +53,6 @@ _log = logging.getLogger(__name__)
 
 class DecodeError(RuntimeError):
     """A sample that neither the GPU nor the CPU can decode (names its dataset index and path)."""
-
-
-@dataclass(frozen=True)
-class DecodeStats:
-    """Cumulative decode telemetry of a :class:`GpuDecodeLoader` (or a :class:`JpegDecoder`).
-
-    ``decode_seconds`` is the device time from the start of the decode to the end of the augment
-    (CUDA events, read back lazily; host time on CPU), ``submit_seconds`` the wall time the decode
-    thread spent submitting it (GIL waits included), ``submit_cpu_seconds`` that thread's own CPU
-    time, ``lookahead_mean`` the decoded batches already waiting when the step asked for one,
-    ``wait_seconds`` the step's total wait for a decoded batch, ``backend`` the decode library.
-    """
-
-    batches: int = 0
-    images: int = 0
-    decode_seconds: float = 0.0
-    submit_seconds: float = 0.0
-    wait_seconds: float = 0.0
-    lookahead_mean: float = 0.0
-    cpu_fallback: int = 0
-    undecodable: int = 0
-    jpeg_util_percent: float = float("nan")
-    submit_cpu_seconds: float = 0.0
-    backend: str = ""
-
-    def to_metrics(self, prefix: str = "") -> dict[str, float]:
-        """``{"Decode/...": float}`` for a logger's ``log_metrics``."""
-        batches = self.batches or 1
-        metrics = {
-            "Decode/batch_seconds": self.decode_seconds / batches,
-            "Decode/images_per_sec": self.images / self.decode_seconds if self.decode_seconds else 0.0,
-            "Decode/submit_seconds": self.submit_seconds / batches,
-            "Decode/submit_cpu_seconds": self.submit_cpu_seconds / batches,
-            "Decode/wait_seconds": self.wait_seconds / batches,
-            "Decode/lookahead_mean": self.lookahead_mean,
-            "Decode/cpu_fallback": float(self.cpu_fallback),
-            "Decode/undecodable": float(self.undecodable),
-            "Decode/images": float(self.images),
-        }
-        if self.jpeg_util_percent == self.jpeg_util_percent:  # not NaN
-            metrics["Decode/jpeg_util_percent"] = self.jpeg_util_percent
-        return {prefix + key: value for key, value in metrics.items()}
 
 
 class _Telemetry:
@@ -348,6 +306,7 @@ class JpegDecoder:
                 submit_seconds=telemetry.submit_s,
                 wait_seconds=telemetry.wait_s,
                 lookahead_mean=depth,
+                takes=telemetry.depth_n,
                 cpu_fallback=telemetry.cpu_fallback,
                 undecodable=telemetry.undecodable,
                 jpeg_util_percent=_jpeg_utilisation(self.device),

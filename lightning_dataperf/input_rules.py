@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from lightning_dataperf import tags
+from lightning_dataperf.decode_rules import gpu_decode_cause
 from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.findings import Finding
 
@@ -101,6 +102,8 @@ def _cause(evidence: Evidence) -> _Cause:
     iowait, disk = system.cpu_iowait_percent_mean, system.disk_util_percent
     if (iowait is not None and iowait > IOWAIT_PERCENT) or (disk is not None and disk > DISK_UTIL_PERCENT):
         return _Cause("input_bound_storage", "storage", [_STORAGE_ADVICE])
+    if (decode := evidence.summary.decode) is not None and decode.takes:
+        return _Cause(*gpu_decode_cause(evidence, decode))
     if loader.num_workers == 0:
         return _in_main_process(evidence)
     if inside is None or inside.busy_fraction is None:

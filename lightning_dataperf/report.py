@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_dataperf import tags
+from lightning_dataperf.decode_stats import DecodeStats
 from lightning_dataperf.findings import Diagnosis
 from lightning_dataperf.host_gap import HostGapStats
 from lightning_dataperf.loader_stats import LoaderStats
@@ -139,7 +140,8 @@ class RunData:
         summary = train[-1]["summary"]
         inside = [LoaderStats(**summary["loader"]).format()] if summary.get("loader") else []
         gap = [HostGapStats(**summary["host_gap"]).format()] if summary.get("host_gap") else []
-        return "\n".join([Diagnosis.from_dict(train[-1]["diagnosis"]).format(), *inside, *gap])
+        decode = [DecodeStats(**summary["decode"]).format()] if summary.get("decode") else []
+        return "\n".join([Diagnosis.from_dict(train[-1]["diagnosis"]).format(), *inside, *gap, *decode])
 
 
 def _run_files(directory: Path) -> list[Path]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from lightning_dataperf import tags
 from lightning_dataperf.copy_stats import CopyStats, CopyTiming
+from lightning_dataperf.decode_stats import DecodeStats
 from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.loader_probe import BatchTiming, LoaderProbe
 from lightning_dataperf.loader_stats import LoaderStats
@@ -48,6 +49,14 @@ class StageTimer:
     batches_window: list[BatchTiming] = field(default_factory=list)
     batches_epoch: list[BatchTiming] = field(default_factory=list)
     host_gap: HostGapProbe | None = None
+    decode: Any = None  # a GpuDecodeLoader this stage reads from (its ``stats()`` are cumulative)
+    decode_window: DecodeStats | None = None  # its figures at the start of the log window and of the epoch
+    decode_epoch: DecodeStats | None = None
+
+    def watch_decode(self, loader: Any) -> None:
+        """Log and judge a GPU-decode loader's own telemetry (``Decode/...``) with this stage's figures."""
+        self.decode = loader
+        self.decode_window = self.decode_epoch = loader.stats()
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
@@ -92,6 +101,8 @@ class StageTimer:
         self._collect_batches()  # what arrived before the epoch (the first batches are fetched early)
         if self.host_gap is not None:
             self.host_gap.reset_epoch()
+        if self.decode is not None:
+            self.decode_window = self.decode_epoch = self.decode.stats()
         self.batches_window.clear()
         self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
 
@@ -102,6 +113,11 @@ class StageTimer:
             metrics.update(copies.to_metrics(self.stage.prefix))
         if (loader := LoaderStats.of(self.batches_window)) is not None:
             metrics.update(loader.to_metrics(self.stage.prefix))
+        if self.decode is not None and self.decode_window is not None:
+            now = self.decode.stats()
+            if (window := now.since(self.decode_window)).batches:
+                metrics.update(window.to_metrics(self.stage.prefix))
+            self.decode_window = now
         self.window.clear()
         self.copies.clear()
         self.batches_window.clear()
@@ -127,7 +143,12 @@ class StageTimer:
             # The profiler's own per-launch cost stretches the steps it records; the unrecorded steps' span
             # (CUDA events, start to end of the step) is the honest span, and the busy time is the kernels'.
             host_gap = host_gap.with_span(span.p50)
-        return dataclasses.replace(summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap)
+        decode = None
+        if self.decode is not None and self.decode_epoch is not None:
+            decode = self.decode.stats().since(self.decode_epoch)
+        return dataclasses.replace(
+            summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap, decode=decode
+        )
 
     def release(self) -> None:
         """Drop all state (teardown, exceptions)."""

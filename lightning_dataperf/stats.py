@@ -24,6 +24,7 @@ from torchmetrics.aggregation import CatMetric
 
 from lightning_dataperf import tags
 from lightning_dataperf.copy_stats import CopyStats
+from lightning_dataperf.decode_stats import DecodeStats
 from lightning_dataperf.host_gap import HostGapStats
 from lightning_dataperf.loader_stats import LoaderStats
 from lightning_dataperf.tags import Stage
@@ -147,8 +148,8 @@ class EpochSummary:
     the CPU. ``rank_data_wait`` holds each rank's mean data wait per step; ``slowest_rank`` is the
     rank that waits longest for its loader, and ``straggler_ratio`` the max/min ratio of those waits
     (the min floored at 1 ms so that a rank that never waits does not make the ratio infinite).
-    ``loader`` (the loader's inside), ``stalls`` and ``host_gap`` are this rank's own; the rest is
-    reduced over all ranks.
+    ``loader`` (the loader's inside), ``stalls``, ``host_gap`` and ``decode`` (a GPU-decode loader's
+    telemetry) are this rank's own; the rest is reduced over all ranks.
     """
 
     stage: str
@@ -168,6 +169,7 @@ class EpochSummary:
     loader: LoaderStats | None = None
     stalls: list[Stall] = field(default_factory=list)
     host_gap: HostGapStats | None = None
+    decode: DecodeStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,6 +186,8 @@ class EpochSummary:
         known["stalls"] = [Stall(**stall) for stall in raw.get("stalls", [])]
         if known.get("host_gap") is not None:
             known["host_gap"] = HostGapStats(**known["host_gap"])
+        if known.get("decode") is not None:
+            known["decode"] = DecodeStats(**known["decode"])
         return cls(**known)
 
     def to_metrics(self, stage: Stage = Stage.TRAIN) -> dict[str, float]:
@@ -244,6 +248,8 @@ class EpochSummary:
             lines.append("  " + self.loader.format())
         if self.host_gap is not None:
             lines.append("  " + self.host_gap.format())
+        if self.decode is not None:
+            lines.append("  " + self.decode.format())
         for stall in self.stalls:
             lines.append(
                 f"  stall: batch {stall.step} waited {stall.wait_s:.2f} s for the loader, "

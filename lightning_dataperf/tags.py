@@ -68,6 +68,10 @@ HOST_GAP = "HostGap"
 #: of :class:`~lightning_dataperf.loader_stats.LoaderStats`), and the evaluation stages' lower-case
 #: ``val/``, ``test/``, ``predict/`` after those.
 
+#: The GPU-decode path's own figures (:class:`~lightning_dataperf.decode_stats.DecodeStats`), logged only for a
+#: ``GpuDecodeLoader``; the one group that sorts before ``Time`` (issue 17 named it), so such runs open on it.
+DECODE_GROUP = "Decode/"
+
 EPOCH_START = "Time/EpochStart"
 SAMPLES_PER_SEC = "Time/samples_per_sec"
 INPUT_STALL = "Time/input_stall_fraction"

@@ -1,0 +1,128 @@
+"""The GPU-decode path seen by DataPerfCallback: Decode/... logged per window, the epoch's DecodeStats in the
+summary, and a verdict that says whether the engines, the decode thread, its GPU work or the workers bind."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers import trainer_kwargs, write_files
+from torch.utils.data import DataLoader
+
+from lightning_dataperf import DataPerfCallback
+from lightning_dataperf.decode_rules import gpu_decode_cause
+from lightning_dataperf.decode_stats import DecodeStats
+from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.loaders import LoaderFacts
+from lightning_dataperf.stats import EpochSummary, TimingSummary
+
+
+def test_a_window_is_the_difference_of_two_snapshots():
+    before = DecodeStats(batches=10, images=1280, decode_seconds=0.05, wait_seconds=0.01, lookahead_mean=2.0, takes=10)
+    now = DecodeStats(batches=30, images=3840, decode_seconds=0.25, wait_seconds=0.05, lookahead_mean=1.0, takes=30)
+    window = now.since(before)
+    assert (window.batches, window.images, window.takes) == (20, 2560, 20)
+    assert window.decode_seconds == pytest.approx(0.20) and window.wait_per_take == pytest.approx(0.002)
+    assert window.lookahead_mean == pytest.approx((30 * 1.0 - 10 * 2.0) / 20)  # 0.5 batches ready in the window
+    metrics = window.to_metrics()
+    assert metrics["Decode/batch_seconds"] == pytest.approx(0.01) and "Decode/jpeg_util_percent" not in metrics
+    summary = _evidence(window).summary
+    assert EpochSummary.from_dict(summary.to_dict()) == summary  # the summaries file's round trip
+
+
+def _evidence(decode: DecodeStats, step_s: float = 0.0106, workers: int = 4) -> Evidence:
+    timing = TimingSummary(step_s, step_s, step_s, step_s, step_s, 100)
+    summary = EpochSummary(
+        stage="train",
+        epoch=0,
+        steps=100,
+        timings={"DataLoading": timing, "Step": timing},
+        input_stall_fraction=0.4,
+        data_wait_share=0.4,
+        samples_per_sec=7000.0,
+        epoch_start=0.1,
+        decode=decode,
+    )
+    return Evidence(summary, LoaderFacts(num_workers=workers))
+
+
+def test_the_verdict_names_what_binds_on_the_gpu_decode_path():
+    base = DecodeStats(batches=100, takes=100, wait_seconds=0.4, lookahead_mean=0.3, backend="torchvision")
+    thread = dataclasses.replace(base, submit_seconds=1.9, submit_cpu_seconds=1.2, decode_seconds=0.9)
+    kind, words, advice = gpu_decode_cause(_evidence(thread), thread)
+    assert kind == "input_bound_decode" and words == "GPU decode, the decode thread's submission", advice
+    assert "19.0 ms per batch (12.0 ms of its own CPU" in advice[0] and "JPEG engines are not measured" in advice[0]
+    engine = dataclasses.replace(thread, jpeg_util_percent=93.0)
+    assert gpu_decode_cause(_evidence(engine), engine)[1] == "GPU decode, the JPEG engines are busy"
+    fast = dataclasses.replace(base, submit_seconds=0.3, submit_cpu_seconds=0.2, decode_seconds=0.2)
+    kind, words, advice = gpu_decode_cause(_evidence(fast), fast)
+    assert kind == "input_bound_workers" and "raise the wrapped loader's num_workers (now 4)" in advice[0]
+    cpu = dataclasses.replace(thread, backend="pil")
+    assert gpu_decode_cause(_evidence(cpu), cpu)[1] == "decode on the CPU (no CUDA device)"
+
+
+class TinyNet(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(3 * 8 * 8, 5)
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        return torch.nn.functional.cross_entropy(self.layer(images.flatten(1).float()), labels)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_a_trainer_on_a_gpu_decode_loader_logs_decode_figures_and_judges_them(tmp_path):
+    pytest.importorskip("PIL")
+    from lightning_dataperf.gpu_decode import GpuDecodeLoader
+    from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+
+    dataset = EncodedImageDataset(write_files(str(tmp_path / "images"), 48), seed=0)
+    loader = GpuDecodeLoader(DataLoader(dataset, batch_size=4, collate_fn=collate_encoded), device="cpu", size=8)
+    perf = DataPerfCallback(print_summary=False, telemetry=False)
+    logger = pl.loggers.CSVLogger(str(tmp_path))
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], logger=logger, log_every_n_steps=4, **trainer_kwargs(tmp_path))
+    trainer.fit(TinyNet(), loader)
+    decode = perf.last_summary.decode
+    assert decode is not None and decode.batches == 12 and decode.images == 48 and decode.backend == "pil"
+    assert decode.takes == 12 and not math.isnan(decode.wait_per_take)
+    logged = (tmp_path / "lightning_logs" / "version_0" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "Decode/batch_seconds" in logged and "Decode/lookahead_mean" in logged
+    assert "decode path (pil): 12 batches" in perf.last_summary.format()
+
+
+def test_tuned_datamodule_gpu_decode_is_one_switch(tmp_path):
+    """``TunedDataModule(gpu_decode=...)``: the loader over encoded JPEGs gets the collate, few workers, the wrap."""
+    pytest.importorskip("PIL")
+    from lightning_dataperf import TunedDataModule
+    from lightning_dataperf.gpu_decode import GpuDecodeLoader
+    from lightning_dataperf.jpeg_batches import EncodedImageDataset
+
+    samples = write_files(str(tmp_path / "images"), 24)
+
+    class Images(TunedDataModule):
+        def train_dataloader(self):
+            return DataLoader(EncodedImageDataset(samples, seed=0), batch_size=4, shuffle=True)
+
+    class Checked(TinyNet):
+        shapes: list = []
+
+        def training_step(self, batch, batch_idx):
+            images, labels = batch
+            Checked.shapes.append((tuple(images.shape), images.device.type, labels.dtype))
+            return super().training_step(batch, batch_idx)
+
+    data = Images(seed=0, gpu_decode={"size": 8}, verbose=False)
+    trainer = pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(tmp_path))
+    trainer.fit(Checked(), datamodule=data)
+    assert isinstance(trainer.train_dataloader, GpuDecodeLoader) or isinstance(
+        getattr(trainer.train_dataloader, "iterables", None), GpuDecodeLoader
+    ), type(trainer.train_dataloader)
+    assert Checked.shapes == [((4, 3, 8, 8), "cpu", torch.int64)] * 6
+    plan = data.loader_plans["train"][0]
+    assert plan.chosen["num_workers"] <= 4 and any("GpuDecodeLoader(device=cpu, size=8)" in n for n in plan.notes)
