@@ -4,16 +4,17 @@ Each backend decodes a list of encoded JPEGs (host ``uint8`` tensors) straight i
 ``uint8`` device buffer that the batched crop/resize reads, so no per-image tensor, copy or launch
 is needed in Python:
 
-- :class:`NvImageCodecBackend` (``pip install "lightning-dataperf[gpu-decode]"``: NVIDIA nvImageCodec,
+- :class:`TorchvisionBackend` (the default, ``pip install "lightning-dataperf[gpu-decode]"``):
+  ``torchvision.io.decode_jpeg(list, device="cuda")`` (planar ``chw``), one ``torch.cat`` into the flat
+  buffer; ahead end to end on the H200 (benchmarks/README.md, GPU JPEG decode).
+- :class:`NvImageCodecBackend` (``pip install "lightning-dataperf[gpu-decode-nvimgcodec]"``: NVIDIA nvImageCodec,
   ``nvidia-nvimgcodec-cu13`` + ``nvidia-nvjpeg``): batched nvJPEG on the hardware JPEG engines (CUDA
   cores for what the engine cannot take), header parsing on its own C++ thread pool, the GIL
   released for the whole batch; decodes interleaved RGB (``hwc``) into views of the flat buffer.
-- :class:`TorchvisionBackend`: ``torchvision.io.decode_jpeg(list, device="cuda")`` (planar ``chw``),
-  one ``torch.cat`` into the flat buffer. The fallback where nvImageCodec is not installed.
 
 Example::
 
-    backend = make_backend("auto", torch.device("cuda", 0))   # nvImageCodec if importable
+    backend = make_backend("auto", torch.device("cuda", 0))   # torchvision's CUDA decode if it imports
     flat = torch.empty(total_bytes, dtype=torch.uint8, device="cuda")
     ok, keep = backend.decode(data, spans, sizes, flat, bases)  # per image: decoded into its slot?
 """

@@ -67,7 +67,7 @@ class GpuDecodeLoader:
         device: where to decode; default ``cuda`` when available, else ``cpu``.
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
         size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment: see
-            :class:`JpegDecoder` (``backend="auto"``: nvImageCodec when installed, else torchvision's nvJPEG).
+            :class:`JpegDecoder` (``backend="auto"``: torchvision's nvJPEG when it imports, else nvImageCodec).
 
     Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
     reachable from the dataset or the collate function the workers get. Forked workers freeze what

@@ -110,7 +110,8 @@ class TunedDataModule(pl.LightningDataModule):
             torch.bfloat16}``): a loader over an :class:`~lightning_dataperf.jpeg_batches.EncodedImageDataset`
             gets ``collate_fn=collate_encoded`` (unless you pass one), at most 4 workers unless you say (they
             only read files) and is returned wrapped in a ``GpuDecodeLoader`` on the run's device; the step
-            receives ``(images, labels)`` there. Other loaders are left alone.
+            receives ``(images, labels)`` there. A hook's single ``DataLoader`` is wrapped; a list or dict of
+            loaders, and loaders over other datasets, are left alone.
 
     Example::
 
@@ -143,10 +144,11 @@ class TunedDataModule(pl.LightningDataModule):
         autotune: bool = False,
         autotune_options: dict[str, Any] | None = None,
         verbose: bool = True,
-        gpu_decode: bool | dict[str, Any] = False,
+        gpu_decode: bool | dict[str, Any] | None = False,
     ) -> None:
         super().__init__()
-        self.gpu_decode = ({} if gpu_decode is True else dict(gpu_decode)) if gpu_decode else None
+        off = gpu_decode is False or gpu_decode is None
+        self.gpu_decode = None if off else ({} if gpu_decode is True else dict(gpu_decode))  # {}: the defaults
         self.seed = seed
         self.shard_drop_last = shard_drop_last
         self.unpadded_eval = unpadded_eval
@@ -203,8 +205,11 @@ class TunedDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ planning one DataLoader
     def _plan(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
         check_loader_kwargs(explicit, self.hardware, self._accelerator())
+        encoded = self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset"))
         if stage == "train" and self.autotune and self.autotune_result is None:
-            self._run_autotune(explicit)
+            # the trials read the batches the way training will: encoded, through collate_encoded
+            collate = {name: value for name, (value, _) in encoded_loader_defaults(explicit, None).items()}
+            self._run_autotune({**explicit, **collate} if encoded else explicit)
         plan = LoaderPlan(stage, {key: value for key, value in explicit.items() if key != "dataset"})
         updates: dict[str, Any] = {}
         settings = self.loader_settings
@@ -214,8 +219,9 @@ class TunedDataModule(pl.LightningDataModule):
                 continue
             updates[name] = plan.chosen[name] = getattr(settings, name)
             plan.reasons[name] = settings.reasons.get(name, "")
-        if self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset")):
-            chosen = encoded_loader_defaults(explicit, updates.get("num_workers"))
+        if encoded:  # the workers only read files: fewer than the policy's count, unless autotune measured it
+            measured = self.autotune_result is not None
+            chosen = encoded_loader_defaults(explicit, None if measured else updates.get("num_workers"))
             for name, (value, reason) in chosen.items():
                 updates[name] = value
                 if reason:

@@ -13,8 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import math
-
 from lightning_dataperf.decode_stats import DecodeStats
 from lightning_dataperf.evidence import Evidence
 
@@ -28,21 +26,20 @@ DECODE_PACE_SHARE = 0.8
 
 def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str, list[str]]:
     """``(kind, words, advice)``: the engines, the decode thread, its GPU work, or the workers reading the files."""
-    step = evidence.step_mean or 0.0
+    step = evidence.step_mean
     wall, cpu = decode.per_batch(decode.submit_seconds), decode.per_batch(decode.submit_cpu_seconds)
     gpu, engine = decode.per_batch(decode.decode_seconds), decode.jpeg_util_percent
-    on_cpu = decode.backend == "pil"  # no CUDA: the same loader decodes with PIL in its thread
     facts = (
         f"the step waited {1e3 * decode.wait_per_take:.1f} ms per batch for decoded images, with "
         f"{decode.lookahead_mean:.1f} of them ready on average ({decode.backend or 'GPU'} decode)"
     )
-    if on_cpu:
+    if decode.backend == "pil":  # no CUDA: the same loader decodes with PIL in its thread
         return (
             "input_bound_decode",
             "decode on the CPU (no CUDA device)",
             [f"{facts}; without CUDA the decode thread decodes with PIL ({1e3 * wall:.1f} ms per batch): run on a GPU"],
         )
-    if not math.isnan(engine) and engine >= ENGINE_BUSY_PERCENT:
+    if engine is not None and engine >= ENGINE_BUSY_PERCENT:
         return (
             "input_bound_decode",
             "GPU decode, the JPEG engines are busy",
@@ -51,32 +48,55 @@ def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str,
                 "smaller (fewer pixels to decode) or spread the decode over more GPUs"
             ],
         )
-    if step and wall >= DECODE_PACE_SHARE * step:
+    if not step:
+        return ("input_bound_unknown", "GPU decode, cause not measured", [f"{facts}; the step time was not measured"])
+    if wall >= DECODE_PACE_SHARE * step:
         return (
             "input_bound_decode",
             "GPU decode, the decode thread's submission",
             [
                 f"{facts}; the decode thread needs {1e3 * wall:.1f} ms per batch ({1e3 * cpu:.1f} ms of its own CPU, "
                 f"the rest waiting for the GIL or a core) for a {1e3 * step:.1f} ms step, and the JPEG engines are "
-                + ("not measured" if math.isnan(engine) else f"only {engine:.0f}% busy")
+                + ("not measured" if engine is None else f"only {engine:.0f}% busy")
                 + ": the submission binds, not the decoder; fewer Python calls in the training step (torch.compile, "
                 "CUDA graphs) leave the decode thread more of the GIL, and graph_augment=True keeps the augment "
                 "to one launch"
             ],
         )
-    if step and gpu >= DECODE_PACE_SHARE * step:
+    if gpu >= DECODE_PACE_SHARE * step:
         return (
             "input_bound_decode",
-            "GPU decode, its GPU work",
-            [f"{facts}; decode and augment take {1e3 * gpu:.1f} ms of GPU time per batch next to the step's"],
+            "GPU decode, its time on the GPU",
+            [
+                f"{facts}; from the decode's start to the augment's end {1e3 * gpu:.1f} ms pass per batch on the "
+                "GPU (its work and its waits behind the step's), next to the step's own"
+            ],
         )
+    # Neither the decode thread nor its GPU side keeps the step waiting: the encoded batches arrive late. The
+    # workers behind a GpuDecodeLoader are not instrumented, so only the machine's idle cores say whether more help.
+    idle = _idle_cpus(evidence)
+    starved = evidence.summary.host_gap is not None and evidence.summary.host_gap.training_thread_starved
     workers = evidence.loader.num_workers
+    now = f" (now {workers})" if workers is not None else ""
+    if starved:
+        more = "the training thread already waits for a CPU: make reading cheaper (local storage, larger files)"
+    elif idle is None:
+        more = f"idle cores were not measured this epoch: raise the wrapped loader's num_workers{now} if some are"
+    elif idle >= 1.0:
+        more = f"about {idle:.0f} cores are idle: raise the wrapped loader's num_workers{now}"
+    else:
+        more = "no core is idle to run more of them: make reading cheaper (local storage, larger files)"
     return (
         "input_bound_workers",
         "the workers reading the files for the GPU decode",
         [
-            f"{facts}; the decode thread ({1e3 * wall:.1f} ms per batch) and its GPU work ({1e3 * gpu:.1f} ms) keep "
-            f"up with the {1e3 * step:.1f} ms step, so it waits for the workers reading the files: raise the "
-            "wrapped loader's num_workers" + (f" (now {workers})" if workers is not None else "")
+            f"{facts}; the decode thread ({1e3 * wall:.1f} ms per batch) and its GPU side ({1e3 * gpu:.1f} ms) keep up "
+            f"with the {1e3 * step:.1f} ms step, so the encoded batches arrive late (the workers behind the "
+            f"GpuDecodeLoader are not measured inside); {more}"
         ],
     )
+
+
+def _idle_cpus(evidence: Evidence) -> float | None:
+    busy, cpus = evidence.system.cpu_busy_percent_mean, evidence.usable_cpus
+    return None if busy is None or cpus is None else cpus * (100.0 - busy) / 100.0

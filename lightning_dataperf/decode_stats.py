@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from lightning_dataperf.tags import DECODE_GROUP
@@ -42,13 +41,14 @@ class DecodeStats:
     lookahead_mean: float = 0.0
     cpu_fallback: int = 0
     undecodable: int = 0
-    jpeg_util_percent: float = float("nan")
+    jpeg_util_percent: float | None = None  # NVML, the mean of the readings taken (None: not measured)
     submit_cpu_seconds: float = 0.0
     backend: str = ""
     takes: int = 0
 
     def since(self, earlier: DecodeStats) -> DecodeStats:
-        """What happened between ``earlier`` and this snapshot (the JPEG-engine reading is this one's)."""
+        """What happened between ``earlier`` and this snapshot (the JPEG-engine reading is this one's: a window's
+        owner replaces it with the mean of its readings, see ``StageTimer``)."""
         takes = self.takes - earlier.takes
         depth = self.lookahead_mean * self.takes - earlier.lookahead_mean * earlier.takes
         return DecodeStats(
@@ -86,12 +86,12 @@ class DecodeStats:
             "undecodable": float(self.undecodable),
             "images": float(self.images),
         }
-        if not math.isnan(self.jpeg_util_percent):
+        if self.jpeg_util_percent is not None:
             metrics["jpeg_util_percent"] = self.jpeg_util_percent
         return {prefix + DECODE_GROUP + key: value for key, value in metrics.items()}
 
     def format(self) -> str:
-        engine = "" if math.isnan(self.jpeg_util_percent) else f", JPEG engine {self.jpeg_util_percent:.0f}% busy"
+        engine = "" if self.jpeg_util_percent is None else f", JPEG engine {self.jpeg_util_percent:.0f}% busy"
         return (
             f"decode path ({self.backend or 'backend unknown'}): {self.batches} batches, per batch "
             f"{1e3 * self.per_batch(self.decode_seconds):.2f} ms on the GPU, decode thread "

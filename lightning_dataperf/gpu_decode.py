@@ -80,7 +80,7 @@ class JpegDecoder:
         mean, std: normalisation in 0..1 units.
         on_error: ``"raise"`` a :class:`DecodeError` naming index and path for an undecodable sample,
             or ``"zeros"``: an all-zero image (after normalisation), counted as ``Decode/undecodable``.
-        backend: ``"auto"`` (nvImageCodec if installed, else torchvision), ``"nvimgcodec"`` or
+        backend: ``"auto"`` (torchvision's CUDA decode if it imports, else nvImageCodec), ``"nvimgcodec"`` or
             ``"torchvision"`` (ignored on CPU), or a backend object (see ``_decode_backends``).
         decode_threads: nvImageCodec's CPU thread pool (default ``min(4, cores)``).
         graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph_augment`; eager if
@@ -315,18 +315,20 @@ class JpegDecoder:
             )
 
 
-def _jpeg_utilisation(device: torch.device) -> float:
-    """NVML JPEG-engine utilisation (%) of ``device``; NaN where NVML or the engine is missing."""
+def _jpeg_utilisation(device: torch.device) -> float | None:
+    """NVML JPEG-engine utilisation (%) of ``device`` (by its UUID); ``None`` where NVML or the engine is missing."""
     if device.type != "cuda":
-        return float("nan")
+        return None
     try:
         import pynvml
 
+        from lightning_dataperf.sources import _nvml_handle
+
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        handle = _nvml_handle(pynvml, device.index if device.index is not None else torch.cuda.current_device())
         return float(pynvml.nvmlDeviceGetJpgUtilization(handle)[0])
     except Exception:  # no NVML, no JPEG engine, or an old driver
-        return float("nan")
+        return None
 
 
 def __getattr__(name: str) -> Any:

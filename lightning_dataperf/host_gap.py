@@ -5,9 +5,9 @@ late (starved for CPU by busy loader workers, Python overhead, syncs) stretches 
 which the GPU has nothing to run. Those gaps are invisible to events and to NVML's coarse utilisation.
 Once per epoch, :class:`HostGapProbe` records a few consecutive training steps with the PyTorch
 profiler (CUDA activity only: kernels, copies and the runtime calls that launched them), assigns each
-kernel to the step whose host window launched it (the work on the streams the training thread uses,
-including the backward pass autograd launches from its own thread; another thread's stream, e.g. a
-GPU-decode thread's, is not the step's work and is left out), and
+kernel to the step whose host window launched it (the work of the training thread and of the threads
+that launch on its streams, like autograd's backward thread and its all-reduce stream under DDP; a
+thread that never does, e.g. a GPU-decode thread on its own stream, is left out), and
 splits each step's device span (first to last of its kernels) into GPU busy time (the union of its
 kernels' intervals) and host gap (the rest).
 
@@ -227,10 +227,12 @@ def _stats(
     """Per step: the step's device work launched inside its host window -> its device span and busy union.
 
     The step's work is what runs on the streams the training thread (``threads``: its ids) launches on,
-    whichever thread queued it: autograd runs the backward pass on its own device thread, on the same
-    stream. Work on other streams (a GPU-decode thread's, a side-stream copy) is not the step's. If no
-    launch carries one of the ids (a profiler naming threads otherwise), all work is kept and the result
-    says so.
+    whichever thread queued it (autograd runs the backward pass on its own device thread, on the same
+    stream), and on the other streams that such a thread launches on (DDP's all-reduce on NCCL's stream,
+    queued from autograd's thread). A thread that never launches on the step's streams (a GPU-decode
+    thread on its own stream) is not the step's. Side-stream copies for the next batch are queued during
+    the fetch, outside the step's window. If no launch carries one of the ids (a profiler naming threads
+    otherwise), all work is kept and the result says so.
     """
     launches: dict[int, tuple[int, int]] = {}  # correlation id -> (launch time (ns, host clock), thread id)
     device: list[tuple[int, int, int, int]] = []  # (correlation id, start, end, stream) of device work
@@ -243,9 +245,13 @@ def _stats(
             # Kineto names the launching thread in a runtime event's resource id (pthread_self, low 32 bits, as
             # a signed int32); its thread ids are its own sequence numbers (1 for every thread on torch 2.11).
             launches[event.correlation_id()] = (event.start_ns(), event.device_resource_id() & 0xFFFFFFFF)
-    ours = {correlation for correlation, (_, thread) in launches.items() if thread in threads}
-    streams = {stream for correlation, _, _, stream in device if correlation in ours}  # a GPU event's: its stream
+    stream_of = {correlation: stream for correlation, _, _, stream in device}  # a GPU event's resource id: its stream
+    streams = {stream_of[c] for c, (_, thread) in launches.items() if thread in threads and c in stream_of}
     kept_all = not streams
+    # The step's threads: the training thread and those that also launch on its streams (autograd's backward
+    # thread); their streams are the step's too (DDP's all-reduce, which that thread queues on NCCL's stream).
+    helpers = {thread for c, (_, thread) in launches.items() if stream_of.get(c) in streams}
+    streams |= {stream_of[c] for c, (_, thread) in launches.items() if thread in helpers and c in stream_of}
     launches_at = {correlation: at for correlation, (at, _) in launches.items()}
     device = [item for item in device if kept_all or item[3] in streams]
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]

@@ -273,7 +273,9 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             # The scheduler shares the cores per runnable task: one worker more takes its share from the others.
             tasks = evidence.system.runnable_tasks or 1.0
             faster = (workers + 1) / workers * tasks / (tasks + 1)
-            predicted = max(compute or 0.0, (step or 0.0) / faster)
+            # the training process loses the same share of its core: on the CPU its own work slows too
+            slower = 1.0 if evidence.summary.on_device else (tasks + 1) / tasks
+            predicted = max((compute or 0.0) * slower, (step or 0.0) / faster)
             advice.append(
                 f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
                 f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "

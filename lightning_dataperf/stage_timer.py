@@ -50,13 +50,20 @@ class StageTimer:
     batches_epoch: list[BatchTiming] = field(default_factory=list)
     host_gap: HostGapProbe | None = None
     decode: Any = None  # a GpuDecodeLoader this stage reads from (its ``stats()`` are cumulative)
-    decode_window: DecodeStats | None = None  # its figures at the start of the log window and of the epoch
-    decode_epoch: DecodeStats | None = None
+    decode_window: DecodeStats | None = None  # its figures at the last log point and at the last epoch end:
+    decode_epoch: DecodeStats | None = None  # contiguous, so batches decoded ahead of an epoch's start count in it
+    engine_readings: list[float] = field(default_factory=list)  # the epoch's JPEG-engine readings (NVML, %)
 
     def watch_decode(self, loader: Any) -> None:
         """Log and judge a GPU-decode loader's own telemetry (``Decode/...``) with this stage's figures."""
         self.decode = loader
         self.decode_window = self.decode_epoch = loader.stats()
+
+    def _decode_now(self) -> DecodeStats:
+        now = self.decode.stats()
+        if now.jpeg_util_percent is not None:
+            self.engine_readings.append(now.jpeg_util_percent)
+        return now
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
@@ -101,8 +108,6 @@ class StageTimer:
         self._collect_batches()  # what arrived before the epoch (the first batches are fetched early)
         if self.host_gap is not None:
             self.host_gap.reset_epoch()
-        if self.decode is not None:
-            self.decode_window = self.decode_epoch = self.decode.stats()
         self.batches_window.clear()
         self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
 
@@ -114,7 +119,7 @@ class StageTimer:
         if (loader := LoaderStats.of(self.batches_window)) is not None:
             metrics.update(loader.to_metrics(self.stage.prefix))
         if self.decode is not None and self.decode_window is not None:
-            now = self.decode.stats()
+            now = self._decode_now()
             if (window := now.since(self.decode_window)).batches:
                 metrics.update(window.to_metrics(self.stage.prefix))
             self.decode_window = now
@@ -145,7 +150,10 @@ class StageTimer:
             host_gap = host_gap.with_span(span.p50)
         decode = None
         if self.decode is not None and self.decode_epoch is not None:
-            decode = self.decode.stats().since(self.decode_epoch)
+            now = self._decode_now()
+            engine = sum(self.engine_readings) / len(self.engine_readings) if self.engine_readings else None
+            decode = dataclasses.replace(now.since(self.decode_epoch), jpeg_util_percent=engine)
+            self.decode_epoch, self.decode_window, self.engine_readings = now, now, []
         return dataclasses.replace(
             summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap, decode=decode
         )
@@ -157,3 +165,4 @@ class StageTimer:
         self.clock.reset()
         self.window.clear()
         self.active = False
+        self.decode = self.decode_window = self.decode_epoch = None  # let the GPU-decode loader go

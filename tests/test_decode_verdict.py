@@ -18,6 +18,7 @@ from lightning_dataperf.decode_stats import DecodeStats
 from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.loaders import LoaderFacts
 from lightning_dataperf.stats import EpochSummary, TimingSummary
+from lightning_dataperf.system_stats import SystemStats
 
 
 def test_a_window_is_the_difference_of_two_snapshots():
@@ -58,8 +59,16 @@ def test_the_verdict_names_what_binds_on_the_gpu_decode_path():
     engine = dataclasses.replace(thread, jpeg_util_percent=93.0)
     assert gpu_decode_cause(_evidence(engine), engine)[1] == "GPU decode, the JPEG engines are busy"
     fast = dataclasses.replace(base, submit_seconds=0.3, submit_cpu_seconds=0.2, decode_seconds=0.2)
-    kind, words, advice = gpu_decode_cause(_evidence(fast), fast)
-    assert kind == "input_bound_workers" and "raise the wrapped loader's num_workers (now 4)" in advice[0]
+    idle = dataclasses.replace(_evidence(fast), system=SystemStats(cpu_busy_percent_mean=50.0), usable_cpus=16)
+    kind, words, advice = gpu_decode_cause(idle, fast)
+    assert (
+        kind == "input_bound_workers"
+        and "about 8 cores are idle: raise the wrapped loader's num_workers (now 4)" in advice[0]
+    )
+    busy = dataclasses.replace(idle, system=SystemStats(cpu_busy_percent_mean=99.0))
+    assert "no core is idle" in gpu_decode_cause(busy, fast)[2][0]
+    assert "idle cores were not measured this epoch" in gpu_decode_cause(_evidence(fast), fast)[2][0]
+    assert gpu_decode_cause(_evidence(fast, step_s=0.0), fast)[0] == "input_bound_unknown"
     cpu = dataclasses.replace(thread, backend="pil")
     assert gpu_decode_cause(_evidence(cpu), cpu)[1] == "decode on the CPU (no CUDA device)"
 
@@ -126,3 +135,15 @@ def test_tuned_datamodule_gpu_decode_is_one_switch(tmp_path):
     assert Checked.shapes == [((4, 3, 8, 8), "cpu", torch.int64)] * 6
     plan = data.loader_plans["train"][0]
     assert plan.chosen["num_workers"] <= 4 and any("GpuDecodeLoader(device=cpu, size=8)" in n for n in plan.notes)
+
+
+def test_gpu_decode_loader_defaults_cap_the_policy_but_not_a_choice():
+    from lightning_dataperf import TunedDataModule
+    from lightning_dataperf.jpeg_batches import collate_encoded, encoded_loader_defaults
+
+    capped = encoded_loader_defaults({}, policy_workers=15)
+    assert capped["num_workers"][0] == 4 and capped["collate_fn"] == (collate_encoded, "")
+    assert "num_workers" not in encoded_loader_defaults({"num_workers": 12}, policy_workers=15)  # yours wins
+    assert "num_workers" not in encoded_loader_defaults({}, policy_workers=None)  # autotune measured: kept
+    assert "collate_fn" not in encoded_loader_defaults({"collate_fn": list}, policy_workers=2)
+    assert TunedDataModule(gpu_decode={}).gpu_decode == {} and TunedDataModule().gpu_decode is None

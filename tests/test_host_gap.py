@@ -61,6 +61,13 @@ def test_work_on_other_threads_streams_is_not_the_steps_but_its_backward_thread_
     windows = [(0, 10 * MS)]
     ours = _stats(events, windows, first_step=0, threads=frozenset({11}))
     assert ours.gpu_busy_s == pytest.approx(0.003) and ours.span_s == pytest.approx(0.008)
+    # under DDP autograd's thread also queues the all-reduce on NCCL's stream (8): the step's work too
+    nccl = [
+        *events,
+        event("cudaLaunchKernel", "CPU", 4, 7.0, thread=33),
+        event("allreduce", "CUDA", 4, 9.0, 0.5, thread=8),
+    ]
+    assert _stats(nccl, windows, first_step=0, threads=frozenset({11})).gpu_busy_s == pytest.approx(0.0035)
     assert not ours.other_threads_kept
     decode = _stats(events, windows, 0, threads=frozenset({-22 & 0xFFFFFFFF}))  # seen from the decode thread
     assert decode.gpu_busy_s == pytest.approx(0.005)
