@@ -28,11 +28,11 @@ from lightning_dataperf.findings import Diagnosis
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.loader_probe import instrument, uninstrument
-from lightning_dataperf.loaders import first_loader
+from lightning_dataperf.loaders import first_loader, is_gpu_decode_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
 from lightning_dataperf.preflight import Problem, check_batch, startup_problems
-from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence, is_gpu_decode_loader
+from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence
 from lightning_dataperf.stage_timer import StageTimer
 from lightning_dataperf.stats import EpochSummary
 from lightning_dataperf.system_stats import SystemStats

@@ -74,8 +74,7 @@ def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str,
         )
     # Neither the decode thread nor its GPU side keeps the step waiting: the encoded batches arrive late. The
     # workers behind a GpuDecodeLoader are not instrumented, so only the machine's idle cores say whether more help.
-    idle = _idle_cpus(evidence)
-    starved = evidence.summary.host_gap is not None and evidence.summary.host_gap.training_thread_starved
+    idle, starved = evidence.idle_cpus, evidence.training_thread_starved
     workers = evidence.loader.num_workers
     now = f" (now {workers})" if workers is not None else ""
     if starved:
@@ -95,8 +94,3 @@ def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str,
             f"GpuDecodeLoader are not measured inside); {more}"
         ],
     )
-
-
-def _idle_cpus(evidence: Evidence) -> float | None:
-    busy, cpus = evidence.system.cpu_busy_percent_mean, evidence.usable_cpus
-    return None if busy is None or cpus is None else cpus * (100.0 - busy) / 100.0

@@ -65,6 +65,18 @@ class Evidence:
         return self.timing(tags.STEP)
 
     @property
+    def idle_cpus(self) -> float | None:
+        """Idle cores this epoch, from the mean CPU busy % and the CPUs this rank may use (``None``: not measured)."""
+        busy = self.system.cpu_busy_percent_mean
+        return None if busy is None or self.usable_cpus is None else self.usable_cpus * (100.0 - busy) / 100.0
+
+    @property
+    def training_thread_starved(self) -> bool:
+        """CUDA, from the host-gap probe: the training thread waited for a CPU for much of the host gap."""
+        gap = self.summary.host_gap
+        return gap is not None and gap.training_thread_starved
+
+    @property
     def straggling(self) -> bool:
         """Several ranks, one waiting far longer for data: every rank's step then holds the wait for it."""
         ratio = self.summary.straggler_ratio

@@ -168,7 +168,7 @@ def _oversubscribed(evidence: Evidence) -> bool:
 
 def _cpus_spent(evidence: Evidence) -> bool:
     """No core to spare, measured: the CPUs this rank may use are busy (by this run or others) this epoch."""
-    spare = _spare_cpus(evidence)
+    spare = evidence.idle_cpus
     return spare is not None and spare < MIN_SPARE_CPUS
 
 
@@ -246,9 +246,9 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
     workers = loader.num_workers or inside.workers
     step, compute = _step_and_compute(evidence)
     busy_pct = 100 * inside.busy_fraction
-    spare = _spare_cpus(evidence)
+    spare = evidence.idle_cpus
     advice = []
-    starved = evidence.summary.host_gap is not None and evidence.summary.host_gap.training_thread_starved
+    starved = evidence.training_thread_starved
     if spare is None:
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy; the machine's idle cores were not measured this epoch "
@@ -360,14 +360,6 @@ def _without_inside(evidence: Evidence) -> _Cause:
         "too few loader workers",
         [f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: {settings}"],
     )
-
-
-def _spare_cpus(evidence: Evidence) -> float | None:
-    """Idle cores, from mean CPU busy % and the CPUs this process may use."""
-    busy = evidence.system.cpu_busy_percent_mean
-    if busy is None or evidence.usable_cpus is None:
-        return None
-    return evidence.usable_cpus * (100.0 - busy) / 100.0
 
 
 def _autotune_line(evidence: Evidence) -> str | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["POLICY_FIELDS", "LoaderFacts", "LoaderSettings", "first_loader"]
+__all__ = ["POLICY_FIELDS", "LoaderFacts", "LoaderSettings", "first_loader", "is_gpu_decode_loader"]
 
 #: The DataLoader arguments the policy and autotune choose.
 POLICY_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
@@ -82,6 +82,11 @@ class LoaderFacts:
             prefetch_factor=getattr(loader, "prefetch_factor", None),
             batch_size=getattr(loader, "batch_size", None),
         )
+
+
+def is_gpu_decode_loader(loader: Any) -> bool:
+    """A :class:`~lightning_dataperf.gpu_decode.GpuDecodeLoader` (checked without importing the decode modules)."""
+    return type(loader).__name__ == "GpuDecodeLoader" and type(loader).__module__.startswith("lightning_dataperf.")
 
 
 def first_loader(loaders: Any) -> Any:

@@ -20,7 +20,7 @@ from lightning_dataperf.strategies import SideStreamTransferMixin
 from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.tags import Stage
 
-__all__ = ["autotune_seconds", "autotune_words", "gather_evidence", "is_gpu_decode_loader"]
+__all__ = ["autotune_seconds", "autotune_words", "gather_evidence"]
 
 
 def gather_evidence(
@@ -55,11 +55,6 @@ def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
         Stage.PREDICT: trainer.predict_dataloaders,
     }[stage]
     return loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
-
-
-def is_gpu_decode_loader(loader: Any) -> bool:
-    """A :class:`~lightning_dataperf.gpu_decode.GpuDecodeLoader` (checked without importing the decode modules)."""
-    return type(loader).__name__ == "GpuDecodeLoader" and type(loader).__module__.startswith("lightning_dataperf.")
 
 
 def autotune_words(result: Any) -> str | None:
