@@ -157,12 +157,12 @@ def measure(step, batches, warmup: int, steps: int) -> dict:
                 pass
         return total
 
-    cpu0, workers0, start = time.process_time(), worker_cpu(), time.perf_counter()
+    cpu0, workers0, start, thread0 = time.process_time(), worker_cpu(), time.perf_counter(), time.thread_time()
     with JpegUtil() as util:
         for _ in range(steps):
             step(*next(iterator))
         torch.cuda.synchronize()
-    wall = time.perf_counter() - start
+    wall, thread = time.perf_counter() - start, time.thread_time() - thread0
     cpu, workers = time.process_time() - cpu0, worker_cpu() - workers0
     if hasattr(iterator, "close"):
         iterator.close()
@@ -171,6 +171,7 @@ def measure(step, batches, warmup: int, steps: int) -> dict:
         "main_cpu_percent": 100 * cpu / wall,
         "workers_cpu_percent": 100 * workers / wall,
         "main_cpu_ms_per_step": 1e3 * cpu / steps,
+        "main_thread_ms_per_step": 1e3 * thread / steps,
         "jpeg_util_percent": util.mean,
     }
 
@@ -194,7 +195,7 @@ def cpu_batches(samples, workers: int, total: int):
         yield images.to(torch.bfloat16), labels.cuda(non_blocking=True)
 
 
-def gpu_loader(samples, workers: int, total: int, **options) -> GpuDecodeLoader:
+def gpu_loader(samples, workers: int, total: int, wrapper=GpuDecodeLoader, **options) -> GpuDecodeLoader:
     dataset = EncodedImageDataset(samples, seed=0)
     sampler = RandomSampler(range(len(samples)), replacement=True, num_samples=total * BATCH)
     loader = DataLoader(
@@ -202,7 +203,7 @@ def gpu_loader(samples, workers: int, total: int, **options) -> GpuDecodeLoader:
         persistent_workers=workers > 0, prefetch_factor=4 if workers else None, drop_last=True,
     )  # fmt: skip
     options = {"device": "cuda", "lookahead": 3, "dtype": torch.bfloat16, **options}
-    return GpuDecodeLoader(loader, **options)
+    return wrapper(loader, **options)
 
 
 def decode_micro(samples) -> dict:

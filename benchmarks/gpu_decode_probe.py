@@ -13,7 +13,7 @@ background thread as the loader does:
   100% means the variant takes no GIL time from it; ``img/s spin``: the variant's own rate meanwhile.
 
 Then end to end (``e2e`` lines): ResNet-18/50 bf16 channels-last, batch 128, on a batch already on the
-GPU (the ceiling) vs ``GpuDecodeLoader`` for each ``--paths`` entry (``backend:graph|eager``) and
+GPU (the ceiling) vs ``GpuDecodeLoader`` for each ``--paths`` entry (``backend:compiled|graph|eager``) and
 each ``--workers`` count. Prints a table, writes ``gpu_decode_probe.json`` to ``$OUT`` (or
 ``benchmarks/results``). ``--skip-micro`` runs only the end-to-end rows; ``--dry-run`` builds every
 end-to-end loader on the CPU (PIL fallback) and takes 2 batches from each: argument errors show up
@@ -26,6 +26,7 @@ on a machine without a GPU.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -43,6 +44,8 @@ from lightning_dataperf._decode_backends import import_nvimgcodec
 from lightning_dataperf._graph_augment import GraphedAugment
 from lightning_dataperf.gpu_decode import JpegDecoder
 from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+
+DEFAULT_INTERVAL_MS = 5.0  # Python's sys.getswitchinterval() default
 
 
 class Spinner:
@@ -250,25 +253,40 @@ def _print_row(row: dict) -> None:
     )
 
 
-def parse_paths(paths: list[str]) -> list[tuple[str, bool]]:
-    """``["nvimgcodec:graph", "torchvision:eager"]`` -> ``[("nvimgcodec", True), ("torchvision", False)]``."""
+def parse_paths(paths: list[str]) -> list[tuple[str, bool, str]]:
+    """``["nvimgcodec:graph", "torchvision:compiled"]`` -> ``[("nvimgcodec", "graph", "thread"),
+    ("torchvision", "compiled", "thread")]``; a third part, ``:process``, runs the decoder in a process of its
+    own (``decode_process_prototype.py``, measured and not adopted)."""
     parsed = []
     for path in paths:
-        backend, _, mode = path.partition(":")
-        if mode not in ("graph", "eager"):
-            raise SystemExit(f"--paths entries are backend:graph or backend:eager, not {path!r}")
-        parsed.append((backend, mode == "graph"))
+        backend, _, rest = path.partition(":")
+        mode, _, where = rest.partition(":")
+        where = where or "thread"
+        if mode not in ("compiled", "graph", "eager") or where not in ("thread", "process"):
+            raise SystemExit(f"--paths entries are backend:compiled|graph|eager[:thread|process], not {path!r}")
+        parsed.append((backend, mode, where))
     return parsed
 
 
-def build_loader(samples, workers: int, total: int, backend: str, graph: bool, device: str = "cuda"):
-    """The package path as the e2e rows run it (also what ``--dry-run`` builds on the CPU)."""
-    return gpu_loader(samples, workers, total, backend=backend, graph_augment=graph, device=device)
+def path_name(backend: str, mode: str, where: str) -> str:
+    return f"{backend}_{mode}" + ("_process" if where == "process" else "")
+
+
+def build_loader(samples, workers: int, total: int, backend: str, mode: str, where: str, device: str = "cuda"):
+    """The package path as the e2e rows run it (also what ``--dry-run`` builds on the CPU); ``mode``: eager,
+    graph (the augment as a CUDA graph) or compiled (that graph of the torch.compile'd augment)."""
+    options = {"graph_augment": mode != "eager", "compile_augment": mode == "compiled"}
+    if where == "process" and device == "cuda":  # the prototype of decode_process_prototype.py
+        from decode_process_prototype import ProcessDecodeLoader
+
+        return gpu_loader(samples, workers, total, backend=backend, wrapper=ProcessDecodeLoader, **options)
+    return gpu_loader(samples, workers, total, backend=backend, device=device, **options)
 
 
 def end_to_end(sets, args, paths) -> list[dict]:
     from gpu_decode import ceiling_batches
 
+    default_interval = sys.getswitchinterval()
     rows = []
     for model in args.models:
         step = make_model(model)
@@ -278,25 +296,33 @@ def end_to_end(sets, args, paths) -> list[dict]:
                 {"model": model, "set": name, "path": "ceiling", "workers": 0, "share_of_ceiling": 1.0, **ceiling}
             )
             _print_e2e(rows[-1])
-            for backend, graph in paths:
-                for workers in args.workers:
-                    loader = None
-                    try:
-                        loader = build_loader(samples, workers, args.warmup + args.steps, backend, graph)
-                        row = measure(step, loader, args.warmup, args.steps)
-                        row["decode"] = loader.stats().to_metrics()
+            for (backend, mode, where), workers, interval in itertools.product(
+                paths, args.workers, args.switch_intervals
+            ):
+                loader = None
+                sys.setswitchinterval(interval / 1e3)
+                try:
+                    loader = build_loader(samples, workers, args.warmup + args.steps, backend, mode, where)
+                    row = measure(step, loader, args.warmup, args.steps)
+                    row["decode"] = loader.stats().to_metrics()
+                    if loader.decoder is not None:
                         row["graph_kept"] = loader.decoder.graph_augment
+                        row["compiled_kept"] = loader.decoder.compile_augment
                         row["into"] = getattr(loader.decoder.backend, "into", None)
-                    except Exception as error:
-                        row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
-                        traceback.print_exc()
-                    finally:
-                        _shutdown(loader)
-                    path = f"{backend}_{'graph' if graph else 'eager'}"
-                    row.update(model=model, set=name, path=path, workers=workers)
-                    row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
-                    rows.append(row)
-                    _print_e2e(row)
+                except Exception as error:
+                    row = {"error": f"{type(error).__name__}: {error}"[:300], "images_per_s": float("nan")}
+                    traceback.print_exc()
+                finally:
+                    _shutdown(loader)
+                    sys.setswitchinterval(default_interval)
+                path = path_name(backend, mode, where)
+                if interval != DEFAULT_INTERVAL_MS:
+                    path += f"_si{interval:g}ms"
+                row["switch_interval_ms"] = interval
+                row.update(model=model, set=name, path=path, workers=workers)
+                row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
+                rows.append(row)
+                _print_e2e(row)
         del step
         torch.cuda.empty_cache()
     return rows
@@ -306,16 +332,16 @@ def dry_run(sets, args, paths) -> list[dict]:
     """Every e2e loader built on the CPU (the backend and graph options are taken, PIL decodes), 2 batches."""
     rows = []
     for name, samples in sets.items():
-        for backend, graph in paths:
+        for backend, mode, where in paths:
             for workers in args.workers:
-                loader = build_loader(samples, workers, 2, backend, graph, device="cpu")
+                loader = build_loader(samples, workers, 2, backend, mode, where, device="cpu")
                 try:
                     shapes = [tuple(images.shape) for images, _ in loader]
                 finally:
                     _shutdown(loader)
                 assert shapes == [(BATCH, 3, SIZE, SIZE)] * 2, shapes
-                rows.append({"set": name, "backend": backend, "graph": graph, "workers": workers, "shapes": shapes})
-                print(f"dry-run {name:8s} {backend}:{'graph' if graph else 'eager'} w={workers}: {shapes}", flush=True)
+                rows.append({"set": name, "backend": backend, "mode": mode, "workers": workers, "shapes": shapes})
+                print(f"dry-run {name:8s} {path_name(backend, mode, where)} w={workers}: {shapes}", flush=True)
     return rows
 
 
@@ -334,6 +360,7 @@ def _print_e2e(row: dict) -> None:
         f"e2e {row['model']:9s} {row['set']:8s} {row['path']:18s} w={row['workers']} {row['images_per_s']:8.0f} img/s "
         f"{100 * row['share_of_ceiling']:5.1f}%  main {row.get('main_cpu_percent', nan):4.0f}%  "
         f"workers {row.get('workers_cpu_percent', nan):4.0f}%  "
+        f"main thread {row.get('main_thread_ms_per_step', nan):5.2f} ms/step  "
         f"submit {1e3 * decode.get('Decode/submit_seconds', nan):5.2f} ms "
         f"(cpu {1e3 * decode.get('Decode/submit_cpu_seconds', nan):5.2f})  "
         f"lookahead {decode.get('Decode/lookahead_mean', nan):.2f}  "
@@ -352,9 +379,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[4])
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument(
+        "--switch-intervals", type=float, nargs="+", default=[DEFAULT_INTERVAL_MS],
+        help="Python's GIL switch interval (ms) during each e2e row (sys.setswitchinterval)",
+    )  # fmt: skip
     parser.add_argument("--skip-micro", action="store_true", help="only the end-to-end rows")
     parser.add_argument(
-        "--paths", nargs="+", help="e2e package paths, backend:graph|eager (default: each backend found, both)"
+        "--paths", nargs="+", help="e2e paths, backend:compiled|graph|eager (default: each backend found, each mode)"
     )
     parser.add_argument("--dry-run", action="store_true", help="build every e2e loader on the CPU, 2 batches each")
     args = parser.parse_args()
@@ -377,7 +408,7 @@ def main() -> None:
         paths = parse_paths(args.paths)
     else:
         names = ["torchvision"] + (["nvimgcodec"] if nvi is not None else [])
-        paths = [(name, graph) for name in names for graph in (False, True)]
+        paths = [(name, mode, "thread") for name in names for mode in ("eager", "graph", "compiled")]
     root = tempfile.mkdtemp(prefix="gpu_decode_probe_")
     sets = {kind: make_set(os.path.join(root, kind), kind, args.images)[0] for kind in ("uniform", "varied")}
     print(f"generated {2 * args.images} JPEGs in {time.perf_counter() - started:.1f} s", flush=True)

@@ -66,7 +66,7 @@ class GpuDecodeLoader:
         loader: a ``DataLoader`` (``collate_fn=collate_encoded``) or any iterable of ``EncodedBatch``.
         device: where to decode; default ``cuda`` when available, else ``cpu``.
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
-        size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment: see
+        size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment, compile_augment: see
             :class:`JpegDecoder` (``backend="auto"``: torchvision's nvJPEG when it imports, else nvImageCodec).
 
     Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
@@ -93,6 +93,7 @@ class GpuDecodeLoader:
         backend: str = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
+        compile_augment: bool = True,
     ) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, not {lookahead}")
@@ -111,6 +112,7 @@ class GpuDecodeLoader:
             backend=backend,
             decode_threads=decode_threads,
             graph_augment=graph_augment,
+            compile_augment=compile_augment,
         )
         self.device = self.decoder.device
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -153,17 +155,25 @@ class GpuDecodeLoader:
 
 class _DecodeIterator(Iterator):
     """One epoch. Holds the loader's parts, not the loader (no reference cycle: a dropped loader is
-    freed at once, not by the cyclic garbage collector)."""
+    freed at once, not by the cyclic garbage collector). Starts at the first ``next()``: an ``iter()``
+    that is never advanced (Lightning calls one to check that a loader is iterable) decodes nothing and
+    starts no worker."""
 
     def __init__(self, owner: GpuDecodeLoader) -> None:
         self._decoder, self._stream, self._device = owner.decoder, owner._stream, owner.device
+        self._loader = owner.loader
         self._persistent = bool(getattr(owner.loader, "persistent_workers", False))
-        if getattr(owner.loader, "num_workers", 0):
-            guard_forked_workers()
-        self._source = iter(owner.loader)  # in the calling thread: worker processes start here
         self._queue: queue.Queue = queue.Queue(maxsize=owner.lookahead)
         self._stop = threading.Event()
         self._done = False
+        self._source: Iterator[Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        if getattr(self._loader, "num_workers", 0):
+            guard_forked_workers()
+        self._source = iter(self._loader)  # in the calling thread: worker processes start here
+        self._loader = None
         self._thread = threading.Thread(target=self._run, name="dataperf-gpu-decode", daemon=True)
         self._thread.start()
 
@@ -182,6 +192,7 @@ class _DecodeIterator(Iterator):
 
     def _loop(self) -> None:
         stream, decoder = self._stream, self._decoder
+        assert self._source is not None
         for batch in self._source:
             if self._stop.is_set():
                 return
@@ -205,6 +216,8 @@ class _DecodeIterator(Iterator):
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._done:
             raise StopIteration
+        if self._thread is None:
+            self._start()
         telemetry = self._decoder.telemetry
         depth = self._queue.qsize()
         waited = time.perf_counter()
@@ -213,15 +226,15 @@ class _DecodeIterator(Iterator):
         except BaseException:  # e.g. a worker's death raised here by the DataLoader's SIGCHLD handler
             self.close()
             raise
-        with telemetry.lock:
-            telemetry.wait_s += time.perf_counter() - waited
-            telemetry.depth_sum += depth
-            telemetry.depth_n += 1
-        if item is _END or isinstance(item, _Failed):
+        if item is _END or isinstance(item, _Failed):  # not a batch taken: not counted
             self.close()
             if isinstance(item, _Failed):
                 raise item.error
             raise StopIteration
+        with telemetry.lock:
+            telemetry.wait_s += time.perf_counter() - waited
+            telemetry.depth_sum += depth
+            telemetry.depth_n += 1
         images, labels, event = item
         if event is not None:
             current = torch.cuda.current_stream(self._device)
@@ -235,7 +248,7 @@ class _DecodeIterator(Iterator):
             try:
                 return self._queue.get(timeout=_POLL_S)
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
+                if self._thread is not None and not self._thread.is_alive() and self._queue.empty():
                     return _Failed(RuntimeError("the GPU decode thread exited without a result"))
 
     def close(self) -> None:
@@ -249,7 +262,7 @@ class _DecodeIterator(Iterator):
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
         shutdown = getattr(self._source, "_shutdown_workers", None)
         if callable(shutdown) and not self._persistent:

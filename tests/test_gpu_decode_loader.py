@@ -100,3 +100,17 @@ def test_workers_get_no_decoder(tmp_path):
     reachable = _reachable(base.dataset, base.collate_fn, base.sampler)
     assert not [item for item in reachable if isinstance(item, (JpegDecoder, GpuDecodeLoader))]
     assert loader.decoder in _reachable(loader)  # the walk does find a decoder where there is one
+
+
+def test_an_iterator_never_advanced_decodes_nothing(tmp_path):
+    """Lightning calls ``iter()`` on a non-DataLoader once only to check that it is iterable: that must start
+    no decode thread (nor workers), so the epoch's figures count the epoch's batches only."""
+    import threading
+
+    dataset = EncodedImageDataset(write_files(str(tmp_path), 12), seed=0)
+    train = GpuDecodeLoader(DataLoader(dataset, batch_size=4, collate_fn=collate_encoded), device="cpu", size=8)
+    iter(train)
+    assert not [t for t in threading.enumerate() if t.name == "dataperf-gpu-decode"]
+    assert sum(len(images) for images, _ in train) == 12
+    stats = train.stats()
+    assert stats.batches == stats.takes == 3 and stats.images == 12
