@@ -142,6 +142,16 @@ class GpuDecodeLoader:
             if callable(set_epoch):
                 set_epoch(epoch)
 
+    def __getattr__(self, name: str) -> Any:
+        """``state_dict`` / ``load_state_dict`` of the wrapped loader, where it has them (a
+        ``TunedDataModule`` training loader does): Lightning then checkpoints and restores it as a
+        stateful loader. The position inside the epoch is not in it: the package's sampler reads
+        Lightning's own counters when the epoch's iteration starts, so a resumed epoch continues with
+        the batches the interrupted run had not taken, whatever was decoded ahead."""
+        if name in ("state_dict", "load_state_dict") and "loader" in self.__dict__:
+            return getattr(self.__dict__["loader"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def stats(self) -> DecodeStats:
         """Decode telemetry so far (see :class:`DecodeStats`)."""
         return self.decoder.stats()

@@ -147,3 +147,48 @@ def test_gpu_decode_loader_defaults_cap_the_policy_but_not_a_choice():
     assert "num_workers" not in encoded_loader_defaults({}, policy_workers=None)  # autotune measured: kept
     assert "collate_fn" not in encoded_loader_defaults({"collate_fn": list}, policy_workers=2)
     assert TunedDataModule(gpu_decode={}).gpu_decode == {} and TunedDataModule().gpu_decode is None
+
+
+def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_path):
+    """Through the GpuDecodeLoader wrapper: Lightning sees a stateful loader (no "not resumable" warning), and
+    a run resumed from a mid-epoch checkpoint takes the batches the interrupted run had not taken, with the
+    same crops (drawn from seed, epoch and index), although the decode thread had decoded ahead."""
+    import warnings
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lightning_dataperf import TunedDataModule
+    from lightning_dataperf.jpeg_batches import EncodedImageDataset
+
+    pytest.importorskip("PIL")
+    samples = [(path, index) for index, (path, _) in enumerate(write_files(str(tmp_path / "images"), 24))]
+
+    class Images(TunedDataModule):
+        def train_dataloader(self):
+            return DataLoader(EncodedImageDataset(samples, seed=0), batch_size=4, shuffle=True, num_workers=0)
+
+    class Recording(TinyNet):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            images, labels = batch
+            self.seen.append((self.current_epoch, labels.tolist(), round(float(images.float().sum()), 3)))
+            return super().training_step((images, labels % 5), batch_idx)  # labels: the dataset index here
+
+    def run(root, ckpt_path=None, every=None):
+        model = Recording()
+        callbacks = [ModelCheckpoint(root / "ckpt", every_n_train_steps=every, save_top_k=-1)] if every else []
+        options = trainer_kwargs(root, enable_checkpointing=bool(every))
+        trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, logger=False, **options)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(model, datamodule=Images(seed=3, gpu_decode={"size": 8}, verbose=False), ckpt_path=ckpt_path)
+        return model, [str(w.message) for w in caught]
+
+    full, _ = run(tmp_path / "full", every=1)
+    resumed, messages = run(tmp_path / "resumed", ckpt_path=tmp_path / "full" / "ckpt" / "epoch=0-step=2.ckpt")
+    assert not [m for m in messages if "not resumable" in m], messages
+    assert len(full.seen) == 12 and sorted(i for row in full.seen[:6] for i in row[1]) == list(range(24))
+    assert resumed.seen == full.seen[2:], "the remaining batches of epoch 0 (same crops), then epoch 1"
