@@ -7,7 +7,8 @@ slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consu
 training uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker
 start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
 (``workers x prefetch``); the trial stops as soon as its rate is known within ``Limits.precision``
-(the standard error of rounds of ``num_workers`` batches), or at its time or batch cap. Trial loaders draw
+(the standard error of rounds of ``num_workers`` batches), once it is decided against the trial the search
+compares it with (``against``), or at its time or batch cap. Trial loaders draw
 from their own generator and are shut down at once (workers and pin thread); the search restores the
 global RNGs (:func:`~lightning_dataperf.seeding.rng_restored`).
 
@@ -44,6 +45,7 @@ from lightning_dataperf.autotune_records import (
     TrialListener,
     cheapest_near,
     confirmation_candidates,
+    decided,
     steady_rate,
 )
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
@@ -51,14 +53,7 @@ from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.loader_probe import TimedBatch, TimedCollate, TimedDataset
 from lightning_dataperf.preflight import open_file_limit, pinned_bytes
 
-__all__ = [
-    "Limits",
-    "Trial",
-    "TrialRunner",
-    "cheapest_near",
-    "confirmation_candidates",
-    "steady_rate",
-]
+__all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
 
 _MB = 2**20
 
@@ -193,7 +188,12 @@ class TrialRunner:
         return reduce(values) if values else None
 
     # ------------------------------------------------------------------ trials
-    def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
+    def measure(self, workers: int, prefetch: int | None, pin: bool, against: Trial | None = None) -> Trial:
+        """Measure a configuration once (stored; measured already: the stored trial).
+
+        ``against``: the trial the search compares this one with; the trial stops as soon as it is
+        :func:`~lightning_dataperf.autotune_records.decided` against it, before its precision is reached.
+        """
         key = (workers, prefetch if workers else None, pin)
         if key in self.trials:
             return self.trials[key]
@@ -201,13 +201,13 @@ class TrialRunner:
             trial = Trial(*key, memory_mb=self.memory_mb(*key), refused=reason)
         else:
             self.listener("start", key)
-            trial = self.run(*key)
+            trial = self.run(*key, against=against)
             self.listener("done", trial)
         self.trials[key] = trial
         return trial
 
-    def remeasure(self, trial: Trial, cap_scale: float = 1.0) -> Trial:
-        """Measure ``trial`` once more (``cap_scale``: see :meth:`run`); its rate becomes the mean of its measurements.
+    def remeasure(self, trial: Trial, cap_scale: float = 1.0, against: Trial | None = None) -> Trial:
+        """Measure ``trial`` once more (``cap_scale``, ``against``: see :meth:`run`); its rate becomes the mean.
 
         When it was the last configuration measured, its workers are still alive (kept, idle, with their
         queues full): the repeat continues with them, so it pays no start-up (which no rate includes).
@@ -215,7 +215,7 @@ class TrialRunner:
         if trial.refused is not None or self.remaining <= 0:
             return trial
         self.listener("start", trial.config)
-        again = self.run(*trial.config, cap_scale=cap_scale)
+        again = self.run(*trial.config, cap_scale=cap_scale, against=against)
         if again.batches > 1 and again.batches_per_sec > 0:
             count = trial.measurements
             trial = dataclasses.replace(
@@ -253,11 +253,13 @@ class TrialRunner:
         collate = TimedCollate(self.loader_kwargs.get("collate_fn") or default_collate)
         return DataLoader(TimedDataset(self.dataset), self.batch_size, sampler=sampler, collate_fn=collate, **kwargs)
 
-    def run(self, workers: int, prefetch: int | None, pin: bool, cap_scale: float = 1.0) -> Trial:
+    def run(
+        self, workers: int, prefetch: int | None, pin: bool, cap_scale: float = 1.0, against: Trial | None = None
+    ) -> Trial:
         """One measurement of a configuration, not stored (:meth:`measure` stores it; the benchmark's grid uses this).
 
         ``cap_scale`` stretches the trial's time and batch caps and tightens its precision by as much (a close
-        call is measured longer).
+        call is measured longer). ``against``: stop once decided against that trial (see :meth:`measure`).
 
         ``startup_s`` is -1 when the kept workers of the previous measurement of the same configuration
         were reused (no start-up was paid).
@@ -273,7 +275,7 @@ class TrialRunner:
         if not reused:
             iterator = iter(self._loader(*config))
         try:
-            drained = self._drain(iterator, started, workers, _skip(workers, prefetch), cap_scale)
+            drained = self._drain(iterator, started, workers, _skip(workers, prefetch), cap_scale, against)
         except BaseException:
             shutdown_loader_iterator(iterator)
             raise
@@ -309,8 +311,11 @@ class TrialRunner:
             main_s=drained.main_s,
         )
 
-    def _drain(self, iterator: Iterator[Any], started: float, workers: int, skip: int, scale: float = 1.0) -> Drained:
-        """Consume batches until the rate is known: arrivals, start-up, what the workers and the main thread did.
+    def _drain(
+        self, iterator: Iterator[Any], started: float, workers: int, skip: int, scale: float, against: Trial | None
+    ) -> Drained:
+        """Consume batches until the rate is known (or decided against ``against``): arrivals, start-up, what
+        the workers and the main thread did.
 
         The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
         always sees one whole round after it unless the search's budget runs out: many workers on few
@@ -361,9 +366,10 @@ class TrialRunner:
             if now - arrivals[skip] > cap or count > batch_cap + skip:
                 break
             if (count - skip - 1) % round_size == 0:
-                _, error, counted = steady_rate(arrivals, workers, skip)
+                rate, error, counted = steady_rate(arrivals, workers, skip)
                 enough_rounds = counted >= max(MIN_STEADY_BATCHES, MIN_ROUNDS * round_size)
-                if enough_rounds and error <= limits.precision / scale:
+                known = error <= limits.precision / scale or decided(rate, error, against, limits.noise)
+                if enough_rounds and known:
                     break
         if workers_cpu is not None:
             out.worker_mb = workers_cpu.unique_mb()
