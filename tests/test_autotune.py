@@ -602,3 +602,40 @@ def test_the_climb_stops_where_the_cost_model_says_the_cpus_are_spent():
     search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
     search.climb_workers(dataclasses.replace(start, cpu_s=0.04))
     assert runner.measured and runner.measured[0][0] > 3
+
+
+def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatch):
+    import time
+
+    from lightning_dataperf import autotune_trials
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+
+    read_at = []
+    unique_mb = autotune_trials.WorkerCpu.unique_mb
+
+    def recorded(self):  # reading /proc/<pid>/smaps of every worker took 0.05-0.4 s on a 2-core VM
+        read_at.append(time.perf_counter())
+        return unique_mb(self)
+
+    monkeypatch.setattr(autotune_trials.WorkerCpu, "unique_mb", recorded)
+    limits = Limits(60.0, 24, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=30.0)
+    runner = autotune_trials.TrialRunner(SlowSamples(4000), 4, {}, fake_hardware(), TransferPath(), limits)
+    runner.learn_batch_size()
+    iterator = iter(runner._loader(2, 2, False))
+    try:
+        drained = runner._drain(iterator, time.perf_counter(), 2, 3, 1.0, None)
+    finally:
+        autotune_trials.shutdown_loader_iterator(iterator)
+    assert read_at and drained.worker_mb is not None
+    assert drained.arrivals[-1] <= read_at[0], "the last batch's time must be taken before the memory is read"
+
+
+def test_each_trial_reads_its_own_slice_of_one_permutation_of_the_dataset():
+    from lightning_dataperf.autotune_trials import _Offsets, _stride
+
+    for length in (1, 2, 3, 10, 12, 97, 1000):
+        order = list(_Offsets(length, 5, _stride(length)))
+        assert sorted(order) == list(range(length)), length
+    first, second = list(_Offsets(1000, 0, _stride(1000)))[:40], list(_Offsets(1000, 40, _stride(1000)))[:40]
+    assert not set(first) & set(second) and max(first) - min(first) > 500  # disjoint, spread over the dataset
