@@ -175,7 +175,7 @@ class Search:
             if self._faster_but_unsure(trial, best):
                 # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
                 # the same workers (still alive), then follow the rate if it still reads faster
-                trial = runner.remeasure(trial)
+                trial = runner.remeasure(trial, against=best)
                 if trial.batches_per_sec > best.batches_per_sec * (1 + self.limits.noise):
                     best = trial
                     continue
