@@ -9,7 +9,8 @@ hardware policy's recommendation the search
    each worker's time per batch measured inside the worker, the most the main thread and the CPUs can
    take) while the gain holds, never past the smallest of the machine's bounds
    (:meth:`TrialRunner.worker_bounds`: ``/dev/shm``, memory per worker, file descriptors, the rank's CPU
-   share divided by each worker's measured busy share, the dataset); a start the training path already
+   share divided by each worker's measured busy share, the dataset), nor past the rate the CPUs can make
+   (the CPUs left by the main thread over a worker's CPU time per batch); a start the training path already
    limits (its main thread hardly waited for batches) does not climb, and tries the fewer workers its
    rate needs instead. After the climb it probes downwards too (fewer workers than the start, and 0
    when allowed) where the cost model says the main thread or the path limits, or the first step up
@@ -24,7 +25,9 @@ hardware policy's recommendation the search
 Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
 is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
 (kept apart as ``startup_s``; it decides ``persistent_workers``) and stops as soon as it is known
-within ``precision``. The answer (:func:`~lightning_dataperf.autotune_choice.choose`) is the cheapest
+within ``precision``, or, compared with the best so far, once it is clearly faster or slower (decided:
+beyond the tie band by three standard errors; more batches would not change the decision). The answer
+(:func:`~lightning_dataperf.autotune_choice.choose`) is the cheapest
 configuration as fast as the fastest; a close call (more than ``choose_within`` apart, within noise) is
 measured again, interleaved and longer; and the policy's pick, measured first, is the floor: only a
 configuration faster beyond noise, or a cheaper one as fast, replaces it. The result records why the search
@@ -62,6 +65,7 @@ from torch.utils.data import Dataset
 from lightning_dataperf.autotune_cache import cache_key, default_cache_path, read_entry, write_entry
 from lightning_dataperf.autotune_choice import choose
 from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf.autotune_measures import gc_frozen
 from lightning_dataperf.autotune_progress import make_progress
 from lightning_dataperf.autotune_result import AutotuneResult
 from lightning_dataperf.autotune_search import Search
@@ -225,10 +229,11 @@ def _search(
     runner = TrialRunner(dataset, batch_size, loader_kwargs, hardware, path, limits, listener)
     pins = path.pin_choices()
     search = Search(runner, fixed, pins, limits, hardware.cpus_per_rank)
-    try:
-        return _climb(search, runner, policy, pins, limits, choose_within, batch_size)
-    finally:
-        runner.close()
+    with gc_frozen():  # each trial's loader is collected after it; frozen, that walks only the search's objects
+        try:
+            return _climb(search, runner, policy, pins, limits, choose_within, batch_size)
+        finally:
+            runner.close()
 
 
 def _climb(

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from lightning_dataperf.autotune_records import Trial
 
-__all__ = ["Drained", "WorkerCpu", "open_files", "pooled_error"]
+__all__ = ["Drained", "WorkerCpu", "gc_frozen", "open_files", "pooled_error"]
 
 _MB = 2**20
 
@@ -34,6 +36,29 @@ class Drained:
     cpu_s: float | None = None
     main_s: float | None = None
     exhausted: bool = False
+
+
+@contextlib.contextmanager
+def gc_frozen() -> Iterator[None]:
+    """Objects that exist on entry are left out of garbage collections until exit (:func:`gc.freeze`).
+
+    A trial's loader is collected at once after its shutdown (its pinned and shared buffers freed before the
+    next trial); with the frameworks loaded a full collection took 0.35 s on a 2-core VM, paid after every
+    trial. Frozen, a collection walks only what the search created. Nested use keeps the outer freeze.
+
+    Example::
+
+        with gc_frozen():
+            ...                 # trials; gc.collect() after each is cheap
+    """
+    outer = gc.get_freeze_count() > 0
+    if not outer:
+        gc.freeze()
+    try:
+        yield
+    finally:
+        if not outer:
+            gc.unfreeze()
 
 
 def pooled_error(first: Trial, again: Trial, count: int) -> float | None:

@@ -19,6 +19,8 @@ from typing import Any
 __all__ = [
     "CONFIRM_BAND",
     "CPU_OVERSUBSCRIPTION",
+    "DECIDED_GAP",
+    "DECIDED_SE",
     "FD_SHARE",
     "MIN_ROUNDS",
     "MIN_STEADY_BATCHES",
@@ -27,6 +29,7 @@ __all__ = [
     "TrialListener",
     "cheapest_near",
     "confirmation_candidates",
+    "decided",
     "margin",
     "steady_rate",
 ]
@@ -44,6 +47,12 @@ MIN_STEADY_BATCHES = 6
 CPU_OVERSUBSCRIPTION = 2.0
 #: Share of the free file descriptors the loader's workers may take.
 FD_SHARE = 0.5
+#: A trial compared with another is decided once its rate differs by more than this share (the search's
+#: tie band: within it the two would be a tie, resolved by cost) plus :data:`DECIDED_SE` combined standard
+#: errors. It then stops: more batches cannot change what the search does with it.
+DECIDED_GAP = 0.1
+#: Standard errors beyond :data:`DECIDED_GAP` a decided trial must be (3: about one in a thousand by chance).
+DECIDED_SE = 3.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,25 @@ def margin(first: Trial, second: Trial, noise: float) -> float:
     combined standard error when that is larger (a noisy pair needs a bigger gap)."""
     combined = math.hypot(first.relative_error(noise / 2), second.relative_error(noise / 2))
     return max(noise, 2 * combined)
+
+
+def decided(rate: float, error: float, against: Trial | None, noise: float) -> bool:
+    """Whether a trial measuring ``rate`` (relative standard error ``error``) so far is decided against ``against``.
+
+    Decided: faster or slower than ``against`` by more than :data:`DECIDED_GAP` plus :data:`DECIDED_SE`
+    times the combined standard error, so no longer measurement would turn a win into a tie or a loss.
+    ``False`` without a measured ``against`` or either error estimate (a trial then runs to its precision).
+
+    Example::
+
+        decided(150.0, 0.1, Trial(4, 2, False, 40.0, batches=20, precision=0.05), 0.03)  # True: 3.7x
+    """
+    if against is None or against.refused is not None or against.precision is None or against.batches_per_sec <= 0:
+        return False
+    if not math.isfinite(error):
+        return False
+    combined = math.hypot(error, against.relative_error(noise / 2))
+    return abs(rate / against.batches_per_sec - 1) > DECIDED_GAP + DECIDED_SE * combined
 
 
 def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:

@@ -37,7 +37,8 @@ class AutotuneResult:
     ``time.perf_counter()``: subtract it from anything timed across the call (the first epoch's start-up).
     ``stop_reason`` names what ended the worker climb: ``"gain"`` (more workers gave nothing),
     ``"fewer"`` (fewer workers were as fast), ``"path"`` (the training path, not the loader, was the limit:
-    the main thread hardly waited for batches), one of :meth:`TrialRunner.worker_bounds`'s names
+    the main thread hardly waited for batches), ``"CPUs"`` (the cost model: the CPUs left by the main thread
+    cannot make more batches than measured), one of :meth:`TrialRunner.worker_bounds`'s names
     (``"/dev/shm"``, ``"memory"``, ``"file descriptors"``, ``"CPU share"``, ``"dataset"``),
     ``"memory guard"``, ``"time budget"`` or ``"fixed"`` (you set ``num_workers``); ``stop_detail`` says it
     with numbers and ``bounds`` holds every bound's worker count at the chosen prefetch.

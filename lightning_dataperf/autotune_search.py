@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_dataperf.autotune_records import Limits, Trial, margin
+from lightning_dataperf.autotune_records import DECIDED_GAP, Limits, Trial, margin
 from lightning_dataperf.autotune_trials import TrialRunner
 
 __all__ = ["HEADROOM", "MARGINAL_GAIN", "MAX_JUMP", "MODEL_SLACK", "PATH_BOUND", "TIE_BAND", "Search", "next_workers"]
@@ -41,7 +41,7 @@ MAX_JUMP = 4
 #: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
 #: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
 #: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
-TIE_BAND = 0.1
+TIE_BAND = DECIDED_GAP
 #: A first step up gaining less than this was marginal: after the climb, fewer workers are tried too.
 MARGINAL_GAIN = 0.15
 #: 0 workers are tried when the main thread alone is predicted within this share of the best rate (the
@@ -64,8 +64,9 @@ class Search:
         prefetch = self.fixed.get("prefetch_factor", prefetch or 2) if workers else None
         return workers, prefetch, self.fixed.get("pin_memory", pin)
 
-    def measure(self, workers: int, prefetch: int | None, pin: bool) -> Trial:
-        return self.runner.measure(*self.config(workers, prefetch, pin))
+    def measure(self, workers: int, prefetch: int | None, pin: bool, against: Trial | None = None) -> Trial:
+        """One trial; compared with ``against`` it stops once decided (its precision is not needed then)."""
+        return self.runner.measure(*self.config(workers, prefetch, pin), against=against)
 
     def better(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than noise: ``noise``, or twice the two rates' combined standard error."""
@@ -105,7 +106,7 @@ class Search:
         lower = self._fewer(start.num_workers)
         if lower is None or self.runner.remaining <= 0:
             return best
-        trial = self.measure(lower, start.prefetch_factor, start.pin_memory)
+        trial = self.measure(lower, start.prefetch_factor, start.pin_memory, against=start)
         if not self.as_fast(trial, start):
             return best
         self.stop_reason = ""
@@ -119,7 +120,7 @@ class Search:
         for lower in dict.fromkeys(value for value in (need, 0 if need <= 1 else None) if value is not None):
             if lower >= tried.num_workers or lower < self.limits.min_workers or self.runner.remaining <= 0:
                 continue
-            trial = self.measure(lower, best.prefetch_factor, best.pin_memory)
+            trial = self.measure(lower, best.prefetch_factor, best.pin_memory, against=best)
             if not self.as_fast(trial, best):
                 break
             tried = trial
@@ -135,7 +136,7 @@ class Search:
 
     def _descend(self, best: Trial, above: Trial) -> Trial:
         while (lower := self._fewer(best.num_workers)) is not None and self.runner.remaining > 0:
-            trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory)
+            trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory, against=best)
             if not self.as_fast(trial, best):
                 self.stop("fewer", f"{lower} workers lost {_change(trial, best)}; {above.num_workers} gained nothing")
                 return best
@@ -157,8 +158,13 @@ class Search:
             if best.num_workers and _path_bound(best):
                 self.stop("path", f"the training path is the limit at {best.num_workers} workers; more cannot help")
                 return best
+            ceiling = _cpu_ceiling(best, cpus)
+            if best.num_workers and ceiling <= best.batches_per_sec * (1 + self.limits.noise):
+                detail = f"the cost model: at most {ceiling:.1f} batches/s, measured {best.batches_per_sec:.1f}"
+                self.stop("CPUs", f"the CPUs are the limit at {best.num_workers} workers ({detail}); more cannot help")
+                return best
             step = next_workers(best, int(min(limit, 1 << 20)), cpus)
-            trial = self.measure(step, best.prefetch_factor, best.pin_memory)
+            trial = self.measure(step, best.prefetch_factor, best.pin_memory, against=best)
             self.first_step = self.first_step or trial
             if trial.refused is not None:
                 self.stop("memory guard", f"{step} workers refused: {trial.refused}")
@@ -169,7 +175,7 @@ class Search:
             if self._faster_but_unsure(trial, best):
                 # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
                 # the same workers (still alive), then follow the rate if it still reads faster
-                trial = runner.remeasure(trial)
+                trial = runner.remeasure(trial, against=best)
                 if trial.batches_per_sec > best.batches_per_sec * (1 + self.limits.noise):
                     best = trial
                     continue
@@ -179,12 +185,12 @@ class Search:
             if not self.as_fast(trial, best) and trial.measurements == 1:
                 # clearly slower with more workers: an artefact (start-up, memory) until seen twice; its
                 # workers are still alive, so the repeat pays no start-up
-                trial = runner.remeasure(trial)
+                trial = runner.remeasure(trial, against=best)
                 if self.better(trial, best):
                     best = trial
                     continue
             if not self.as_fast(trial, best) and step - best.num_workers >= 3 and runner.remaining > 0:
-                middle = self.measure((best.num_workers + step) // 2, best.prefetch_factor, best.pin_memory)
+                middle = self.measure((best.num_workers + step) // 2, best.prefetch_factor, best.pin_memory, best)
                 if self.better(middle, best):
                     self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, middle)})")
                     return middle
@@ -196,7 +202,7 @@ class Search:
         if "prefetch_factor" in self.fixed or not best.num_workers or not _queue_starved(best, self.limits.noise):
             return best
         while (best.prefetch_factor or 2) * 2 <= MAX_PREFETCH and self.runner.remaining > 0:
-            trial = self.measure(best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory)
+            trial = self.measure(best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory, against=best)
             if not self.better(trial, best):
                 break
             best = trial
@@ -205,7 +211,7 @@ class Search:
     def tune_pin(self, best: Trial) -> Trial:
         if "pin_memory" in self.fixed or len(self.pins) < 2 or self.runner.remaining <= 0:
             return best
-        trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory)
+        trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory, against=best)
         return trial if self.better(trial, best) else best
 
     # ------------------------------------------------------------------ honest numbers
@@ -256,7 +262,7 @@ class Search:
         for workers in sorted({count for count in counts if count < start.num_workers}, reverse=True):
             if self.runner.remaining <= 0 or (lost and workers):
                 continue
-            trial = self.measure(workers, best.prefetch_factor or start.prefetch_factor, best.pin_memory)
+            trial = self.measure(workers, best.prefetch_factor or start.prefetch_factor, best.pin_memory, against=best)
             if self.as_fast(trial, best):  # a tie goes to fewer workers
                 best = trial
             else:
@@ -299,16 +305,23 @@ def _workers_needed(trial: Trial, minimum: int) -> int:
     return max(minimum, math.ceil(trial.batches_per_sec * trial.work_s * (1 + HEADROOM)))
 
 
+def _cpu_ceiling(trial: Trial, cpus: int) -> float:
+    """Batches/s the CPUs left by the main thread can make when the workers compute: those CPUs over a
+    worker's CPU time per batch (``inf`` when the workers mostly wait, or unknown). More workers cannot
+    pass it: each batch costs its CPU time whoever makes it."""
+    if trial.cpu_s and trial.work_s and trial.cpu_s > 0.2 * trial.work_s:
+        main_cpus = 1 - (trial.wait_share or 0)
+        return max(0.5, cpus - main_cpus) / trial.cpu_s
+    return math.inf
+
+
 def _predicted_rate(trial: Trial, cpus: int) -> float:
     """The most the path could take past this trial: what its main thread can take, and, when the workers
     compute, what the CPUs left by the main thread can make (``inf`` unknown)."""
-    limits = []
+    limits = [_cpu_ceiling(trial, cpus)]
     if trial.main_s:
         limits.append(1 / trial.main_s)
-    if trial.cpu_s and trial.work_s and trial.cpu_s > 0.2 * trial.work_s:
-        main_cpus = 1 - (trial.wait_share or 0)
-        limits.append(max(0.5, cpus - main_cpus) / trial.cpu_s)
-    return min(limits) if limits else math.inf
+    return min(limits)
 
 
 def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:

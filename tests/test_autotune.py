@@ -145,7 +145,7 @@ class FakeRunner:
         self.trials, self.remaining, self.measured, self.remeasured, self.scales = {}, 100.0, [], [], []
         self.timing = {}  # workers -> (work_s, main_s) the fake trials report
 
-    def measure(self, workers, prefetch, pin):
+    def measure(self, workers, prefetch, pin, against=None):
         key = (workers, prefetch if workers else None, pin)
         if key not in self.trials:
             self.measured.append(key)
@@ -154,7 +154,7 @@ class FakeRunner:
             self.trials[key] = Trial(*key, rate, batches=20, worker_busy=self.busy, work_s=work_s, main_s=main_s)
         return self.trials[key]
 
-    def remeasure(self, trial, cap_scale=1.0):
+    def remeasure(self, trial, cap_scale=1.0, against=None):
         self.remeasured.append(trial.config)
         self.scales.append(cap_scale)
         again = dataclasses.replace(trial, batches_per_sec=self.rate(*trial.config), measurements=2)
@@ -412,7 +412,8 @@ def test_first_epoch_start_up_excludes_the_search_and_the_verdict_quotes_it(tmp_
     from lightning_dataperf import DataPerfCallback
 
     monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
-    options = dict(time_budget=2.5, batch_budget=40, progress=False, force=True)
+    # precision no trial reaches: each runs to its batch cap, so the search takes long enough to tell apart
+    options = dict(time_budget=2.5, batch_budget=40, precision=1e-4, progress=False, force=True)
     datamodule = IndexData(length=256, seed=3, autotune=True, autotune_options=options, verbose=False)
     perf = DataPerfCallback(print_summary=False, telemetry=False)
     trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[perf], **trainer_kwargs(tmp_path))
@@ -553,3 +554,88 @@ def test_a_tie_never_spans_more_than_the_tie_band_however_noisy_the_trials():
     assert search.as_fast(near, runner.trials[(17, 2, False)])  # within the band and the noise: a tie
     assert not search.as_fast(runner.trials[(14, 2, False)], runner.trials[(17, 2, False)])
     assert choose(search, policy, 0.02).num_workers == 17
+
+
+def test_a_trial_stops_once_it_is_decided_against_the_best_so_far():
+    from lightning_dataperf.autotune_records import decided
+
+    slow = Trial(4, 2, False, 40.0, batches=20, precision=0.05)
+    assert decided(150.0, 0.1, slow, 0.03) and decided(10.0, 0.1, slow, 0.03)
+    assert not decided(44.0, 0.02, slow, 0.03), "within the tie band: measured to its precision"
+    assert not decided(80.0, 0.5, slow, 0.03), "too noisy to tell yet"
+    assert not decided(150.0, 0.1, dataclasses.replace(slow, precision=None), 0.03), "the reference's error unknown"
+    assert not decided(150.0, 0.1, None, 0.03)
+
+
+def test_a_real_trial_against_a_far_slower_one_stops_before_its_precision(tmp_path):
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import MIN_STEADY_BATCHES, Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    # a precision no trial reaches and a cap far away: alone, the trial runs to its 60-batch cap
+    limits = Limits(120.0, 60, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=60.0)
+    runner = TrialRunner(SlowSamples(4000), 4, {}, fake_hardware(usable_cpus=2), TransferPath(), limits)
+    runner.learn_batch_size()
+    alone = runner.run(0, None, False)
+    assert alone.batches >= 60
+    crawl = Trial(0, None, False, alone.batches_per_sec / 20, batches=20, precision=0.01)
+    raced = runner.run(0, None, False, against=crawl)
+    assert MIN_STEADY_BATCHES <= raced.batches < alone.batches / 2
+    runner.close()
+
+
+def test_the_climb_stops_where_the_cost_model_says_the_cpus_are_spent():
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_search import Search
+
+    # 3 workers on 2 CPUs, each batch 80 ms of a worker's CPU, the main thread busy 13%: (2 - 0.13) / 0.08
+    # = 23.4 batches/s is all the CPUs can make, and 24 were measured
+    timing = dict(worker_busy=0.6, work_s=0.12, cpu_s=0.08, main_s=0.006, wait_share=0.87)
+    start = Trial(3, 2, False, 24.0, batches=40, **timing)
+    runner = FakeRunner(lambda workers, prefetch, pin: 24.0)
+    runner.trials[start.config] = start
+    search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
+    assert search.climb_workers(start) is start and search.stop_reason == "CPUs"
+    assert "23.4 batches/s" in search.stop_detail and runner.measured == []
+    # half the CPU per batch: the CPUs could make twice as much, so it climbs
+    runner = FakeRunner(lambda workers, prefetch, pin: 24.0)
+    search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
+    search.climb_workers(dataclasses.replace(start, cpu_s=0.04))
+    assert runner.measured and runner.measured[0][0] > 3
+
+
+def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatch):
+    import time
+
+    from lightning_dataperf import autotune_trials
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+
+    read_at = []
+    unique_mb = autotune_trials.WorkerCpu.unique_mb
+
+    def recorded(self):  # reading /proc/<pid>/smaps of every worker took 0.05-0.4 s on a 2-core VM
+        read_at.append(time.perf_counter())
+        return unique_mb(self)
+
+    monkeypatch.setattr(autotune_trials.WorkerCpu, "unique_mb", recorded)
+    limits = Limits(60.0, 24, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=30.0)
+    runner = autotune_trials.TrialRunner(SlowSamples(4000), 4, {}, fake_hardware(), TransferPath(), limits)
+    runner.learn_batch_size()
+    iterator = iter(runner._loader(2, 2, False))
+    try:
+        drained = runner._drain(iterator, time.perf_counter(), 2, 3, 1.0, None)
+    finally:
+        autotune_trials.shutdown_loader_iterator(iterator)
+    assert read_at and drained.worker_mb is not None
+    assert drained.arrivals[-1] <= read_at[0], "the last batch's time must be taken before the memory is read"
+
+
+def test_each_trial_reads_its_own_slice_of_one_permutation_of_the_dataset():
+    from lightning_dataperf.autotune_trials import _Offsets, _stride
+
+    for length in (1, 2, 3, 10, 12, 97, 1000):
+        order = list(_Offsets(length, 5, _stride(length)))
+        assert sorted(order) == list(range(length)), length
+    first, second = list(_Offsets(1000, 0, _stride(1000)))[:40], list(_Offsets(1000, 40, _stride(1000)))[:40]
+    assert not set(first) & set(second) and max(first) - min(first) > 500  # disjoint, spread over the dataset
