@@ -167,7 +167,9 @@ class Search:
             trial = self.measure(step, best.prefetch_factor, best.pin_memory, against=best)
             self.first_step = self.first_step or trial
             if trial.refused is not None:
-                self.stop("memory guard", f"{step} workers refused: {trial.refused}")
+                ran_out = runner.remaining <= 0  # no rate before the deadline: the budget, not memory
+                name = "time budget" if ran_out else "memory guard"
+                self.stop(name, f"{step} workers refused: {trial.refused}")
                 return best
             if self.better(trial, best):
                 best = trial

@@ -26,13 +26,15 @@ class SlowSamples(SleepingLoaderDataset):
 
 
 def test_budget_respected_and_result_is_measured(tmp_path):
-    # A trial stops at the deadline, but a loader's start-up and shutdown cannot be cut: on a loaded 2-core
-    # VM (load 5) they took ~1.8 s past a 3 s budget. Unbounded, this search (latency: more workers keep
-    # gaining) would climb for tens of seconds, so the bound below still fails when the budget is ignored.
-    result = autotune_loader(SlowSamples(2000), 16, time_budget=4.0, cache_path=tmp_path / "cache.json")
-    assert result.search_seconds < 4.0 * 1.5 + 1.0
+    # Unbounded, this search (latency: more workers keep gaining) takes ~6 s on a quiet 2-core VM; with a
+    # 2 s budget it must stop for the budget and say so. A trial stops at the deadline, but a loader's
+    # start-up and shutdown cannot be cut (on a loaded 2-core VM ~2-3 s past the budget): the time bound
+    # is loose, the stop reason is the check.
+    result = autotune_loader(SlowSamples(2000), 16, time_budget=2.0, cache_path=tmp_path / "cache.json")
+    assert result.stop_reason == "time budget", result.stop_detail
+    assert result.search_seconds < 2.0 + 8.0
     measured = [trial for trial in result.trials if trial.refused is None]
-    assert len(measured) >= 2 and all(trial.batches >= 2 for trial in measured)
+    assert measured and all(trial.batches >= 2 for trial in measured)
     chosen = next(trial for trial in measured if trial.config[:1] == (result.settings.num_workers,))
     assert result.chosen_batches_per_sec >= 0.95 * (1 - 0.05) * result.best_batches_per_sec
     assert chosen.batches_per_sec > 0
