@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import write_json
 from gpu_decode import BATCH, ceiling_batches, gpu_loader, make_model, make_set
 
 from lightning_dataperf.gpu_decode import JpegDecoder
@@ -178,10 +178,7 @@ def main() -> None:
     print_summary(title, summary, f"wall {wall * 1e3:.2f} ms")
     loader.close()
 
-    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "gpu_decode_kernels.json"), "w") as file:
-        json.dump(results, file, indent=1)
+    write_json("gpu_decode_kernels", results)
 
 
 if __name__ == "__main__":

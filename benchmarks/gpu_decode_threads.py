@@ -15,7 +15,6 @@ Prints a table, writes ``gpu_decode_threads.json`` to ``$OUT`` (or ``benchmarks/
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import write_json
 from gpu_decode import BATCH, ceiling_batches, make_model, make_set
 
 from lightning_dataperf._decode_backends import _decode_params, import_nvimgcodec
@@ -168,10 +168,7 @@ def main() -> None:
                     f"  call {row['call_ms_per_batch']:6.2f} ms/batch  errors {row['errors']}{with_model}",
                     flush=True,
                 )
-    out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "gpu_decode_threads.json"), "w") as file:
-        json.dump(rows, file, indent=1)
+    write_json("gpu_decode_threads", {"rows": rows})
 
 
 if __name__ == "__main__":
