@@ -11,7 +11,6 @@ import dataclasses
 import os
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,18 +19,19 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_dataperf._evaluation_hooks import install_evaluation_hooks
 from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook, global_step_reader
-from lightning_dataperf.batches import BatchFootprint, BatchSizer
+from lightning_dataperf.batches import BatchSizer
 from lightning_dataperf.diagnosis import diagnose
 from lightning_dataperf.evidence import Evidence
 from lightning_dataperf.findings import Diagnosis
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.loader_probe import instrument, uninstrument
-from lightning_dataperf.loaders import first_loader, is_gpu_decode_loader
+from lightning_dataperf.loaders import is_gpu_decode_loader
 from lightning_dataperf.loggers import log_metrics
 from lightning_dataperf.outputs import EpochOutputs
-from lightning_dataperf.preflight import Problem, check_batch, startup_problems
+from lightning_dataperf.preflight import FitPreflight, Problem
 from lightning_dataperf.run_evidence import autotune_seconds, gather_evidence
 from lightning_dataperf.stage_timer import StageTimer
 from lightning_dataperf.stats import EpochSummary
@@ -128,7 +128,8 @@ class DataPerfCallback(Callback):
         self.preflight = preflight
         self.hang_timeout = hang_timeout
         self.outputs = EpochOutputs(print_summary=print_summary, write_json=write_json)
-        self.preflight_problems: list[Problem] = []
+        self._preflight = FitPreflight()
+        self.preflight_problems: list[Problem] = self._preflight.problems
         self.hang_reports: list[HangReport] = []
         self.hardware: Hardware | None = None
         self.sampler: SystemSampler | None = None
@@ -136,7 +137,6 @@ class DataPerfCallback(Callback):
         self.diagnoses: list[Diagnosis] = []
         self._clock = clock
         self._watchdog: HangWatchdog | None = None
-        self._batch_checked = False
         self._timers: dict[Stage, StageTimer] = {}
         self._train: StageTimer | None = None  # self._timers.get(Stage.TRAIN), read in the per-step hooks
         self._log_every = 1  # the log interval in optimizer steps, and the batches after which a window is
@@ -174,7 +174,7 @@ class DataPerfCallback(Callback):
         self._autotune_before = getattr(trainer.datamodule, "autotune_result", None)
         self._boundary = self._clock()
         self._train_epochs_started = 0
-        self._batch_checked = False
+        self._preflight.batch_checked = False
         self._logged_step, self._logged_batches = -1, 0
         self.hardware = probe_hardware(self.data_path, accelerator=device.type)
         if self.telemetry:
@@ -227,25 +227,8 @@ class DataPerfCallback(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loader = first_loader(trainer.train_dataloader)
-        if self.preflight and self.hardware is not None and loader is not None:
-            checked = getattr(trainer.datamodule, "dataperf_checks_worker_budget", False)
-            problems, self._batch_checked = startup_problems(loader, self.hardware, checked)  # before any batch
-            self._warn(trainer, problems)
-
-    def _check_first_batch(self, trainer: pl.Trainer, batch: Any) -> None:
-        if self._batch_checked or not self.preflight or self.hardware is None:
-            return
-        self._batch_checked = True
-        loader = first_loader(trainer.train_dataloader)
-        if loader is not None:
-            self._warn(trainer, check_batch(BatchFootprint.of(batch), loader, self.hardware))
-
-    def _warn(self, trainer: pl.Trainer, problems: list[Problem]) -> None:
-        self.preflight_problems.extend(problems)
-        if trainer.is_global_zero:
-            for problem in problems:
-                warnings.warn(f"DataPerf pre-flight [{problem.check}]: {problem.message}", stacklevel=2)
+        if self.preflight and self.hardware is not None:
+            self._preflight.at_train_start(trainer, self.hardware)  # before any batch
 
     @override
     def on_sanity_check_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -368,8 +351,10 @@ class DataPerfCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if not self._batch_checked:  # the per-batch hooks are kept to a few calls: at a 4 ms step, 1% is 40 us
-            self._check_first_batch(trainer, batch)  # before the step's clock starts: not counted as compute
+        if not self._preflight.batch_checked:  # the per-batch hooks are kept to a few calls: 1% of 4 ms is 40 us
+            if self.preflight and self.hardware is not None:  # before the step's clock: not counted as compute
+                self._preflight.first_batch(trainer, batch, self.hardware)
+            self._preflight.batch_checked = True
         timer = self._train
         if timer is not None and timer.active:
             if timer.host_gap is not None:
@@ -424,43 +409,4 @@ class DataPerfCallback(Callback):
         self.summaries = [EpochSummary.from_dict(raw) for raw in state_dict.get("summaries", [])]
 
 
-def _evaluation_hooks(stage: Stage) -> tuple[Callable[..., None], ...]:
-    """The four hooks of one evaluation loop; they differ from each other only in ``stage``."""
-
-    def on_epoch_start(self: DataPerfCallback, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_started(trainer, stage, self._boundary)
-
-    def on_batch_start(
-        self: DataPerfCallback,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_started(stage, dataloader_idx)
-
-    def on_batch_end(
-        self: DataPerfCallback,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self._batch_finished(stage, batch)
-
-    def on_epoch_end(self: DataPerfCallback, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._epoch_finished(trainer, stage)
-
-    return on_epoch_start, on_batch_start, on_batch_end, on_epoch_end
-
-
-_EVAL_HOOKS = ("epoch_start", "batch_start", "batch_end", "epoch_end")
-for _stage, _loop in ((Stage.VAL, "validation"), (Stage.TEST, "test"), (Stage.PREDICT, "predict")):
-    for _suffix, _hook in zip(_EVAL_HOOKS, _evaluation_hooks(_stage), strict=True):
-        _name = f"on_{_loop}_{_suffix}"
-        assert callable(getattr(Callback, _name)), _name  # a hook Lightning calls: fails loudly if renamed
-        _hook.__name__ = _hook.__qualname__ = _name
-        setattr(DataPerfCallback, _name, _hook)
+install_evaluation_hooks(DataPerfCallback)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +26,12 @@ import torch
 
 from lightning_dataperf.batches import BatchFootprint
 from lightning_dataperf.hardware import Hardware, default_start_method
-from lightning_dataperf.loaders import LoaderFacts
+from lightning_dataperf.loaders import LoaderFacts, first_loader
 from lightning_dataperf.seeding import rng_restored
 
 __all__ = [
     "BatchFootprint",
+    "FitPreflight",
     "Problem",
     "check_batch",
     "check_loader",
@@ -195,3 +197,39 @@ def startup_problems(loader: Any, hardware: Hardware, worker_budget_checked: boo
     if estimate is not None:
         problems += check_batch(estimate, loader, hardware)
     return problems, estimate is not None
+
+
+class FitPreflight:
+    """The checks :class:`~lightning_dataperf.callback.DataPerfCallback` runs in a fit: the loader's settings when
+    training starts, the first batch's footprint once; each problem warned on rank zero and kept in ``problems``.
+
+    Example::
+
+        preflight = FitPreflight()
+        preflight.at_train_start(trainer, hardware)       # on_train_start
+        preflight.first_batch(trainer, batch, hardware)   # the first on_train_batch_start
+        [problem.check for problem in preflight.problems]
+    """
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.batch_checked = False  # the first batch is checked (or needs no check: its footprint was estimated)
+
+    def at_train_start(self, trainer: Any, hardware: Hardware) -> None:
+        loader = first_loader(trainer.train_dataloader)
+        if loader is not None:
+            checked = getattr(trainer.datamodule, "dataperf_checks_worker_budget", False)
+            problems, self.batch_checked = startup_problems(loader, hardware, checked)
+            self._warn(trainer, problems)
+
+    def first_batch(self, trainer: Any, batch: Any, hardware: Hardware) -> None:
+        self.batch_checked = True
+        loader = first_loader(trainer.train_dataloader)
+        if loader is not None:
+            self._warn(trainer, check_batch(BatchFootprint.of(batch), loader, hardware))
+
+    def _warn(self, trainer: Any, problems: list[Problem]) -> None:
+        self.problems.extend(problems)
+        if trainer.is_global_zero:
+            for problem in problems:
+                warnings.warn(f"DataPerf pre-flight [{problem.check}]: {problem.message}", stacklevel=2)
