@@ -2,8 +2,9 @@
 
 Import :func:`crop_resize_flip` from :mod:`lightning_dataperf.gpu_decode`. :func:`augment_batch` adds the
 normalisation and the output layout; :func:`compiled_augment` is the same function through
-``torch.compile`` (Triton): the index arithmetic and the four gathers fuse into a few kernels instead of
-~90 (1.43 -> 0.13 ms of GPU time per batch of 128 at 224 px on an H200, benchmarks/README.md).
+``torch.compile`` (Triton; opt-in, ``compile_augment=True``): the index arithmetic and the four gathers
+fuse into a few kernels instead of ~90 (1.43 -> 0.13 ms of GPU time per batch of 128 at 224 px on an H200,
+benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -110,10 +111,10 @@ def augment_batch(
     pixels = crop_resize_flip(
         flat, table[:, 0], table[:, 1:3], table[:, 3:7], table[:, 7].bool(), size, compute_dtype, layout
     )
-    if dtype == torch.uint8:
-        out = pixels.round().clamp(0, 255).to(torch.uint8)
+    if dtype == torch.uint8:  # in place: no full-size temporaries (they would stay in a CUDA graph's pool)
+        out = pixels.round_().clamp_(0, 255).to(torch.uint8)
     else:
-        out = (pixels.float() * scale + shift).to(dtype)
+        out = pixels.float().mul_(scale).add_(shift).to(dtype)
     out = out.permute(0, 3, 1, 2)  # NCHW view, channels-last strides
     return (out if channels_last else out.contiguous()), table[:, 8].contiguous()
 

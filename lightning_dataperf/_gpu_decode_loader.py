@@ -51,7 +51,10 @@ class _EpochRelay:
         self._owner.set_epoch(epoch)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(getattr(self._owner.loader, "sampler", None), name)
+        owner = self.__dict__.get("_owner")
+        if owner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(getattr(owner.loader, "sampler", None), name)
 
 
 class GpuDecodeLoader:
@@ -93,7 +96,7 @@ class GpuDecodeLoader:
         backend: str = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
-        compile_augment: bool = True,
+        compile_augment: bool = False,
     ) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, not {lookahead}")
@@ -117,6 +120,14 @@ class GpuDecodeLoader:
         self.device = self.decoder.device
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None
+        if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
+            # the wrapped loader's state (a TunedDataModule training loader has one): Lightning then checkpoints
+            # and restores this loader as stateful (it looks them up statically: instance attributes, not
+            # __getattr__). The position inside the epoch is not in it: the package's sampler reads Lightning's
+            # counters when the epoch's iteration starts, so a resumed epoch continues with the batches the
+            # interrupted run had not taken, whatever was decoded ahead.
+            self.state_dict = loader.state_dict
+            self.load_state_dict = loader.load_state_dict
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._active is not None:
@@ -142,16 +153,6 @@ class GpuDecodeLoader:
             if callable(set_epoch):
                 set_epoch(epoch)
 
-    def __getattr__(self, name: str) -> Any:
-        """``state_dict`` / ``load_state_dict`` of the wrapped loader, where it has them (a
-        ``TunedDataModule`` training loader does): Lightning then checkpoints and restores it as a
-        stateful loader. The position inside the epoch is not in it: the package's sampler reads
-        Lightning's own counters when the epoch's iteration starts, so a resumed epoch continues with
-        the batches the interrupted run had not taken, whatever was decoded ahead."""
-        if name in ("state_dict", "load_state_dict") and "loader" in self.__dict__:
-            return getattr(self.__dict__["loader"], name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def stats(self) -> DecodeStats:
         """Decode telemetry so far (see :class:`DecodeStats`)."""
         return self.decoder.stats()
@@ -161,6 +162,10 @@ class GpuDecodeLoader:
         if self._active is not None:
             self._active.close()
             self._active = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
 
 
 class _DecodeIterator(Iterator):
@@ -184,44 +189,10 @@ class _DecodeIterator(Iterator):
             guard_forked_workers()
         self._source = iter(self._loader)  # in the calling thread: worker processes start here
         self._loader = None
-        self._thread = threading.Thread(target=self._run, name="dataperf-gpu-decode", daemon=True)
+        # the thread gets the parts, not this iterator: a dropped iterator is freed (and closed) at once
+        args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop)
+        self._thread = threading.Thread(target=_decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
         self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            if self._stream is not None:
-                torch.cuda.set_device(self._device)
-                with torch.cuda.stream(self._stream):
-                    self._loop()
-            else:
-                self._loop()
-        except BaseException as error:  # handed to the consumer
-            self._put(_Failed(error))
-        else:
-            self._put(_END)
-
-    def _loop(self) -> None:
-        stream, decoder = self._stream, self._decoder
-        assert self._source is not None
-        for batch in self._source:
-            if self._stop.is_set():
-                return
-            images, labels = decoder(batch)
-            event = None
-            if stream is not None:
-                event = torch.cuda.Event()
-                event.record(stream)
-            if not self._put((images, labels, event)):
-                return
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._done:
@@ -274,6 +245,9 @@ class _DecodeIterator(Iterator):
                 break
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
+        with contextlib.suppress(queue.Empty):  # what a put blocked in the drain above got in before the stop
+            while True:
+                self._queue.get_nowait()
         shutdown = getattr(self._source, "_shutdown_workers", None)
         if callable(shutdown) and not self._persistent:
             shutdown()
@@ -282,3 +256,47 @@ class _DecodeIterator(Iterator):
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown
             self.close()
+
+
+def _decode_batches(
+    source: Iterator[Any],
+    decoder: JpegDecoder,
+    stream: torch.cuda.Stream | None,
+    device: torch.device,
+    out: queue.Queue,
+    stop: threading.Event,
+) -> None:
+    """The decode thread: decode each batch of ``source`` into ``out`` (with its CUDA event) until ``stop``."""
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def loop() -> None:
+        for batch in source:
+            if stop.is_set():
+                return
+            images, labels = decoder(batch)
+            event = None
+            if stream is not None:
+                event = torch.cuda.Event()
+                event.record(stream)
+            if not put((images, labels, event)):
+                return
+
+    try:
+        if stream is not None:
+            torch.cuda.set_device(device)
+            with torch.cuda.stream(stream):
+                loop()
+        else:
+            loop()
+    except BaseException as error:  # handed to the consumer
+        put(_Failed(error))
+    else:
+        put(_END)

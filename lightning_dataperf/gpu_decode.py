@@ -86,8 +86,10 @@ class JpegDecoder:
         graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph_augment`; eager if
             the capture fails, and for a batch of another size).
         compile_augment: in that graph, the augment compiled by ``torch.compile`` (fused gathers: about a
-            tenth of the GPU time; compiled once per process at the first batch, seconds); uncompiled
-            (with a warning) where Triton or the compile is not available.
+            tenth of its GPU time; compiled at the first batch, in the decode thread, seconds); uncompiled
+            (with a warning) where Triton or the compile is not available. Off by default: PyTorch's compile
+            stack is not thread-safe, so it may race with a ``torch.compile`` of your model in the main
+            thread, and its end-to-end gain was within run-to-run spread but for one row (benchmarks/README.md).
 
     Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it from its background thread.
 
@@ -108,7 +110,7 @@ class JpegDecoder:
         backend: Any = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
-        compile_augment: bool = True,
+        compile_augment: bool = False,
     ) -> None:
         if on_error not in ("raise", "zeros"):
             raise ValueError(f"on_error must be 'raise' or 'zeros', not {on_error!r}")

@@ -175,6 +175,7 @@ def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_
         def training_step(self, batch, batch_idx):
             images, labels = batch
             self.seen.append((self.current_epoch, labels.tolist(), round(float(images.float().sum()), 3)))
+            self.loader = self.trainer.train_dataloader
             return super().training_step((images, labels % 5), batch_idx)  # labels: the dataset index here
 
     def run(root, ckpt_path=None, every=None):
@@ -187,7 +188,16 @@ def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_
             trainer.fit(model, datamodule=Images(seed=3, gpu_decode={"size": 8}, verbose=False), ckpt_path=ckpt_path)
         return model, [str(w.message) for w in caught]
 
+    import inspect
+
+    from lightning_dataperf.gpu_decode import GpuDecodeLoader
+
+    wrapped = GpuDecodeLoader(DataLoader(EncodedImageDataset(samples, seed=0)), device="cpu")
+    assert inspect.getattr_static(wrapped, "state_dict", None) is None  # a plain DataLoader: not stateful
     full, _ = run(tmp_path / "full", every=1)
+    # Lightning's _Stateful check looks the methods up statically (Python >= 3.12): instance attributes
+    assert isinstance(full.loader, GpuDecodeLoader), type(full.loader)
+    assert callable(inspect.getattr_static(full.loader, "state_dict", None))
     resumed, messages = run(tmp_path / "resumed", ckpt_path=tmp_path / "full" / "ckpt" / "epoch=0-step=2.ckpt")
     assert not [m for m in messages if "not resumable" in m], messages
     assert len(full.seen) == 12 and sorted(i for row in full.seen[:6] for i in row[1]) == list(range(24))

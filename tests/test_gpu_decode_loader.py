@@ -105,12 +105,30 @@ def test_workers_get_no_decoder(tmp_path):
 def test_an_iterator_never_advanced_decodes_nothing(tmp_path):
     """Lightning calls ``iter()`` on a non-DataLoader once only to check that it is iterable: that must start
     no decode thread (nor workers), so the epoch's figures count the epoch's batches only."""
-    import threading
-
     dataset = EncodedImageDataset(write_files(str(tmp_path), 12), seed=0)
     train = GpuDecodeLoader(DataLoader(dataset, batch_size=4, collate_fn=collate_encoded), device="cpu", size=8)
-    iter(train)
-    assert not [t for t in threading.enumerate() if t.name == "dataperf-gpu-decode"]
+    checked = iter(train)
+    assert checked._thread is None and checked._source is None
     assert sum(len(images) for images, _ in train) == 12
     stats = train.stats()
     assert stats.batches == stats.takes == 3 and stats.images == 12
+
+
+def test_a_loader_dropped_mid_epoch_stops_its_decode_thread(tmp_path):
+    """``max_steps`` or an exception can leave an epoch unfinished: dropping the loader and its iterator must
+    stop the decode thread (it holds neither), and the sampler relay must copy without recursing."""
+    import copy
+    import threading
+
+    dataset = EncodedImageDataset(write_files(str(tmp_path), 40), seed=0)
+    train = GpuDecodeLoader(DataLoader(dataset, batch_size=2, collate_fn=collate_encoded), device="cpu", size=8)
+    iterator = iter(train)
+    next(iterator)
+    thread = iterator._thread
+    assert thread is not None and thread.is_alive()
+    copy.copy(train.sampler)  # an _EpochRelay without its owner must not recurse in __getattr__
+    del train, iterator
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert not [t for t in threading.enumerate() if t is thread]
