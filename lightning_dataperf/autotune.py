@@ -25,8 +25,9 @@ hardware policy's recommendation the search
 Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
 is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
 (kept apart as ``startup_s``; it decides ``persistent_workers``) and stops as soon as it is known
-within ``precision``, or, compared with the best so far, once it is clearly faster or slower (decided:
-beyond the tie band by three standard errors; more batches would not change the decision). The answer
+within ``precision``, or, compared with the best so far, once it is clearly slower (decided: below the
+tie band by three standard errors; more batches would not change the decision; a faster one is measured
+to its precision, since it becomes the reference). The answer
 (:func:`~lightning_dataperf.autotune_choice.choose`) is the cheapest
 configuration as fast as the fastest; a close call (more than ``choose_within`` apart, within noise) is
 measured again, interleaved and longer; and the policy's pick, measured first, is the floor: only a

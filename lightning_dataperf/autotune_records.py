@@ -47,7 +47,7 @@ MIN_STEADY_BATCHES = 6
 CPU_OVERSUBSCRIPTION = 2.0
 #: Share of the free file descriptors the loader's workers may take.
 FD_SHARE = 0.5
-#: A trial compared with another is decided once its rate differs by more than this share (the search's
+#: A trial compared with another is decided once its rate is lower by more than this share (the search's
 #: tie band: within it the two would be a tie, resolved by cost) plus :data:`DECIDED_SE` combined standard
 #: errors. It then stops: more batches cannot change what the search does with it.
 DECIDED_GAP = 0.1
@@ -166,20 +166,22 @@ def margin(first: Trial, second: Trial, noise: float) -> float:
 def decided(rate: float, error: float, against: Trial | None, noise: float) -> bool:
     """Whether a trial measuring ``rate`` (relative standard error ``error``) so far is decided against ``against``.
 
-    Decided: faster or slower than ``against`` by more than :data:`DECIDED_GAP` plus :data:`DECIDED_SE`
-    times the combined standard error, so no longer measurement would turn a win into a tie or a loss.
-    ``False`` without a measured ``against`` or either error estimate (a trial then runs to its precision).
+    Decided: slower than ``against`` by more than :data:`DECIDED_GAP` plus :data:`DECIDED_SE` times the
+    combined standard error, so no longer measurement would turn the loss into a tie. A trial that reads
+    *faster* is never decided early: it may become the search's best, the reference of every later
+    comparison, so it is measured to its precision (stopped early while it looked far ahead, its rate would
+    also read high). ``False`` without a measured ``against`` or either error estimate.
 
     Example::
 
-        decided(150.0, 0.1, Trial(4, 2, False, 40.0, batches=20, precision=0.05), 0.03)  # True: 3.7x
+        decided(10.0, 0.1, Trial(4, 2, False, 40.0, batches=20, precision=0.05), 0.03)  # True: a quarter
     """
     if against is None or against.refused is not None or against.precision is None or against.batches_per_sec <= 0:
         return False
     if not math.isfinite(error):
         return False
     combined = math.hypot(error, against.relative_error(noise / 2))
-    return abs(rate / against.batches_per_sec - 1) > DECIDED_GAP + DECIDED_SE * combined
+    return rate / against.batches_per_sec - 1 < -(DECIDED_GAP + DECIDED_SE * combined)
 
 
 def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:

@@ -563,14 +563,15 @@ def test_a_trial_stops_once_it_is_decided_against_the_best_so_far():
     from lightning_dataperf.autotune_records import decided
 
     slow = Trial(4, 2, False, 40.0, batches=20, precision=0.05)
-    assert decided(150.0, 0.1, slow, 0.03) and decided(10.0, 0.1, slow, 0.03)
+    assert decided(10.0, 0.1, slow, 0.03), "a quarter of the best so far: lost"
+    assert not decided(150.0, 0.1, slow, 0.03), "far faster: it becomes the reference, measured to its precision"
     assert not decided(44.0, 0.02, slow, 0.03), "within the tie band: measured to its precision"
     assert not decided(80.0, 0.5, slow, 0.03), "too noisy to tell yet"
-    assert not decided(150.0, 0.1, dataclasses.replace(slow, precision=None), 0.03), "the reference's error unknown"
-    assert not decided(150.0, 0.1, None, 0.03)
+    assert not decided(10.0, 0.1, dataclasses.replace(slow, precision=None), 0.03), "the reference's error unknown"
+    assert not decided(10.0, 0.1, None, 0.03)
 
 
-def test_a_real_trial_against_a_far_slower_one_stops_before_its_precision(tmp_path):
+def test_a_real_trial_against_a_far_faster_one_stops_before_its_precision(tmp_path):
     from lightning_dataperf.autotune_consumer import TransferPath
     from lightning_dataperf.autotune_records import MIN_STEADY_BATCHES, Limits
     from lightning_dataperf.autotune_trials import TrialRunner
@@ -581,9 +582,11 @@ def test_a_real_trial_against_a_far_slower_one_stops_before_its_precision(tmp_pa
     runner.learn_batch_size()
     alone = runner.run(0, None, False)
     assert alone.batches >= 60
-    crawl = Trial(0, None, False, alone.batches_per_sec / 20, batches=20, precision=0.01)
-    raced = runner.run(0, None, False, against=crawl)
+    sprint = Trial(0, None, False, alone.batches_per_sec * 20, batches=20, precision=0.01)
+    raced = runner.run(0, None, False, against=sprint)
     assert MIN_STEADY_BATCHES <= raced.batches < alone.batches / 2
+    crawl = dataclasses.replace(sprint, batches_per_sec=alone.batches_per_sec / 20)
+    assert runner.run(0, None, False, against=crawl).batches >= 60, "far faster than the reference: not cut short"
     runner.close()
 
 
