@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BUDGET_REFUSAL",
     "CONFIRM_BAND",
     "CPU_OVERSUBSCRIPTION",
+    "DATASET_REFUSAL",
     "DECIDED_GAP",
     "DECIDED_SE",
     "FD_SHARE",
@@ -47,6 +49,10 @@ MIN_STEADY_BATCHES = 6
 CPU_OVERSUBSCRIPTION = 2.0
 #: Share of the free file descriptors the loader's workers may take.
 FD_SHARE = 0.5
+#: ``Trial.refused`` of a trial that got fewer than two batches: the time budget ran out first, or the
+#: trial's slice of the dataset did (any other ``refused`` is the memory guard's reason).
+BUDGET_REFUSAL = "the time budget ran out first"
+DATASET_REFUSAL = "the dataset ran out before two batches"
 #: A trial compared with another is decided once its rate is lower by more than this share (the search's
 #: tie band: within it the two would be a tie, resolved by cost) plus :data:`DECIDED_SE` combined standard
 #: errors. It then stops: more batches cannot change what the search does with it.

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_dataperf.autotune_records import DECIDED_GAP, Limits, Trial, margin
+from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, DECIDED_GAP, Limits, Trial, margin
 from lightning_dataperf.autotune_trials import TrialRunner
 
 __all__ = ["HEADROOM", "MARGINAL_GAIN", "MAX_JUMP", "MODEL_SLACK", "PATH_BOUND", "TIE_BAND", "Search", "next_workers"]
@@ -167,9 +167,8 @@ class Search:
             trial = self.measure(step, best.prefetch_factor, best.pin_memory, against=best)
             self.first_step = self.first_step or trial
             if trial.refused is not None:
-                ran_out = runner.remaining <= 0  # no rate before the deadline: the budget, not memory
-                name = "time budget" if ran_out else "memory guard"
-                self.stop(name, f"{step} workers refused: {trial.refused}")
+                names = {BUDGET_REFUSAL: "time budget", DATASET_REFUSAL: "dataset"}
+                self.stop(names.get(trial.refused, "memory guard"), f"{step} workers refused: {trial.refused}")
                 return best
             if self.better(trial, best):
                 best = trial

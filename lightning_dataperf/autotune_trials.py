@@ -37,7 +37,9 @@ from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_measures import Drained, WorkerCpu, open_files, pooled_error
 from lightning_dataperf.autotune_records import (
+    BUDGET_REFUSAL,
     CPU_OVERSUBSCRIPTION,
+    DATASET_REFUSAL,
     FD_SHARE,
     MIN_ROUNDS,
     MIN_STEADY_BATCHES,
@@ -297,9 +299,10 @@ class TrialRunner:
             rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
         memory = self.memory_mb(workers, prefetch, pin)
         startup = -1.0 if reused else drained.startup
-        if len(arrivals) < 2:  # the budget ran out before a rate could be measured: not a result
+        if len(arrivals) < 2:  # no rate could be measured: not a result
+            reason = DATASET_REFUSAL if drained.exhausted else BUDGET_REFUSAL
             return Trial(*config, startup_s=startup, batches=len(arrivals), seconds=seconds, memory_mb=memory,
-                         refused="the time budget ran out first")  # fmt: skip
+                         refused=reason)  # fmt: skip
         return Trial(
             *config,
             rate,

@@ -645,3 +645,17 @@ def test_each_trial_reads_its_own_slice_of_one_permutation_of_the_dataset():
         assert sorted(order) == list(range(length)), length
     first, second = list(_Offsets(1000, 0, _stride(1000)))[:40], list(_Offsets(1000, 40, _stride(1000)))[:40]
     assert not set(first) & set(second) and max(first) - min(first) > 500  # disjoint, spread over the dataset
+
+
+def test_a_trial_with_fewer_than_two_batches_says_whether_the_budget_or_the_dataset_ran_out():
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    limits = Limits(120.0, 60, 0.03, 0.5, None, 0, trial_seconds=60.0)
+    runner = TrialRunner(SlowSamples(3), 4, {}, fake_hardware(usable_cpus=2), TransferPath(), limits)
+    runner.learn_batch_size()
+    assert runner.run(0, None, False).refused == DATASET_REFUSAL  # 3 samples: one batch, then the end
+    runner.deadline = 0.0  # a deadline long past: the budget ran out before a second batch
+    assert runner.run(0, None, False).refused == BUDGET_REFUSAL
+    runner.close()
