@@ -32,10 +32,16 @@ class LateLaunch(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
-def test_probe_splits_the_device_span_into_busy_and_gap(tmp_path):
+def fit_probed(tmp_path, model) -> DataPerfCallback:
+    """One CUDA epoch of 20 steps of ``model`` with the host-gap probe on steps 5-10."""
     perf = DataPerfCallback(print_summary=False, host_gap_probe=HostGapProbe(start_step=5, steps=6))
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path, accelerator="cuda"))
-    trainer.fit(LateLaunch(calibrate_cuda_sleep()), sleepy_loader(8 * 20, 8, 0.0))
+    trainer.fit(model, sleepy_loader(8 * 20, 8, 0.0))
+    return perf
+
+
+def test_probe_splits_the_device_span_into_busy_and_gap(tmp_path):
+    perf = fit_probed(tmp_path, LateLaunch(calibrate_cuda_sleep()))
     gap = perf.last_summary.host_gap
     assert gap is not None and gap.steps == 6
     assert gap.gpu_busy_s == pytest.approx(0.004, rel=0.3), gap  # the two sleeps (plus the small layer's kernels)
@@ -61,9 +67,7 @@ def test_kernels_of_another_thread_on_its_own_stream_are_not_the_steps_gpu_work(
     worker = threading.Thread(target=background, daemon=True)
     worker.start()
     try:
-        perf = DataPerfCallback(print_summary=False, host_gap_probe=HostGapProbe(start_step=5, steps=6))
-        trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path, accelerator="cuda"))
-        trainer.fit(LateLaunch(cycles_per_ms), sleepy_loader(8 * 20, 8, 0.0))
+        perf = fit_probed(tmp_path, LateLaunch(cycles_per_ms))
     finally:
         stop.set()
         worker.join()
@@ -103,9 +107,7 @@ class BackwardWork(pl.LightningModule):
 
 
 def test_the_backward_pass_autograd_launches_from_its_own_thread_is_the_steps_gpu_work(tmp_path):
-    perf = DataPerfCallback(print_summary=False, host_gap_probe=HostGapProbe(start_step=5, steps=6))
-    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], **trainer_kwargs(tmp_path, accelerator="cuda"))
-    trainer.fit(BackwardWork(calibrate_cuda_sleep()), sleepy_loader(8 * 20, 8, 0.0))
+    perf = fit_probed(tmp_path, BackwardWork(calibrate_cuda_sleep()))
     gap = perf.last_summary.host_gap
     assert gap is not None and not gap.other_threads_kept, gap
     assert gap.gpu_busy_s == pytest.approx(0.005, rel=0.25), gap  # forward 2 ms + backward 3 ms, not 2 ms
