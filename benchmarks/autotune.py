@@ -6,7 +6,7 @@ Every measurement runs the batches through the workload's training path (the sam
 
 **The grid**: the full cross-product ``num_workers`` x ``prefetch_factor`` x ``pin_memory`` a user
 would run (:func:`grid`): workers from (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32) up to ``max(8, 2 x CPUs)``
-for a loader that computes and to 32 for the I/O-latency one (``--grid-workers`` to choose them),
+for a loader that computes and on to 48 and 64 for the I/O-latency one (``--grid-workers`` to choose them),
 prefetch (2, 4, 8) (``--grid-prefetch``), pin both ways for the stock CUDA copy, pinned only for the
 side stream, and left out on a CPU-only run (nothing is copied; the script says so).
 
@@ -201,6 +201,8 @@ def measure(runner: TrialRunner, config: Config) -> float:
 
 #: The worker axis of the grid, cut to the workload's sensible range (see :func:`grid`).
 WORKER_AXIS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+#: Past the axis for an I/O-latency loader: autotune's climb goes there (51 workers on 2 cores, session 9).
+LATENCY_AXIS = (48, 64)
 #: The prefetch axis of the grid.
 PREFETCH_AXIS = (2, 4, 8)
 
@@ -215,7 +217,8 @@ def grid(
     """The full cross-product workers x prefetch x pin a user would run (0 workers has no prefetch).
 
     Workers: :data:`WORKER_AXIS` up to ``max(8, 2 x cpus)`` for a loader that computes (past twice the
-    CPUs only memory and main-thread CPU are spent), the whole axis (to 32) for an I/O-latency loader,
+    CPUs only memory and main-thread CPU are spent), the whole axis and :data:`LATENCY_AXIS` (to 64) for
+    an I/O-latency loader,
     or ``workers`` when given. Pin: both where the path copies to CUDA with the stock copy, pinned only
     for the side stream, and left out on a CPU-only run (``pins == (False,)``: nothing is copied, so
     pinning would only cost the pin thread).
@@ -223,8 +226,8 @@ def grid(
     if workers:
         counts = sorted(set(workers))
     else:
-        ceiling = WORKER_AXIS[-1] if latency else max(8, 2 * cpus)
-        counts = [count for count in WORKER_AXIS if count <= ceiling]
+        axis = WORKER_AXIS + LATENCY_AXIS if latency else WORKER_AXIS
+        counts = [count for count in axis if latency or count <= max(8, 2 * cpus)]
     configs: list[Config] = []
     for count in counts:
         for pin in pins:

@@ -30,8 +30,12 @@ tie band by three standard errors; more batches would not change the decision; a
 to its precision, since it becomes the reference). The answer
 (:func:`~lightning_dataperf.autotune_choice.choose`) is the cheapest
 configuration as fast as the fastest; a close call (more than ``choose_within`` apart, within noise) is
-measured again, interleaved and longer; and the policy's pick, measured first, is the floor: only a
-configuration faster beyond noise, or a cheaper one as fast, replaces it. The result records why the search
+measured again, interleaved and longer, in a share of the budget the climb leaves for it
+(:data:`~lightning_dataperf.autotune_choice.CHOICE_RESERVE`), and still undecided the re-measured means
+decide; the policy's pick, measured first, is the floor: only a configuration faster beyond noise, a
+cheaper one as fast, or the faster side of a re-measured close call replaces it. The climb stops where
+the CPUs are spent: each trial reads the CPU time of this process and its workers from the OS, and the
+CPUs over that time per batch is the most any worker count can make. The result records why the search
 stopped (``stop_reason``: ``"gain"``, a bound's name, ``"time budget"``, ...), each trial's time and
 the total; :meth:`AutotuneResult.summary_line` says it in one line.
 
@@ -64,7 +68,7 @@ import torch
 from torch.utils.data import Dataset
 
 from lightning_dataperf.autotune_cache import cache_key, default_cache_path, read_entry, write_entry
-from lightning_dataperf.autotune_choice import choose
+from lightning_dataperf.autotune_choice import CHOICE_RESERVE, choose
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_measures import gc_frozen
 from lightning_dataperf.autotune_progress import make_progress
@@ -250,12 +254,13 @@ def _climb(
     runner.learn_batch_size()
     start_pin = policy.pin_memory if policy.pin_memory in pins else pins[0]
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
-    baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
-    best = search.climb_workers(best)
-    best = search.probe_fewer(best, baseline)
-    best = search.tune_prefetch(best)
-    best = search.tune_pin(best)
-    search.repeat_outliers()
+    with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
+        baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
+        best = search.climb_workers(best)
+        best = search.probe_fewer(best, baseline)
+        best = search.tune_prefetch(best)
+        best = search.tune_pin(best)
+        search.repeat_outliers()
     chosen = choose(search, baseline, choose_within)
     baseline = runner.trials[baseline.config]
     measured = search._measured()

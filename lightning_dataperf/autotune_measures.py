@@ -3,7 +3,7 @@
 Example::
 
     cpu = WorkerCpu()            # this process's children: the trial loader's workers
-    before = cpu.seconds(); ...; busy = (cpu.seconds() - before) / (wall * workers)
+    before = cpu.seconds(); ...; busy = cpu.since(before) / (wall * workers)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 import gc
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lightning_dataperf.autotune_records import Trial
@@ -35,6 +35,7 @@ class Drained:
     work_s: float | None = None
     cpu_s: float | None = None
     main_s: float | None = None
+    tree_cpu_s: float | None = None
     exhausted: bool = False
 
 
@@ -80,6 +81,11 @@ class WorkerCpu:
         except Exception:  # psutil missing or /proc unreadable: no busy share, no memory bound
             self._me = None
 
+    @property
+    def readable(self) -> bool:
+        """Whether the workers' CPU time can be read (psutil present, ``/proc`` readable)."""
+        return self._me is not None
+
     def _children(self) -> list[Any]:
         if self._me is None:
             return []
@@ -88,13 +94,19 @@ class WorkerCpu:
         except Exception:
             return []
 
-    def seconds(self) -> float:
-        total = 0.0
+    def seconds(self) -> dict[int, float]:
+        """CPU seconds (user + system) of each child now, by pid: pass it to :meth:`since`."""
+        times: dict[int, float] = {}
         for child in self._children():
             with contextlib.suppress(Exception):
-                times = child.cpu_times()
-                total += times.user + times.system
-        return total
+                spent = child.cpu_times()
+                times[child.pid] = spent.user + spent.system
+        return times
+
+    def since(self, before: Mapping[int, float]) -> float:
+        """CPU seconds the children alive now spent since ``before`` (:meth:`seconds`). Per pid: a previous
+        trial's worker still exiting when ``before`` was read, gone now, must not make the sum negative."""
+        return sum(max(0.0, spent - before.get(pid, 0.0)) for pid, spent in self.seconds().items())
 
     def unique_mb(self) -> float | None:
         sizes = []

@@ -76,7 +76,11 @@ class Trial:
     (near 0: the training path, not the loader, is the limit); ``work_s`` and ``cpu_s`` a worker's wall
     and CPU time per batch in the dataset and collate (measured inside the worker, as
     :mod:`~lightning_dataperf.loader_probe` does); ``main_s`` the main thread's time per batch when
-    it does not wait (the consumer and the hand-over: ``1 / main_s`` is the most the path can take).
+    it does not wait (the consumer and the hand-over: ``1 / main_s`` is the most the path can take);
+    ``tree_cpu_s`` the CPU seconds per batch of the whole path, read from the OS: this process (every
+    thread: the consumer, the pin thread, the hand-over) and the workers (dataset and collate, and also
+    what ``cpu_s`` cannot see: pickling batches into their queues, the queue's feeder threads). The CPUs
+    over it is the most batches/s they can make, whoever makes them.
     """
 
     num_workers: int
@@ -96,6 +100,7 @@ class Trial:
     work_s: float | None = None
     cpu_s: float | None = None
     main_s: float | None = None
+    tree_cpu_s: float | None = None
 
     @property
     def config(self) -> tuple[int, int | None, bool]:

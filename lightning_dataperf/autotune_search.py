@@ -164,6 +164,11 @@ class Search:
                 self.stop("CPUs", f"the CPUs are the limit at {best.num_workers} workers ({detail}); more cannot help")
                 return best
             step = next_workers(best, int(min(limit, 1 << 20)), cpus)
+            if best.num_workers and step == limit and step < _smallest_step(best.num_workers):
+                # the bound leaves less than one step: a trial could not tell a gain of a few workers from noise
+                self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)}), "
+                          f"less than one step above {best.num_workers}")  # fmt: skip
+                return best
             trial = self.measure(step, best.prefetch_factor, best.pin_memory, against=best)
             self.first_step = self.first_step or trial
             if trial.refused is not None:
@@ -200,7 +205,11 @@ class Search:
 
     # ------------------------------------------------------------------ prefetch and pinning
     def tune_prefetch(self, best: Trial) -> Trial:
+        """Deeper queues while they gain, where the workers could make more than they delivered; not where
+        the CPUs are spent (a deeper queue holds more batches, it cannot make them faster)."""
         if "prefetch_factor" in self.fixed or not best.num_workers or not _queue_starved(best, self.limits.noise):
+            return best
+        if _cpu_ceiling(best, self.cpus) <= best.batches_per_sec * (1 + self.limits.noise):
             return best
         while (best.prefetch_factor or 2) * 2 <= MAX_PREFETCH and self.runner.remaining > 0:
             trial = self.measure(best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory, against=best)
@@ -307,9 +316,17 @@ def _workers_needed(trial: Trial, minimum: int) -> int:
 
 
 def _cpu_ceiling(trial: Trial, cpus: int) -> float:
-    """Batches/s the CPUs left by the main thread can make when the workers compute: those CPUs over a
-    worker's CPU time per batch (``inf`` when the workers mostly wait, or unknown). More workers cannot
-    pass it: each batch costs its CPU time whoever makes it."""
+    """Batches/s the rank's CPUs can make at most: the CPUs over the CPU seconds each batch cost.
+
+    Measured from the OS (``tree_cpu_s``: this process and its workers, hand-over and queues included),
+    this holds for any loader: a latency-bound one spends little CPU per batch, so its ceiling is high,
+    until the hand-over of many workers' batches fills the CPUs. Without it, from the in-loader timing:
+    the CPUs left by the main thread over a worker's CPU time per batch, when the workers compute
+    (``inf`` when they mostly wait, or unknown). More workers cannot pass it: each batch costs its CPU
+    time whoever makes it.
+    """
+    if trial.tree_cpu_s:
+        return cpus / trial.tree_cpu_s
     if trial.cpu_s and trial.work_s and trial.cpu_s > 0.2 * trial.work_s:
         main_cpus = 1 - (trial.wait_share or 0)
         return max(0.5, cpus - main_cpus) / trial.cpu_s
@@ -325,6 +342,11 @@ def _predicted_rate(trial: Trial, cpus: int) -> float:
     return min(limits)
 
 
+def _smallest_step(workers: int) -> int:
+    """The fewest workers worth a trial above ``workers``: 20% more (a smaller gain is lost in noise)."""
+    return max(workers + 1, math.ceil(workers * 1.2))
+
+
 def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
     """The next worker count to try.
 
@@ -336,7 +358,7 @@ def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
     workers = best.num_workers
     if workers == 0:
         return min(limit, 1)
-    floor = max(workers + 1, math.ceil(workers * 1.2))
+    floor = _smallest_step(workers)
     if best.work_s and best.main_s is not None:
         target = _predicted_rate(best, cpus)
         need = math.ceil(target * best.work_s * (1 + HEADROOM)) if math.isfinite(target) else math.inf

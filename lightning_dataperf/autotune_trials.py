@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import math
@@ -108,10 +109,21 @@ class TrialRunner:
         self.batches_per_epoch = length // max(1, batch_size) if length else None
         self.length, self.stride, self.offset = length, _stride(length), 0
         self._kept: tuple[tuple[int, int | None, bool], Iterator[Any]] | None = None  # the last trial's live workers
+        self._reserve = 0.0
 
     @property
     def remaining(self) -> float:
-        return self.deadline - time.perf_counter()
+        """Seconds of the time budget left to spend now (less any :meth:`reserved` for later)."""
+        return self.deadline - time.perf_counter() - self._reserve
+
+    @contextlib.contextmanager
+    def reserved(self, seconds: float) -> Iterator[None]:
+        """Inside, :attr:`remaining` keeps ``seconds`` of the budget back (for what comes after: the choice)."""
+        outer, self._reserve = self._reserve, self._reserve + max(0.0, seconds)
+        try:
+            yield
+        finally:
+            self._reserve = outer
 
     def learn_batch_size(self) -> None:
         """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
@@ -317,6 +329,7 @@ class TrialRunner:
             work_s=drained.work_s,
             cpu_s=drained.cpu_s,
             main_s=drained.main_s,
+            tree_cpu_s=drained.tree_cpu_s,
         )
 
     def _drain(
@@ -335,7 +348,7 @@ class TrialRunner:
         limits = self.limits
         cap, batch_cap = limits.trial_cap * scale, limits.batch_budget * scale
         workers_cpu = WorkerCpu() if workers else None
-        cpu_start = wall_start = None
+        cpu_start = wall_start = main_cpu_start = None
         last_report = started
         round_size = max(1, workers)
         waited = 0.0
@@ -361,7 +374,7 @@ class TrialRunner:
             arrivals.append(now)
             count = len(arrivals)
             if count == skip + 1:
-                wall_start = now
+                wall_start, main_cpu_start = now, time.process_time()
                 if workers_cpu is not None:
                     cpu_start = workers_cpu.seconds()
             if count > 1 and now - last_report > 0.25:
@@ -389,8 +402,13 @@ class TrialRunner:
             wall, steady = end - wall_start, len(arrivals) - skip - 1
             out.wait_share = min(1.0, waited / wall)
             out.main_s = max(0.0, wall - waited) / steady
+            tree_cpu = time.process_time() - (main_cpu_start or 0.0)
             if workers_cpu is not None and cpu_start is not None:
-                out.busy = min(1.0, (workers_cpu.seconds() - cpu_start) / (wall * workers))
+                spent = workers_cpu.since(cpu_start)
+                out.busy = min(1.0, spent / (wall * workers))
+                tree_cpu += spent
+            if workers_cpu is None or workers_cpu.readable:
+                out.tree_cpu_s = tree_cpu / steady
         if workers_cpu is not None:  # after the clock stopped: reading the workers' smaps took 0.3 s for 16
             out.worker_mb = workers_cpu.unique_mb()
         if timings:

@@ -17,6 +17,18 @@ from lightning_dataperf.autotune_records import Trial, confirmation_candidates, 
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
+class BusySamples(SleepingLoaderDataset):
+    """CPU-bound samples: 1 ms of busy loop each."""
+
+    def __getitem__(self, index):
+        import time
+
+        until = time.thread_time() + 0.001
+        while time.thread_time() < until:
+            pass
+        return super().__getitem__(index)
+
+
 class SlowSamples(SleepingLoaderDataset):
     """I/O-like samples: a short sleep each, so more workers help."""
 
@@ -539,7 +551,63 @@ def test_a_close_call_is_measured_again_longer_and_interleaved():
     chosen = choose(search, runner.trials[(4, 2, False)], 0.02)
     assert runner.remeasured[:2] in ([(4, 2, False), (8, 2, False)], [(8, 2, False), (4, 2, False)])
     assert len(runner.remeasured) == 2 * REFINE_ROUNDS and min(runner.scales) >= 2.0
-    assert chosen.num_workers == 4  # still within noise after the longer looks: the tie goes to fewer
+    # still within noise after the longer looks, but 2.5% apart (more than choose_within): the re-measured
+    # means decide, and the policy's 4 workers, one side of the close call, are not the floor then
+    assert chosen.num_workers == 8
+
+
+def test_a_close_call_the_budget_left_no_time_to_measure_again_goes_to_fewer():
+    from lightning_dataperf.autotune_choice import choose
+
+    runner = FakeRunner(lambda workers, prefetch, pin: {4: 97.5, 8: 100.0}[workers])
+    search = _search_with(runner)
+    policy = runner.measure(4, 2, False)
+    runner.measure(8, 2, False)
+    runner.remaining = 0.0
+    assert choose(search, policy, 0.02).num_workers == 4 and runner.remeasured == []
+
+
+def test_the_climb_leaves_a_share_of_the_budget_for_the_choice(tmp_path, monkeypatch):
+    import time
+
+    from lightning_dataperf import autotune
+    from lightning_dataperf.autotune_choice import CHOICE_RESERVE
+    from lightning_dataperf.autotune_search import Search
+
+    def greedy_climb(self, best):  # a climb that spends every second it is given
+        while self.runner.remaining > 0:
+            time.sleep(0.01)
+        self.stop("time budget", "spent")
+        return best
+
+    seen = []
+    choose = autotune.choose
+
+    def recorded(search, floor, choose_within):
+        seen.append(search.runner.remaining)
+        return choose(search, floor, choose_within)
+
+    monkeypatch.setattr(Search, "climb_workers", greedy_climb)
+    monkeypatch.setattr(autotune, "choose", recorded)
+    autotune_loader(SlowSamples(2000), 16, time_budget=3.0, cache_path=tmp_path / "c.json", progress=False)
+    (remaining,) = seen
+    assert remaining > 0.5 * CHOICE_RESERVE * 3.0  # what the climb had to leave (trials after it may eat into it)
+
+
+def test_reserved_keeps_budget_back_and_gives_it_back():
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    limits = Limits(100.0, 60, 0.03, 0.5, None, 0)
+    runner = TrialRunner(SlowSamples(100), 4, {}, fake_hardware(), TransferPath(), limits)
+    before = runner.remaining
+    with runner.reserved(30.0):
+        assert before - 31.0 < runner.remaining < before - 29.0
+        with runner.reserved(10.0):
+            assert runner.remaining < before - 39.0
+        assert runner.remaining > before - 31.0
+    assert runner.remaining > before - 1.0
 
 
 def test_a_tie_never_spans_more_than_the_tie_band_however_noisy_the_trials():
@@ -608,6 +676,81 @@ def test_the_climb_stops_where_the_cost_model_says_the_cpus_are_spent():
     search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
     search.climb_workers(dataclasses.replace(start, cpu_s=0.04))
     assert runner.measured and runner.measured[0][0] > 3
+
+
+def test_the_climb_stops_where_the_whole_path_spends_the_cpus_though_the_workers_only_wait():
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_search import Search
+
+    # a latency loader: each worker waits 80 ms per batch and computes 1 ms of it (in-loader), so the
+    # in-loader model sees no CPU limit; but the OS says the path spent 8.2 ms of CPU per batch (the
+    # hand-over of 48 workers' batches, the main thread): 2 CPUs / 8.2 ms = 244 batches/s, 240 measured
+    timing = dict(worker_busy=0.1, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.5)
+    start = Trial(48, 2, False, 240.0, batches=400, tree_cpu_s=0.0082, **timing)
+    runner = FakeRunner(lambda workers, prefetch, pin: 240.0)
+    runner.trials[start.config] = start
+    search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
+    assert search.climb_workers(start) is start and search.stop_reason == "CPUs", search.stop_detail
+    assert "243.9 batches/s" in search.stop_detail and runner.measured == []
+    # the same trial without the OS figure (psutil missing): the old model climbs
+    runner = FakeRunner(lambda workers, prefetch, pin: 240.0)
+    search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
+    search.climb_workers(dataclasses.replace(start, tree_cpu_s=None))
+    assert runner.measured and runner.measured[0][0] > 48
+
+
+def test_a_bound_less_than_one_step_away_ends_the_climb_without_a_trial():
+    # 20 workers gaining; the smallest bound allows 22: +10%, less than the 20% a trial can resolve
+    runner = FakeRunner(lambda workers, prefetch, pin: 10.0 * workers, bounds={"CPU share": 22})
+    search = _search_with(runner)
+    start = Trial(20, 2, False, 200.0, batches=200)
+    runner.trials[start.config] = start
+    assert search.climb_workers(start) is start and runner.measured == []
+    assert search.stop_reason == "CPU share" and "less than one step above 20" in search.stop_detail
+
+
+def test_worker_cpu_counts_only_children_alive_at_the_end():
+    import subprocess
+    import sys
+    import time
+
+    from lightning_dataperf.autotune_measures import WorkerCpu
+
+    # a plain child (multiprocessing's spawn would leave its resource tracker behind, a child of pytest)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        cpu = WorkerCpu()
+        deadline = time.monotonic() + 60
+        while child.pid not in (before := cpu.seconds()) or before[child.pid] <= 0:  # the spawn's imports
+            assert time.monotonic() < deadline, "the child never showed CPU time"
+            time.sleep(0.05)
+    finally:
+        child.terminate()
+        child.wait()
+    # a previous trial's worker that exited in between: summed naively, its CPU time is subtracted
+    after = cpu.seconds()
+    assert child.pid not in after
+    naive = sum(after.values()) - sum(before.values())
+    assert cpu.since(before) >= 0.0
+    assert cpu.since(before) - naive == pytest.approx(before[child.pid], abs=0.05)
+
+
+def test_a_trial_reads_the_cpu_of_the_workers_and_this_process_per_batch(tmp_path):
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    limits = Limits(60.0, 60, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=30.0)
+    runner = TrialRunner(BusySamples(4000), 4, {}, fake_hardware(), TransferPath(), limits)
+    runner.learn_batch_size()
+    try:
+        trial = runner.measure(2, 2, False)
+    finally:
+        runner.close()
+    assert trial.tree_cpu_s is not None and trial.cpu_s is not None
+    # the workers' whole CPU time (their dataset's busy loop, collate, hand-over) and this process's:
+    # at least what the in-loader clock saw inside the dataset
+    assert trial.tree_cpu_s >= 0.8 * trial.cpu_s > 0, (trial.tree_cpu_s, trial.cpu_s)
 
 
 def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatch):
