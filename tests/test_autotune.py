@@ -594,6 +594,25 @@ def test_the_climb_leaves_a_share_of_the_budget_for_the_choice(tmp_path, monkeyp
     assert remaining > 0.5 * CHOICE_RESERVE * 3.0  # what the climb had to leave (trials after it may eat into it)
 
 
+def test_a_repeat_the_budget_cut_before_a_steady_round_is_not_averaged_in(monkeypatch):
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    limits = Limits(100.0, 60, 0.03, 0.5, None, 0)
+    runner = TrialRunner(SlowSamples(100), 4, {}, fake_hardware(), TransferPath(), limits)
+    measured = Trial(18, 2, True, 37.7, batches=80, measurements=2, precision=0.02)
+    runner.trials[measured.config] = measured
+    # the budget ran out during the queued burst: 36 batches at once, a rate of the queue, not the workers
+    rough = Trial(18, 2, True, 13.4, batches=3, rough=True)
+    monkeypatch.setattr(runner, "run", lambda *config, **options: rough)
+    again = runner.remeasure(measured)
+    assert again.batches_per_sec == 37.7 and again.measurements == 2
+    steady = dataclasses.replace(rough, batches_per_sec=35.0, batches=60, rough=False)
+    monkeypatch.setattr(runner, "run", lambda *config, **options: steady)
+    assert runner.remeasure(measured).measurements == 3  # a steady one is
+
+
 def test_reserved_keeps_budget_back_and_gives_it_back():
     from lightning_dataperf.autotune_consumer import TransferPath
     from lightning_dataperf.autotune_records import Limits
@@ -687,15 +706,24 @@ def test_the_climb_stops_where_the_whole_path_spends_the_cpus_though_the_workers
     # hand-over of 48 workers' batches, the main thread): 2 CPUs / 8.2 ms = 244 batches/s, 240 measured
     timing = dict(worker_busy=0.1, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.5)
     start = Trial(48, 2, False, 240.0, batches=400, tree_cpu_s=0.0082, **timing)
-    runner = FakeRunner(lambda workers, prefetch, pin: 240.0)
-    runner.trials[start.config] = start
-    search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
-    assert search.climb_workers(start) is start and search.stop_reason == "CPUs", search.stop_detail
+    below = Trial(16, 2, False, 180.0, batches=200, tree_cpu_s=0.0080, **timing)  # the same CPU per batch
+
+    def climb(*trials):
+        runner = FakeRunner(lambda workers, prefetch, pin: 240.0)
+        runner.trials.update({trial.config: trial for trial in trials})
+        search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
+        return search, runner, search.climb_workers(trials[0])
+
+    search, runner, best = climb(start, below)
+    assert best is start and search.stop_reason == "CPUs", search.stop_detail
     assert "243.9 batches/s" in search.stop_detail and runner.measured == []
-    # the same trial without the OS figure (psutil missing): the old model climbs
-    runner = FakeRunner(lambda workers, prefetch, pin: 240.0)
-    search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
-    search.climb_workers(dataclasses.replace(start, tree_cpu_s=None))
+    # the ceiling is not borne out when the other worker count cost 12% more CPU per batch (as on a VM),
+    # nor from one point alone: one more step is measured
+    for trials in ((start, dataclasses.replace(below, tree_cpu_s=0.0092)), (start,)):
+        search, runner, _ = climb(*trials)
+        assert runner.measured and runner.measured[0][0] > 48, search.stop_detail
+    # the same trial without the OS figure (psutil missing): the in-loader model sees no CPU limit and climbs
+    search, runner, _ = climb(dataclasses.replace(start, tree_cpu_s=None), below)
     assert runner.measured and runner.measured[0][0] > 48
 
 
