@@ -254,8 +254,8 @@ def _climb(
     runner.learn_batch_size()
     start_pin = policy.pin_memory if policy.pin_memory in pins else pins[0]
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
+    baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
     with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
-        baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
         best = search.climb_workers(best)
         best = search.probe_fewer(best, baseline)
         best = search.tune_prefetch(best)

@@ -55,17 +55,18 @@ def choose(search: Search, floor: Trial, choose_within: float, refine: int = REF
             refined.clear()  # decided: the usual rules below
             break
         if round_index == refine or runner.remaining <= 0:
-            if refined:  # re-measured and still within noise: the means decide
+            if {chosen.config, top.config} <= refined:  # both re-measured, still within noise: the means decide
                 least = top.batches_per_sec * (1 - choose_within)
                 chosen = min((trial for trial in measured if trial.batches_per_sec >= least), key=lambda t: t.cost)
             break
         for trial in (chosen, top) if round_index % 2 == 0 else (top, chosen):
-            runner.remeasure(runner.trials[trial.config], cap_scale=2.0 ** (round_index + 1))
-            refined.add(trial.config)
+            before = runner.trials[trial.config]
+            if runner.remeasure(before, cap_scale=2.0 ** (round_index + 1)) is not before:
+                refined.add(trial.config)  # measured again (not when the budget ran out, or the repeat was rough)
     floor = runner.trials.get(floor.config, floor)
     if floor.refused is not None or floor.batches < 2 or chosen.config == floor.config:
         return chosen
-    if floor.config in refined and chosen.batches_per_sec > floor.batches_per_sec:
+    if {floor.config, chosen.config} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
         return chosen  # the floor was one side of the close call, and measured slower
     if search.better(chosen, floor) or (chosen.cost < floor.cost and search.as_fast(chosen, floor)):
         return chosen

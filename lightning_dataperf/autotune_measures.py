@@ -83,14 +83,14 @@ class WorkerCpu:
 
     @property
     def readable(self) -> bool:
-        """Whether the workers' CPU time can be read (psutil present, ``/proc`` readable)."""
+        """Whether psutil could be set up for this process (each child's read may still fail; it is skipped)."""
         return self._me is not None
 
     def _children(self) -> list[Any]:
         if self._me is None:
             return []
         try:
-            return self._me.children()
+            return self._me.children(recursive=True)  # forkserver workers are the server's children
         except Exception:
             return []
 

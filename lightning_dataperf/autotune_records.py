@@ -101,7 +101,7 @@ class Trial:
     cpu_s: float | None = None
     main_s: float | None = None
     tree_cpu_s: float | None = None
-    rough: bool = False  # no steady round was counted (the budget ran out first): the rate includes the burst
+    rough: bool = False  # no steady round was counted (the budget or the dataset ran out): the burst's rate
 
     @property
     def config(self) -> tuple[int, int | None, bool]:

@@ -1,9 +1,8 @@
-"""Autotune's decisions: the worker climb from a cost model, prefetch and pinning, noise-aware comparisons.
+"""Autotune's decisions: the worker climb, prefetch and pinning, noise-aware comparisons.
 
-:class:`Search` drives a :class:`~lightning_dataperf.autotune_trials.TrialRunner`. From each trial's
-in-loader timing (a worker's wall and CPU time per batch) and the main thread's (its share of time
-waiting for batches, its time per batch otherwise) the cost model predicts the worker count the
-fastest possible rate needs (:func:`next_workers`), instead of doubling blindly; a start that the
+:class:`Search` drives a :class:`~lightning_dataperf.autotune_trials.TrialRunner`. The cost model
+(:mod:`~lightning_dataperf.autotune_model`) predicts from each trial the worker count the fastest
+possible rate needs, instead of doubling blindly, and where the CPUs are spent; a start that the
 training path already limits (its main thread hardly waited) does not climb at all. Two rates count as
 different only beyond :func:`~lightning_dataperf.autotune_records.margin` (noise, or twice their
 combined standard error): when two configurations are within noise, either is fine.
@@ -17,24 +16,24 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_dataperf.autotune_model import (
+    cpu_ceiling,
+    main_thread_rate,
+    next_workers,
+    path_bound,
+    queue_starved,
+    smallest_step,
+    workers_needed,
+)
 from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, DECIDED_GAP, Limits, Trial, margin
 from lightning_dataperf.autotune_trials import TrialRunner
 
-__all__ = [
-    "CPU_STABLE",
-    "HEADROOM",
-    "MARGINAL_GAIN",
-    "MAX_JUMP",
-    "MODEL_SLACK",
-    "PATH_BOUND",
-    "TIE_BAND",
-    "Search",
-    "next_workers",
-]
+__all__ = ["MARGINAL_GAIN", "MODEL_SLACK", "TIE_BAND", "Search"]
 
 Config = tuple[int, int | None, bool]
 
@@ -42,20 +41,12 @@ Config = tuple[int, int | None, bool]
 MAX_PREFETCH = 16
 #: A trial slower than this share of both its neighbours in worker count is measured again.
 OUTLIER_SHARE = 0.8
-#: A trial whose main thread waited less than this share of its time for batches is limited by the training path.
-PATH_BOUND = 0.05
-#: Spare capacity the cost model adds to the workers a rate needs.
-HEADROOM = 0.15
-#: Largest factor between one worker count and the next (the model extrapolates from one point).
-MAX_JUMP = 4
 #: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
 #: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
 #: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
 TIE_BAND = DECIDED_GAP
 #: A first step up gaining less than this was marginal: after the climb, fewer workers are tried too.
 MARGINAL_GAIN = 0.15
-#: Most relative difference of the CPU per batch at two worker counts for the CPU ceiling to stop the climb.
-CPU_STABLE = 0.05
 #: 0 workers are tried when the main thread alone is predicted within this share of the best rate (the
 #: prediction counts the hand-over of batches from workers, which loading in the main thread does not pay).
 MODEL_SLACK = 0.1
@@ -95,23 +86,28 @@ class Search:
         return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
 
     def _cpus_spent(self, best: Trial) -> float | None:
-        """The CPU ceiling (:func:`_cpu_ceiling`) when ``best`` reached it, within noise, and the ceiling is
-        borne out: another worker count measured the same CPU per batch within :data:`CPU_STABLE`. The
-        ceiling assumes a batch costs the same CPU whoever makes it; on a VM it need not (measured on the
-        H200's 16 vCPUs: 15 -> 18 workers cut the CPU per batch by 10% and gained 13%), so one point does not
-        stop the climb. ``None``: not spent, or not borne out."""
-        ceiling = _cpu_ceiling(best, self.cpus)
-        if ceiling > best.batches_per_sec * (1 + self.limits.noise):
-            return None
-        if best.tree_cpu_s is None:  # the in-loader model: a worker's CPU per batch, no second point needed
-            return ceiling
-        others = [
-            trial.tree_cpu_s
-            for trial in self._measured()
-            if trial.tree_cpu_s and trial.num_workers and trial.num_workers != best.num_workers
-        ]
-        stable = any(abs(other / best.tree_cpu_s - 1) <= CPU_STABLE for other in others)
-        return ceiling if stable else None
+        """The CPU ceiling when ``best`` reached it within noise, else ``None``.
+
+        Measured from the OS (``tree_cpu_s``), the ceiling needs two worker counts at ``best``'s prefetch
+        and pinning, and takes the cheaper CPU per batch of them (the optimistic ceiling): a batch need not
+        cost the same CPU at every worker count (measured on the H200's 16 vCPUs: 15 -> 18 workers cut it
+        by 10% and gained 13%; on the 2-core VM under load 1 and 3 workers read 32% apart), so one point,
+        or the dearer of two, would stop a climb that still gains. Without the OS figure: the in-loader
+        model of :func:`~lightning_dataperf.autotune_model.cpu_ceiling`, from one point.
+        """
+        if best.tree_cpu_s is None:
+            ceiling = cpu_ceiling(best, self.cpus)
+        else:
+            costs = [
+                trial.tree_cpu_s
+                for trial in self._measured()
+                if trial.tree_cpu_s and trial.num_workers and trial.num_workers != best.num_workers
+                and (trial.prefetch_factor, trial.pin_memory) == (best.prefetch_factor, best.pin_memory)
+            ]  # fmt: skip
+            if not costs:
+                return None
+            ceiling = cpu_ceiling(dataclasses.replace(best, tree_cpu_s=min([best.tree_cpu_s, *costs])), self.cpus)
+        return ceiling if ceiling <= best.batches_per_sec * (1 + self.limits.noise) else None
 
     def stop(self, reason: str, detail: str) -> None:
         if not self.stop_reason:
@@ -128,7 +124,7 @@ class Search:
         if "num_workers" in self.fixed:
             self.stop("fixed", f"num_workers={best.num_workers} is yours")
             return best
-        if _path_bound(best):
+        if path_bound(best):
             return self._fewer_predicted(best)
         start = best
         best = self._ascend(best)
@@ -146,7 +142,7 @@ class Search:
     def _fewer_predicted(self, best: Trial) -> Trial:
         waited = f"the main thread waited for batches {100 * (best.wait_share or 0):.0f}% of the time"
         self.stop("path", f"the training path is the limit at {best.num_workers} workers ({waited}); more cannot help")
-        need = _workers_needed(best, self.limits.min_workers)
+        need = workers_needed(best, self.limits.min_workers)
         tried = best
         for lower in dict.fromkeys(value for value in (need, 0 if need <= 1 else None) if value is not None):
             if lower >= tried.num_workers or lower < self.limits.min_workers or self.runner.remaining <= 0:
@@ -184,9 +180,10 @@ class Search:
                 self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)})")
                 return best
             if runner.remaining <= 0:
-                self.stop("time budget", f"the time budget ran out at {best.num_workers} workers, still gaining")
+                held = " (the rest is kept to re-measure a close call)"
+                self.stop("time budget", f"the time budget ran out at {best.num_workers} workers, still gaining{held}")
                 return best
-            if best.num_workers and _path_bound(best):
+            if best.num_workers and path_bound(best):
                 self.stop("path", f"the training path is the limit at {best.num_workers} workers; more cannot help")
                 return best
             if best.num_workers and (ceiling := self._cpus_spent(best)) is not None:
@@ -194,7 +191,7 @@ class Search:
                 self.stop("CPUs", f"the CPUs are the limit at {best.num_workers} workers ({detail}); more cannot help")
                 return best
             step = next_workers(best, int(min(limit, 1 << 20)), cpus)
-            if best.num_workers and step == limit and step < _smallest_step(best.num_workers):
+            if best.num_workers and step == limit and step < smallest_step(best.num_workers):
                 # the bound leaves less than one step: a trial could not tell a gain of a few workers from noise
                 self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)}), "
                           f"less than one step above {best.num_workers}")  # fmt: skip
@@ -237,7 +234,7 @@ class Search:
     def tune_prefetch(self, best: Trial) -> Trial:
         """Deeper queues while they gain, where the workers could make more than they delivered; not where
         the CPUs are spent (a deeper queue holds more batches, it cannot make them faster)."""
-        if "prefetch_factor" in self.fixed or not best.num_workers or not _queue_starved(best, self.limits.noise):
+        if "prefetch_factor" in self.fixed or not best.num_workers or not queue_starved(best, self.limits.noise):
             return best
         if self._cpus_spent(best) is not None:
             return best
@@ -274,7 +271,8 @@ class Search:
     def probe_fewer(self, best: Trial, start: Trial) -> Trial:
         """After the climb, fewer workers than the start (and 0 when allowed) where they may be as fast.
 
-        Tried when the cost model says the main thread or the path limits (:func:`_main_thread_rate`:
+        Tried when the cost model says the main thread or the path limits
+        (:func:`~lightning_dataperf.autotune_model.main_thread_rate`:
         loading in the main thread would still reach the best rate; or the main thread hardly waited),
         or when the climb's first step up gained less than :data:`MARGINAL_GAIN`. Within noise is a tie,
         resolved towards fewer workers; a count that loses beyond noise ends the way down (0 workers,
@@ -283,15 +281,15 @@ class Search:
         if "num_workers" in self.fixed:
             return best
         minimum = self.limits.min_workers
-        main_rate = _main_thread_rate(best)
+        main_rate = main_thread_rate(best)
         zero = minimum == 0 and main_rate >= (1 - MODEL_SLACK) * best.batches_per_sec
         first = self.first_step
         marginal = first is not None and first.batches_per_sec < start.batches_per_sec * (1 + MARGINAL_GAIN)
-        if not (zero or marginal or _path_bound(best)):
+        if not (zero or marginal or path_bound(best)):
             return best
         counts = []
-        if marginal or _path_bound(best):
-            counts.append(_workers_needed(best, max(1, minimum)))
+        if marginal or path_bound(best):
+            counts.append(workers_needed(best, max(1, minimum)))
             lower = start.num_workers
             while (lower := lower // 2) >= max(1, minimum):
                 counts.append(lower)
@@ -313,89 +311,6 @@ class Search:
 
     def _measured(self) -> list[Trial]:
         return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
-
-
-def _path_bound(trial: Trial) -> bool:
-    """The training path, not the loader, limited this trial: its main thread hardly waited for batches."""
-    return trial.wait_share is not None and trial.wait_share < PATH_BOUND and trial.refused is None
-
-
-def _queue_starved(trial: Trial, noise: float) -> bool:
-    """The main thread waited although the workers could make more than they delivered: a deeper queue may help.
-
-    Unknown (no in-loader timing): ``True``, so prefetch is tried.
-    """
-    capacity = trial.loader_capacity()
-    if capacity is None or trial.wait_share is None:
-        return True
-    return not _path_bound(trial) and capacity > trial.batches_per_sec * (1 + 2 * noise)
-
-
-def _main_thread_rate(trial: Trial) -> float:
-    """Batches/s with 0 workers, predicted: the main thread does its own part and the workers' (0 unknown)."""
-    if trial.main_s is None or trial.work_s is None:
-        return 0.0
-    return 1 / max(trial.main_s + trial.work_s, 1e-9)
-
-
-def _workers_needed(trial: Trial, minimum: int) -> int:
-    """Workers that deliver ``trial``'s rate with ``HEADROOM`` to spare: rate x each worker's time per batch."""
-    if not trial.work_s:
-        return trial.num_workers
-    return max(minimum, math.ceil(trial.batches_per_sec * trial.work_s * (1 + HEADROOM)))
-
-
-def _cpu_ceiling(trial: Trial, cpus: int) -> float:
-    """Batches/s the rank's CPUs can make at most: the CPUs over the CPU seconds each batch cost.
-
-    Measured from the OS (``tree_cpu_s``: this process and its workers, hand-over and queues included),
-    this holds for any loader: a latency-bound one spends little CPU per batch, so its ceiling is high,
-    until the hand-over of many workers' batches fills the CPUs. Without it, from the in-loader timing:
-    the CPUs left by the main thread over a worker's CPU time per batch, when the workers compute
-    (``inf`` when they mostly wait, or unknown). More workers cannot pass it: each batch costs its CPU
-    time whoever makes it.
-    """
-    if trial.tree_cpu_s:
-        return cpus / trial.tree_cpu_s
-    if trial.cpu_s and trial.work_s and trial.cpu_s > 0.2 * trial.work_s:
-        main_cpus = 1 - (trial.wait_share or 0)
-        return max(0.5, cpus - main_cpus) / trial.cpu_s
-    return math.inf
-
-
-def _predicted_rate(trial: Trial, cpus: int) -> float:
-    """The most the path could take past this trial: what its main thread can take, and, when the workers
-    compute, what the CPUs left by the main thread can make (``inf`` unknown)."""
-    limits = [_cpu_ceiling(trial, cpus)]
-    if trial.main_s:
-        limits.append(1 / trial.main_s)
-    return min(limits)
-
-
-def _smallest_step(workers: int) -> int:
-    """The fewest workers worth a trial above ``workers``: 20% more (a smaller gain is lost in noise)."""
-    return max(workers + 1, math.ceil(workers * 1.2))
-
-
-def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
-    """The next worker count to try.
-
-    With the trial's in-loader timing (each worker's time per batch) and the main thread's: the workers
-    that the predicted rate needs (:func:`_predicted_rate` x time per batch, plus ``HEADROOM``), at
-    least 20% more than now and at most ``MAX_JUMP`` times. Without it: x2 while each worker is mostly
-    idle (latency-bound), x1.5 when busy.
-    """
-    workers = best.num_workers
-    if workers == 0:
-        return min(limit, 1)
-    floor = _smallest_step(workers)
-    if best.work_s and best.main_s is not None:
-        target = _predicted_rate(best, cpus)
-        need = math.ceil(target * best.work_s * (1 + HEADROOM)) if math.isfinite(target) else math.inf
-        return int(min(limit, max(floor, min(MAX_JUMP * workers, need))))  # the floor never passes the bound
-    busy = best.worker_busy
-    factor = 2.0 if busy is None or busy < 0.5 else 1.5
-    return min(limit, max(workers + 1, round(workers * factor)))
 
 
 def _change(trial: Trial, reference: Trial) -> str:

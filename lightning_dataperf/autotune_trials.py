@@ -25,18 +25,18 @@ import contextlib
 import dataclasses
 import gc
 import math
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from lightning.fabric.utilities.data import sized_len
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_measures import Drained, WorkerCpu, open_files, pooled_error
+from lightning_dataperf.autotune_order import TrialOrder, coprime_stride
 from lightning_dataperf.autotune_records import (
     BUDGET_REFUSAL,
     CPU_OVERSUBSCRIPTION,
@@ -62,29 +62,6 @@ __all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_cand
 _MB = 2**20
 
 
-class _Offsets(Sampler[int]):
-    """Each trial reads its own slice of one fixed order (no trial rereads another's samples): a seeded affine
-    permutation, spread over the dataset like a shuffle but computed per position (a 4 M randperm took 0.5 s)."""
-
-    def __init__(self, length: int, start: int, stride: int) -> None:
-        self.length, self.start, self.stride = length, start, stride
-
-    def __iter__(self) -> Iterator[int]:
-        length, stride, start = self.length, self.stride, self.start
-        return (stride * (start + step) % length for step in range(length))
-
-    def __len__(self) -> int:
-        return self.length
-
-
-def _stride(length: int) -> int:
-    """A seeded stride coprime with ``length`` (1 for one or two samples)."""
-    stride = random.Random(0).randrange(length // 3, length) if length > 2 else 1
-    while math.gcd(stride, length) > 1:
-        stride += 1
-    return stride
-
-
 class TrialRunner:
     """State of one search: budgets, the measured trials, the memory guard, the machine's bounds."""
 
@@ -107,7 +84,7 @@ class TrialRunner:
         self.batch_tensors = 1
         length = sized_len(dataset) or 0
         self.batches_per_epoch = length // max(1, batch_size) if length else None
-        self.length, self.stride, self.offset = length, _stride(length), 0
+        self.length, self.stride, self.offset = length, coprime_stride(length), 0
         self._kept: tuple[tuple[int, int | None, bool], Iterator[Any]] | None = None  # the last trial's live workers
         self._reserve = 0.0
 
@@ -128,7 +105,7 @@ class TrialRunner:
     def learn_batch_size(self) -> None:
         """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
         kwargs = {key: value for key, value in self.loader_kwargs.items() if key in {"collate_fn", "drop_last"}}
-        sampler = _Offsets(self.length, self.offset, self.stride) if self.length else None
+        sampler = TrialOrder(self.length, self.offset, self.stride) if self.length else None
         batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
         self.offset += self.batch_size
         self._learn(batch)
@@ -228,6 +205,9 @@ class TrialRunner:
     def remeasure(self, trial: Trial, cap_scale: float = 1.0, against: Trial | None = None) -> Trial:
         """Measure ``trial`` once more (``cap_scale``, ``against``: see :meth:`run`); its rate becomes the mean.
 
+        Returns ``trial`` itself when nothing was measured (the budget is spent, or the repeat was rough: cut
+        before one steady round), a new record otherwise (a rough first measurement is replaced, not averaged).
+
         When it was the last configuration measured, its workers are still alive (kept, idle, with their
         queues full): the repeat continues with them, so it pays no start-up (which no rate includes).
         """
@@ -238,7 +218,9 @@ class TrialRunner:
         # a repeat the budget cut before one steady round is not averaged in: its rate includes the burst of
         # queued batches, or a few staggered arrivals (measured on the H200: one such repeat took 18 workers'
         # mean from 37.7 to 29.6 batches/s, and the close call it was resolving to the other side)
-        if again.batches > 1 and again.batches_per_sec > 0 and not again.rough:
+        if trial.rough and again.batches > 1 and not again.rough:
+            trial = again  # the first was rough (the burst's rate): the steady repeat replaces it
+        elif again.batches > 1 and again.batches_per_sec > 0 and not again.rough:
             count = trial.measurements
             trial = dataclasses.replace(
                 again,
@@ -250,7 +232,9 @@ class TrialRunner:
                 precision=pooled_error(trial, again, count),
                 worker_busy=again.worker_busy if again.worker_busy is not None else trial.worker_busy,
                 worker_mb=again.worker_mb if again.worker_mb is not None else trial.worker_mb,
-            )
+                **{name: getattr(again, name) if getattr(again, name) is not None else getattr(trial, name)
+                   for name in ("wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")},
+            )  # fmt: skip
         self.trials[trial.config] = trial
         self.listener("done", trial)
         return trial
@@ -263,7 +247,7 @@ class TrialRunner:
             gc.collect()
 
     def _loader(self, workers: int, prefetch: int | None, pin: bool) -> DataLoader:
-        sampler = _Offsets(self.length, self.offset, self.stride) if self.length else None
+        sampler = TrialOrder(self.length, self.offset, self.stride) if self.length else None
         kwargs = {
             key: value
             for key, value in self.loader_kwargs.items()
@@ -379,9 +363,10 @@ class TrialRunner:
             arrivals.append(now)
             count = len(arrivals)
             if count == skip + 1:
-                wall_start, main_cpu_start = now, time.process_time()
+                wall_start = now
                 if workers_cpu is not None:
                     cpu_start = workers_cpu.seconds()
+                main_cpu_start = time.process_time()  # after the scan of the workers: not counted in the trial
             if count > 1 and now - last_report > 0.25:
                 last_report = now
                 self.listener("progress", (count - 1) / (now - arrivals[0]))
@@ -408,11 +393,13 @@ class TrialRunner:
             out.wait_share = min(1.0, waited / wall)
             out.main_s = max(0.0, wall - waited) / steady
             tree_cpu = time.process_time() - (main_cpu_start or 0.0)
-            if workers_cpu is not None and cpu_start is not None:
+            # an iterator that ran out has shut its workers down (their CPU time is gone with them)
+            gone = workers_cpu is not None and out.exhausted
+            if workers_cpu is not None and cpu_start is not None and not gone:
                 spent = workers_cpu.since(cpu_start)
                 out.busy = min(1.0, spent / (wall * workers))
                 tree_cpu += spent
-            if workers_cpu is None or workers_cpu.readable:
+            if (workers_cpu is None or workers_cpu.readable) and not gone:
                 out.tree_cpu_s = tree_cpu / steady
         if workers_cpu is not None:  # after the clock stopped: reading the workers' smaps took 0.3 s for 16
             out.worker_mb = workers_cpu.unique_mb()

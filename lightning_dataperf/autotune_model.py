@@ -1,0 +1,126 @@
+"""Autotune's cost model: from one trial's measurements, what the path could take and the workers it needs.
+
+Each :class:`~lightning_dataperf.autotune_records.Trial` carries the in-loader timing (a worker's wall and
+CPU time per batch), the main thread's (its share of time waiting for batches, its time per batch
+otherwise) and the whole path's CPU time per batch read from the OS. From them: the most batches/s the
+CPUs can make (:func:`cpu_ceiling`) and the main thread can take, the worker count that rate needs
+(:func:`next_workers`, instead of doubling blindly), whether the training path rather than the loader
+limits (:func:`path_bound`), whether a deeper queue may help (:func:`queue_starved`), and what loading
+in the main thread would reach (:func:`main_thread_rate`). Pure functions; the search's decisions are
+in :mod:`~lightning_dataperf.autotune_search`.
+
+Example::
+
+    trial = Trial(4, 2, False, 50.0, batches=40, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.9)
+    next_workers(trial, limit=1000, cpus=2)       # 16: a latency loader, x MAX_JUMP at most
+"""
+
+from __future__ import annotations
+
+import math
+
+from lightning_dataperf.autotune_records import Trial
+
+__all__ = [
+    "HEADROOM",
+    "MAX_JUMP",
+    "PATH_BOUND",
+    "cpu_ceiling",
+    "main_thread_rate",
+    "next_workers",
+    "path_bound",
+    "predicted_rate",
+    "queue_starved",
+    "smallest_step",
+    "workers_needed",
+]
+
+#: A trial whose main thread waited less than this share of its time for batches is limited by the training path.
+PATH_BOUND = 0.05
+#: Spare capacity the cost model adds to the workers a rate needs.
+HEADROOM = 0.15
+#: Largest factor between one worker count and the next (the model extrapolates from one point).
+MAX_JUMP = 4
+
+
+def path_bound(trial: Trial) -> bool:
+    """The training path, not the loader, limited this trial: its main thread hardly waited for batches."""
+    return trial.wait_share is not None and trial.wait_share < PATH_BOUND and trial.refused is None
+
+
+def queue_starved(trial: Trial, noise: float) -> bool:
+    """The main thread waited although the workers could make more than they delivered: a deeper queue may help.
+
+    Unknown (no in-loader timing): ``True``, so prefetch is tried.
+    """
+    capacity = trial.loader_capacity()
+    if capacity is None or trial.wait_share is None:
+        return True
+    return not path_bound(trial) and capacity > trial.batches_per_sec * (1 + 2 * noise)
+
+
+def main_thread_rate(trial: Trial) -> float:
+    """Batches/s with 0 workers, predicted: the main thread does its own part and the workers' (0 unknown)."""
+    if trial.main_s is None or trial.work_s is None:
+        return 0.0
+    return 1 / max(trial.main_s + trial.work_s, 1e-9)
+
+
+def workers_needed(trial: Trial, minimum: int) -> int:
+    """Workers that deliver ``trial``'s rate with ``HEADROOM`` to spare: rate x each worker's time per batch."""
+    if not trial.work_s:
+        return trial.num_workers
+    return max(minimum, math.ceil(trial.batches_per_sec * trial.work_s * (1 + HEADROOM)))
+
+
+def cpu_ceiling(trial: Trial, cpus: int) -> float:
+    """Batches/s the rank's CPUs can make at most: the CPUs over the CPU seconds each batch cost.
+
+    Measured from the OS (``tree_cpu_s``: this process and its workers, hand-over and queues included),
+    this holds for any loader: a latency-bound one spends little CPU per batch, so its ceiling is high,
+    until the hand-over of many workers' batches fills the CPUs. Without it, from the in-loader timing:
+    the CPUs left by the main thread over a worker's CPU time per batch, when the workers compute
+    (``inf`` when they mostly wait, or unknown). More workers cannot pass it: each batch costs its CPU
+    time whoever makes it.
+    """
+    if trial.tree_cpu_s:
+        return cpus / trial.tree_cpu_s
+    if trial.cpu_s and trial.work_s and trial.cpu_s > 0.2 * trial.work_s:
+        main_cpus = 1 - (trial.wait_share or 0)
+        return max(0.5, cpus - main_cpus) / trial.cpu_s
+    return math.inf
+
+
+def predicted_rate(trial: Trial, cpus: int) -> float:
+    """The most the path could take past this trial: what its main thread can take (``1 / main_s``) and what
+    the CPUs can make (:func:`cpu_ceiling`); ``inf`` when neither is known."""
+    limits = [cpu_ceiling(trial, cpus)]
+    if trial.main_s:
+        limits.append(1 / trial.main_s)
+    return min(limits)
+
+
+def smallest_step(workers: int) -> int:
+    """The fewest workers worth a trial above ``workers``: 20% more (a smaller gain is lost in noise)."""
+    return max(workers + 1, math.ceil(workers * 1.2))
+
+
+def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
+    """The next worker count to try.
+
+    With the trial's in-loader timing (each worker's time per batch) and the main thread's: the workers
+    that the predicted rate needs (:func:`predicted_rate` x time per batch, plus ``HEADROOM``), at
+    least 20% more than now and at most ``MAX_JUMP`` times. Without it: x2 while each worker is mostly
+    idle (latency-bound), x1.5 when busy.
+    """
+    workers = best.num_workers
+    if workers == 0:
+        return min(limit, 1)
+    floor = smallest_step(workers)
+    if best.work_s and best.main_s is not None:
+        target = predicted_rate(best, cpus)
+        need = math.ceil(target * best.work_s * (1 + HEADROOM)) if math.isfinite(target) else math.inf
+        return int(min(limit, max(floor, min(MAX_JUMP * workers, need))))  # the floor never passes the bound
+    busy = best.worker_busy
+    factor = 2.0 if busy is None or busy < 0.5 else 1.5
+    return min(limit, max(workers + 1, round(workers * factor)))
