@@ -261,7 +261,7 @@ def _climb(
         best = search.tune_prefetch(best)
         best = search.tune_pin(best)
         search.repeat_outliers()
-    chosen = choose(search, baseline, choose_within)
+    chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
     baseline = runner.trials[baseline.config]
     measured = search._measured()
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0

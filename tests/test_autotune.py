@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -177,6 +178,14 @@ class FakeRunner:
 
     def worker_bounds(self, prefetch, pin):
         return dict(self.bounds)
+
+    @contextlib.contextmanager
+    def reserved(self, seconds):
+        self.remaining -= seconds
+        try:
+            yield
+        finally:
+            self.remaining += seconds
 
 
 def _search_with(runner, cpus=2, min_workers=1):
@@ -567,6 +576,19 @@ def test_a_close_call_the_budget_left_no_time_to_measure_again_goes_to_fewer():
     assert choose(search, policy, 0.02).num_workers == 4 and runner.remeasured == []
 
 
+def test_a_close_call_takes_at_most_the_seconds_it_is_given():
+    from lightning_dataperf.autotune_choice import choose
+
+    runner = FakeRunner(lambda workers, prefetch, pin: {4: 97.5, 8: 100.0}[workers])
+    search = _search_with(runner)
+    policy = runner.measure(4, 2, False)
+    runner.measure(8, 2, False)
+    # 100 s of budget left, none of it given to the close call: nothing re-measured, the tie goes to fewer
+    assert choose(search, policy, 0.02, seconds=0.0).num_workers == 4 and runner.remeasured == []
+    assert runner.remaining == 100.0  # the rest is given back
+    assert choose(search, policy, 0.02, seconds=50.0).num_workers == 8 and runner.remeasured
+
+
 def test_a_close_call_counts_as_measured_again_only_when_it_was():
     from lightning_dataperf.autotune_choice import choose
 
@@ -633,9 +655,9 @@ def test_the_climb_leaves_a_share_of_the_budget_for_the_choice(tmp_path, monkeyp
     seen = []
     choose = autotune.choose
 
-    def recorded(search, floor, choose_within):
+    def recorded(search, floor, choose_within, **options):
         seen.append(search.runner.remaining)
-        return choose(search, floor, choose_within)
+        return choose(search, floor, choose_within, **options)
 
     monkeypatch.setattr(Search, "climb_workers", greedy_climb)
     monkeypatch.setattr(autotune, "choose", recorded)
