@@ -39,9 +39,9 @@ CPU_SHARE_OF_FAIR = 0.6
 FETCH_CPU_WAITING = 0.3
 #: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
-#: ... but only when this run itself read at least this much from storage (MiB/s, this process and its
-#: workers): iowait and %util are machine-wide, and another process's writes (a ``pip install`` next to
-#: the run, measured) made a loader that reads nothing from disk look storage-bound.
+#: ... but only when this run itself read at least this much (MiB/s, this process and its workers, any
+#: filesystem): iowait and %util are machine-wide, and another process's writes (a ``pip install`` next to
+#: the run, measured) made a loader that reads no files look storage-bound.
 OWN_READ_MBPS = 1.0
 
 
@@ -79,8 +79,8 @@ def input_bound(evidence: Evidence) -> Finding | None:
     cause = _cause(evidence)
     if cause.kind == "input_bound_storage" and system.disk_util_percent is not None:
         numbers["disk_util_percent"] = system.disk_util_percent
-    if system.own_disk_read_mbps is not None:
-        numbers["own_disk_read_mbps"] = system.own_disk_read_mbps
+    if system.own_read_mbps is not None:
+        numbers["own_read_mbps"] = system.own_read_mbps
     where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
     advice = list(cause.advice)
     if evidence.straggling:
@@ -107,7 +107,7 @@ def _cause(evidence: Evidence) -> _Cause:
     system, loader, inside = evidence.system, evidence.loader, evidence.summary.loader
     iowait, disk = system.cpu_iowait_percent_mean, system.disk_util_percent
     busy_storage = (iowait is not None and iowait > IOWAIT_PERCENT) or (disk is not None and disk > DISK_UTIL_PERCENT)
-    own = system.own_disk_read_mbps
+    own = system.own_read_mbps
     if busy_storage and (own is None or own >= OWN_READ_MBPS):  # unknown: the machine-wide figures decide
         return _Cause("input_bound_storage", "storage", [_STORAGE_ADVICE])
     if (decode := evidence.summary.decode) is not None and decode.takes:

@@ -217,7 +217,7 @@ class ProcessSource:
         self.pss_every = pss_every
         self._cpu_seconds: dict[int, float] = {}
         self._major_faults: dict[int, int] = {}
-        self._read_bytes: dict[int, int] = {}
+        self._read_chars: dict[int, int] = {}
         self._pss: dict[str, float] = {}
         self._pss_read_at = -float("inf")
 
@@ -236,7 +236,7 @@ class ProcessSource:
             worker_cpu += cpu or 0.0
             worker_faults += faults or 0.0
         self._forget_dead({self.main.pid, *(worker.pid for worker in alive)})
-        own_read = self._storage_reads([self.main, *alive])
+        own_read = self._file_reads([self.main, *alive])
         values = {
             "loader_workers_alive": float(len(alive)),
             "main_rss_mb": self.main.memory_info().rss / _MB,
@@ -251,20 +251,23 @@ class ProcessSource:
         if main_faults is not None and elapsed > 0:
             values["major_faults_per_sec"] = (main_faults + worker_faults) / elapsed
         if own_read is not None and elapsed > 0:
-            values["own_disk_read_mbps"] = own_read / _MB / elapsed
+            values["own_read_mbps"] = own_read / _MB / elapsed
         return values
 
-    def _storage_reads(self, processes: list[psutil.Process]) -> float | None:
-        """Bytes these processes fetched from storage since the last read (``/proc/<pid>/io`` ``read_bytes``:
-        page-cache hits excluded); ``None`` where the counters cannot be read or on the first read."""
+    def _file_reads(self, processes: list[psutil.Process]) -> float | None:
+        """Bytes these processes read since the last read (``/proc/<pid>/io`` ``rchar``: every ``read()``, from
+        files on any filesystem, NFS included, and the page cache; ``read_bytes`` would miss network
+        filesystems); ``None`` where the counters cannot be read or on the first read."""
         total, known = 0, False
         for process in processes:
             try:
-                now = process.io_counters().read_bytes
+                counters = process.io_counters()
+                now = getattr(counters, "read_chars", None)  # Linux; elsewhere only read_bytes
+                now = counters.read_bytes if now is None else now
             except (psutil.Error, AttributeError, OSError):
                 continue
-            last = self._read_bytes.get(process.pid)
-            self._read_bytes[process.pid] = now
+            last = self._read_chars.get(process.pid)
+            self._read_chars[process.pid] = now
             if last is not None:
                 total += max(0, now - last)
                 known = True
@@ -296,7 +299,7 @@ class ProcessSource:
         return cpu, (None if last_faults is None else float(max(0, faults - last_faults)))
 
     def _forget_dead(self, alive: set[int]) -> None:
-        for table in (self._cpu_seconds, self._major_faults, self._read_bytes):
+        for table in (self._cpu_seconds, self._major_faults, self._read_chars):
             for pid in [pid for pid in table if pid not in alive]:
                 del table[pid]
 

@@ -58,7 +58,7 @@ class SystemStats:
     main_pss_mb: float | None = None
     workers_pss_mb: float | None = None
     major_faults_per_sec: float | None = None
-    own_disk_read_mbps: float | None = None  # what this process and its workers fetched from storage
+    own_read_mbps: float | None = None  # what this process and its workers read (files, any filesystem)
     # memory
     ram_available_mb: float | None = None
     swap_used_mb: float | None = None

@@ -88,15 +88,15 @@ def test_input_bound_causes(system, workers, expected):
 
 
 def test_machine_wide_iowait_is_storage_only_when_this_run_read_from_storage():
-    # another process's writes: 15% iowait and 18% disk util machine-wide while this run read nothing from disk
+    # another process's writes: 15% iowait and 18% disk util machine-wide while this run read no files
     others = {"cpu_iowait_percent_mean": 15.1, "disk_util_percent": 18.2, "worker_cpu_percent_mean": 3.0}
-    quiet = {**others, "cpu_busy_percent_mean": 10.0, "own_disk_read_mbps": 0.0}
+    quiet = {**others, "cpu_busy_percent_mean": 10.0, "own_read_mbps": 0.0}
     evidence = Evidence(INPUT_BOUND, LoaderFacts(num_workers=2, prefetch_factor=2), SystemStats.from_mapping(quiet))
     diagnosis = diagnose(evidence)
     assert diagnosis.bottleneck == "input_bound_workers"
-    assert diagnosis.findings[0].evidence["own_disk_read_mbps"] == 0.0
-    # the same machine-wide figures while the loader itself reads 120 MiB/s: storage
-    reading = SystemStats.from_mapping({**quiet, "own_disk_read_mbps": 120.0})
+    assert diagnosis.findings[0].evidence["own_read_mbps"] == 0.0
+    # the same machine-wide figures while the loader itself reads 120 MiB/s of files: storage
+    reading = SystemStats.from_mapping({**quiet, "own_read_mbps": 120.0})
     assert verdict(Evidence(INPUT_BOUND, LoaderFacts(num_workers=2, prefetch_factor=2), reading)) == (
         "input_bound_storage"
     )

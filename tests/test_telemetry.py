@@ -154,22 +154,22 @@ def test_host_sources_read_plausible_values(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux /proc/<pid>/io needed")
-def test_process_source_reports_what_this_process_read_from_storage(tmp_path):
+def test_process_source_reports_what_this_process_read(tmp_path):
     source = ProcessSource(workers=lambda: [])
     source.read(0.5)  # the first read only sets the counters
     values = source.read(0.5)
-    assert "own_disk_read_mbps" in values and values["own_disk_read_mbps"] >= 0.0
-    # the counters are this process's own read_bytes delta (page-cache hits excluded), per second
+    assert "own_read_mbps" in values and values["own_read_mbps"] >= 0.0
+    # the figure is this process's own rchar delta (every read(), any filesystem) per second
     reads = iter([4 * 2**20, 6 * 2**20])
 
     class Counters:
         def __init__(self):
-            self.read_bytes = next(reads)
+            self.read_chars = next(reads)
 
     source = ProcessSource(workers=lambda: [])
     source.main.io_counters = Counters  # an instance attribute: psutil.Process allows it
     source.read(1.0)
-    assert source.read(0.5)["own_disk_read_mbps"] == pytest.approx(4.0)  # 2 MiB in 0.5 s
+    assert source.read(0.5)["own_read_mbps"] == pytest.approx(4.0)  # 2 MiB in 0.5 s
 
 
 def test_bad_interval_is_refused():
