@@ -60,6 +60,9 @@ from lightning_dataperf.preflight import open_file_limit, pinned_bytes
 __all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
 
 _MB = 2**20
+#: What a repeat's record takes from the latest measurement, or from the earlier one where the repeat could not
+#: read it (no steady part, workers gone, psutil unreadable).
+_LATEST_KNOWN = ("worker_busy", "worker_mb", "wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")
 
 
 class TrialRunner:
@@ -230,11 +233,8 @@ class TrialRunner:
                 seconds=trial.seconds + again.seconds,
                 startup_s=trial.startup_s if again.startup_s < 0 else min(trial.startup_s, again.startup_s),
                 precision=pooled_error(trial, again, count),
-                worker_busy=again.worker_busy if again.worker_busy is not None else trial.worker_busy,
-                worker_mb=again.worker_mb if again.worker_mb is not None else trial.worker_mb,
-                **{name: getattr(again, name) if getattr(again, name) is not None else getattr(trial, name)
-                   for name in ("wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")},
-            )  # fmt: skip
+                **{name: getattr(trial, name) for name in _LATEST_KNOWN if getattr(again, name) is None},
+            )
         self.trials[trial.config] = trial
         self.listener("done", trial)
         return trial

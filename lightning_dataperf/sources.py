@@ -216,27 +216,29 @@ class ProcessSource:
         self.workers = workers
         self.pss_every = pss_every
         self._cpu_seconds: dict[int, float] = {}
-        self._major_faults: dict[int, int] = {}
-        self._read_chars: dict[int, int] = {}
+        self._major_faults: dict[int, float] = {}
+        self._read_chars: dict[int, float] = {}
         self._pss: dict[str, float] = {}
         self._pss_read_at = -float("inf")
 
     def read(self, elapsed: float) -> dict[str, float]:
         workers = [process for process in self.workers() if process.is_running()]
-        main_cpu, main_faults = self._deltas(self.main)
+        main_cpu, main_faults, main_read = self._deltas(self.main)
         worker_cpu = worker_faults = worker_rss = 0.0
+        reads = [] if main_read is None else [main_read]
         alive: list[psutil.Process] = []
         for worker in workers:
             try:
-                cpu, faults = self._deltas(worker)
+                cpu, faults, read = self._deltas(worker)
                 worker_rss += worker.memory_info().rss / _MB
             except psutil.Error:
                 continue
             alive.append(worker)
             worker_cpu += cpu or 0.0
             worker_faults += faults or 0.0
+            if read is not None:
+                reads.append(read)
         self._forget_dead({self.main.pid, *(worker.pid for worker in alive)})
-        own_read = self._file_reads([self.main, *alive])
         values = {
             "loader_workers_alive": float(len(alive)),
             "main_rss_mb": self.main.memory_info().rss / _MB,
@@ -250,28 +252,9 @@ class ProcessSource:
                 values["worker_cpu_percent_mean"] = values["workers_cpu_percent"] / len(alive)
         if main_faults is not None and elapsed > 0:
             values["major_faults_per_sec"] = (main_faults + worker_faults) / elapsed
-        if own_read is not None and elapsed > 0:
-            values["own_read_mbps"] = own_read / _MB / elapsed
+        if reads and elapsed > 0:
+            values["own_read_mbps"] = sum(reads) / _MB / elapsed
         return values
-
-    def _file_reads(self, processes: list[psutil.Process]) -> float | None:
-        """Bytes these processes read since the last read (``/proc/<pid>/io`` ``rchar``: every ``read()``, from
-        files on any filesystem, NFS included, and the page cache; ``read_bytes`` would miss network
-        filesystems); ``None`` where the counters cannot be read or on the first read."""
-        total, known = 0, False
-        for process in processes:
-            try:
-                counters = process.io_counters()
-                now = getattr(counters, "read_chars", None)  # Linux; elsewhere only read_bytes
-                now = counters.read_bytes if now is None else now
-            except (psutil.Error, AttributeError, OSError):
-                continue
-            last = self._read_chars.get(process.pid)
-            self._read_chars[process.pid] = now
-            if last is not None:
-                total += max(0, now - last)
-                known = True
-        return float(total) if known else None
 
     def _proportional_memory(self, workers: list[psutil.Process]) -> dict[str, float]:
         now = time.monotonic()
@@ -285,18 +268,17 @@ class ProcessSource:
                 self._pss["workers_pss_mb"] = sum(pss)
         return self._pss
 
-    def _deltas(self, process: psutil.Process) -> tuple[float | None, float | None]:
+    def _deltas(self, process: psutil.Process) -> tuple[float | None, float | None, float | None]:
+        """CPU seconds, major faults and bytes read (:func:`read_chars`) since this process's last reading;
+        each ``None`` on the first reading or where it cannot be read."""
         times = process.cpu_times()
-        seconds = times.user + times.system
-        faults = major_faults(process.pid)
-        last_seconds = self._cpu_seconds.get(process.pid)
-        last_faults = self._major_faults.get(process.pid)
-        self._cpu_seconds[process.pid] = seconds
-        cpu = None if last_seconds is None else max(0.0, seconds - last_seconds)
-        if faults is None:
-            return cpu, None
-        self._major_faults[process.pid] = faults
-        return cpu, (None if last_faults is None else float(max(0, faults - last_faults)))
+        cpu = _change(self._cpu_seconds, process.pid, times.user + times.system)
+        faults, chars = major_faults(process.pid), read_chars(process)
+        return (
+            cpu,
+            None if faults is None else _change(self._major_faults, process.pid, faults),
+            None if chars is None else _change(self._read_chars, process.pid, chars),
+        )
 
     def _forget_dead(self, alive: set[int]) -> None:
         for table in (self._cpu_seconds, self._major_faults, self._read_chars):
@@ -305,6 +287,25 @@ class ProcessSource:
 
     def close(self) -> None:
         pass
+
+
+def _change(last_readings: dict[int, float], pid: int, now: float) -> float | None:
+    """``now`` less ``pid``'s last reading in ``last_readings`` (never negative; ``None`` the first time),
+    which ``now`` replaces."""
+    last, last_readings[pid] = last_readings.get(pid), now
+    return None if last is None else max(0.0, now - last)
+
+
+def read_chars(process: psutil.Process) -> int | None:
+    """Bytes ``process`` has read (``/proc/<pid>/io`` ``rchar``: every ``read()``, from files on any filesystem,
+    NFS included, and the page cache; ``read_bytes``, where only it exists, would miss network filesystems);
+    ``None`` where the counters cannot be read."""
+    try:
+        counters = process.io_counters()
+    except (psutil.Error, AttributeError, OSError):
+        return None
+    chars = getattr(counters, "read_chars", None)  # Linux; elsewhere only read_bytes
+    return counters.read_bytes if chars is None else chars
 
 
 class MemorySource:
