@@ -14,7 +14,7 @@ hardware policy's recommendation the search
    the training path already limits (its main thread hardly waited for batches) does not climb, and
    tries the fewer workers its rate needs instead. After the climb it probes downwards too (fewer
    workers than the start, and 0 when allowed) where the cost model says the main thread or the path
-   limits, or the first step up was marginal;
+   limits (a first step up that gained says the rate was still rising: fewer workers would lose);
 2. doubles ``prefetch_factor`` only when the workers could make more than they delivered, then tries
    the other ``pin_memory`` where the path allows both (the side stream wants pinned batches from the
    loader: only ``True``);

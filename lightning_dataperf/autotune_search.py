@@ -23,6 +23,7 @@ from typing import Any
 
 from lightning_dataperf.autotune_model import (
     cpu_ceiling,
+    fewer_capacity,
     main_thread_rate,
     next_workers,
     path_bound,
@@ -33,7 +34,7 @@ from lightning_dataperf.autotune_model import (
 from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, DECIDED_GAP, Limits, Trial, margin
 from lightning_dataperf.autotune_trials import TrialRunner
 
-__all__ = ["MARGINAL_GAIN", "MODEL_SLACK", "TIE_BAND", "Search"]
+__all__ = ["MODEL_SLACK", "TIE_BAND", "Search"]
 
 Config = tuple[int, int | None, bool]
 
@@ -45,8 +46,6 @@ OUTLIER_SHARE = 0.8
 #: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
 #: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
 TIE_BAND = DECIDED_GAP
-#: A first step up gaining less than this was marginal: after the climb, fewer workers are tried too.
-MARGINAL_GAIN = 0.15
 #: 0 workers are tried when the main thread alone is predicted within this share of the best rate (the
 #: prediction counts the hand-over of batches from workers, which loading in the main thread does not pay).
 MODEL_SLACK = 0.1
@@ -60,7 +59,6 @@ class Search:
     ) -> None:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
         self.stop_reason, self.stop_detail = "", ""
-        self.first_step: Trial | None = None  # the climb's first trial above its start
 
     def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
         workers = self.fixed.get("num_workers", workers)
@@ -131,7 +129,7 @@ class Search:
         if best.config != start.config or self.stop_reason != "gain":
             return best
         lower = self._fewer(start.num_workers)
-        if lower is None or self.runner.remaining <= 0:
+        if lower is None or self.runner.remaining <= 0 or self._too_few(lower, start):
             return best
         trial = self.measure(lower, start.prefetch_factor, start.pin_memory, against=start)
         if not self.as_fast(trial, start):
@@ -161,8 +159,25 @@ class Search:
             return None
         return max(minimum, workers // 2)
 
+    def _too_few(self, workers: int, best: Trial, stopping: bool = False) -> bool:
+        """``workers`` cannot be as fast as ``best``: what a batch cost the measured workers in CPU says they
+        could make at most less than the tie band allows (:func:`~lightning_dataperf.autotune_model.fewer_capacity`,
+        the most of any trial: the optimistic bound). No trial is spent on it; ``stop_detail`` says it
+        (``stopping``: the way down ends here, ``stop_reason`` ``"fewer"``)."""
+        if not workers:
+            return False
+        capacity = max((fewer_capacity(trial, workers) for trial in self._measured()), default=math.inf)
+        if capacity >= best.batches_per_sec * (1 - max(TIE_BAND, self.limits.noise)):
+            return False
+        if stopping:
+            self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers})")
+        self.stop_detail += f"; {workers} workers cannot be as fast (the CPU per batch allows {capacity:.1f}/s)"
+        return True
+
     def _descend(self, best: Trial, above: Trial) -> Trial:
         while (lower := self._fewer(best.num_workers)) is not None and self.runner.remaining > 0:
+            if self._too_few(lower, best, stopping=True):
+                return best
             trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory, against=best)
             if not self.as_fast(trial, best):
                 self.stop("fewer", f"{lower} workers lost {_change(trial, best)}; {above.num_workers} gained nothing")
@@ -197,7 +212,6 @@ class Search:
                           f"less than one step above {best.num_workers}")  # fmt: skip
                 return best
             trial = self.measure(step, best.prefetch_factor, best.pin_memory, against=best)
-            self.first_step = self.first_step or trial
             if trial.refused is not None:
                 names = {BUDGET_REFUSAL: "time budget", DATASET_REFUSAL: "dataset"}
                 self.stop(names.get(trial.refused, "memory guard"), f"{step} workers refused: {trial.refused}")
@@ -273,32 +287,35 @@ class Search:
 
         Tried when the cost model says the main thread or the path limits
         (:func:`~lightning_dataperf.autotune_model.main_thread_rate`:
-        loading in the main thread would still reach the best rate; or the main thread hardly waited),
-        or when the climb's first step up gained less than :data:`MARGINAL_GAIN`. Within noise is a tie,
-        resolved towards fewer workers; a count that loses beyond noise ends the way down (0 workers,
-        tried only where the model predicts it, is measured regardless: it has no hand-over to pay).
+        loading in the main thread would still reach the best rate; or the main thread hardly waited).
+        Not after a climb whose first step up gained beyond noise: the rate was still rising at the start, and
+        with diminishing returns per worker, fewer workers lose at least as much per worker as the step gained
+        (measured on the H200 side-stream row: 15 -> 18 workers gained 5%, and the probe of 7 that an earlier
+        rule made there read 17 batches/s against 36). A climb whose first step gained nothing already goes down
+        (:meth:`climb_workers`). Within noise is a tie, resolved towards fewer workers; a count that loses beyond
+        noise ends the way down (0 workers, tried only where the model predicts it, is measured regardless: it
+        has no hand-over to pay), and so does a count too few for the CPU a batch costs (:meth:`_too_few`).
         """
         if "num_workers" in self.fixed:
             return best
         minimum = self.limits.min_workers
         main_rate = main_thread_rate(best)
         zero = minimum == 0 and main_rate >= (1 - MODEL_SLACK) * best.batches_per_sec
-        first = self.first_step
-        marginal = first is not None and first.batches_per_sec < start.batches_per_sec * (1 + MARGINAL_GAIN)
-        if not (zero or marginal or path_bound(best)):
+        if not (zero or path_bound(best)):
             return best
         counts = []
-        if marginal or path_bound(best):
+        if path_bound(best):
             counts.append(workers_needed(best, max(1, minimum)))
             lower = start.num_workers
             while (lower := lower // 2) >= max(1, minimum):
                 counts.append(lower)
         if zero:
             counts.append(0)
-        why = "the main thread limits" if zero else "the first step up was marginal"
+        why = "the main thread limits" if zero else "the training path limits"
         before, lost = best, False
         for workers in sorted({count for count in counts if count < start.num_workers}, reverse=True):
-            if self.runner.remaining <= 0 or (lost and workers):
+            if self.runner.remaining <= 0 or (lost and workers) or self._too_few(workers, best):
+                lost = lost or workers > 0
                 continue
             trial = self.measure(workers, best.prefetch_factor or start.prefetch_factor, best.pin_memory, against=best)
             if self.as_fast(trial, best):  # a tie goes to fewer workers

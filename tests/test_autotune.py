@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import threading
 
 import lightning.pytorch as pl
@@ -214,7 +215,8 @@ def test_climb_stops_at_the_smallest_bound_and_names_it():
 
 
 def test_cpu_bound_loader_climbs_down_when_fewer_workers_are_as_fast():
-    runner = FakeRunner(lambda workers, prefetch, pin: min(100.0 * workers, 200.0), busy=1.0)
+    # 2 CPUs: 8 workers share them (each busy 25% of its time, 10 ms of CPU per batch), 2 make as much
+    runner = FakeRunner(lambda workers, prefetch, pin: min(100.0 * workers, 200.0), busy=0.25)
     search = _search_with(runner, min_workers=0)
     best = search.climb_workers(runner.measure(8, 2, False))
     assert best.num_workers == 2 and search.stop_reason == "fewer"
@@ -521,6 +523,44 @@ def test_zero_workers_are_not_tried_when_the_model_says_the_main_thread_cannot_k
     start = runner.measure(1, 2, False)
     search.probe_fewer(search.climb_workers(start), start)
     assert all(config[0] > 0 for config in runner.measured)
+
+
+def test_no_fewer_workers_are_tried_after_a_first_step_up_that_gained():
+    # the H200 side-stream shape: 15 -> 18 workers gains 8% (beyond the 3% noise), 22 gains nothing; the rate
+    # was still rising at 15, so 7 workers (what a loader-capacity model might suggest) would only lose
+    rates = {15: 36.0, 18: 39.0, 22: 39.2}
+    runner = FakeRunner(lambda workers, prefetch, pin: rates.get(workers, 2.4 * workers), busy=0.45)
+    runner.timing = {workers: (0.2, 0.025) for workers in rates}  # the main thread takes 40 batches/s at most
+    search = _search_with(runner, min_workers=1)
+    start = runner.measure(15, 2, False)
+    best = search.probe_fewer(search.climb_workers(start), start)
+    assert best.num_workers == 18 and search.stop_reason == "gain"
+    assert all(config[0] >= 15 for config in runner.measured), runner.measured
+
+
+def test_fewer_workers_than_the_cpu_a_batch_costs_allows_are_not_tried():
+    from lightning_dataperf.autotune_model import CONTENTION_SLACK, fewer_capacity
+
+    # the H200 side-stream row: 15 workers busy 98% (CPU from the OS) at 34.8 batches/s; 7 measured 17.2
+    busy = Trial(15, 2, True, 34.8, batches=100, worker_busy=0.98)
+    assert fewer_capacity(busy, 7) == pytest.approx(7 * 34.8 / (0.98 * 15) / (1 - CONTENTION_SLACK))
+    assert 17.2 < fewer_capacity(busy, 7) < 0.9 * 34.8  # above what 7 made, below a tie with 15
+    assert math.isinf(fewer_capacity(Trial(15, 2, True, 34.8, batches=100), 7))  # busy unknown: try
+    # a step up within noise: the climb would go down, but 7 workers cannot make 15's rate: no trial
+    def rate(workers, prefetch, pin):
+        return 36.0 if workers == 15 else 36.5 if workers > 15 else 2.3 * workers
+
+    runner = FakeRunner(rate, busy=0.98)
+    search = _search_with(runner, min_workers=1)
+    start = runner.measure(15, 2, False)
+    best = search.probe_fewer(search.climb_workers(start), start)
+    assert best.num_workers == 15 and runner.measured == [(15, 2, False), (22, 2, False)]
+    assert "7 workers cannot be as fast" in search.stop_detail
+    # mostly idle workers (a latency loader) could be over-provisioned: fewer are measured
+    runner = FakeRunner(lambda workers, prefetch, pin: 36.0, busy=0.05)
+    search = _search_with(runner, min_workers=1)
+    search.climb_workers(runner.measure(15, 2, False))
+    assert (7, 2, False) in runner.measured and search.stop_reason == "fewer"
 
 
 def test_the_policys_pick_is_the_floor_and_ties_go_to_fewer_workers():
