@@ -87,24 +87,28 @@ class Search:
         """The CPU ceiling when ``best`` reached it within noise, else ``None``.
 
         Measured from the OS (``tree_cpu_s``), the ceiling needs two worker counts at ``best``'s prefetch
-        and pinning, and takes the cheaper CPU per batch of them (the optimistic ceiling): a batch need not
-        cost the same CPU at every worker count (measured on the H200's 16 vCPUs: 15 -> 18 workers cut it
-        by 10% and gained 13%; on the 2-core VM under load 1 and 3 workers read 32% apart), so one point,
-        or the dearer of two, would stop a climb that still gains. Without the OS figure: the in-loader
-        model of :func:`~lightning_dataperf.autotune_model.cpu_ceiling`, from one point.
+        and pinning (one point cannot say how a batch's CPU changes with the worker count), and takes the
+        cheapest CPU per batch at ``best``'s count or above: only that says what more workers would pay.
+        A batch need not cost the same CPU at every worker count: on the H200's 16 vCPUs 15 -> 18 workers cut
+        it by 10% and gained 13% (the stop waits for the second point, and then reads 18's own cost); on the
+        2-core VM fewer workers made cheaper batches (1 worker 64-70 ms, 3 workers 68-97 ms, 4 workers 108-115
+        ms, sessions 9-10), so a ceiling from the fewer workers' cost let the climb measure 4 workers, which
+        lost every time. Without the OS figure: the in-loader model of
+        :func:`~lightning_dataperf.autotune_model.cpu_ceiling`, from one point.
         """
         if best.tree_cpu_s is None:
             ceiling = cpu_ceiling(best, self.cpus)
         else:
-            costs = [
-                trial.tree_cpu_s
+            others = [
+                trial
                 for trial in self._measured()
                 if trial.tree_cpu_s and trial.num_workers and trial.num_workers != best.num_workers
                 and (trial.prefetch_factor, trial.pin_memory) == (best.prefetch_factor, best.pin_memory)
             ]  # fmt: skip
-            if not costs:
+            if not others:
                 return None
-            ceiling = cpu_ceiling(dataclasses.replace(best, tree_cpu_s=min([best.tree_cpu_s, *costs])), self.cpus)
+            above = [trial.tree_cpu_s for trial in others if trial.num_workers > best.num_workers]
+            ceiling = cpu_ceiling(dataclasses.replace(best, tree_cpu_s=min([best.tree_cpu_s, *above])), self.cpus)
         return ceiling if ceiling <= best.batches_per_sec * (1 + self.limits.noise) else None
 
     def stop(self, reason: str, detail: str) -> None:

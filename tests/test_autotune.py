@@ -546,6 +546,7 @@ def test_fewer_workers_than_the_cpu_a_batch_costs_allows_are_not_tried():
     assert fewer_capacity(busy, 7) == pytest.approx(7 * 34.8 / (0.98 * 15) / (1 - CONTENTION_SLACK))
     assert 17.2 < fewer_capacity(busy, 7) < 0.9 * 34.8  # above what 7 made, below a tie with 15
     assert math.isinf(fewer_capacity(Trial(15, 2, True, 34.8, batches=100), 7))  # busy unknown: try
+
     # a step up within noise: the climb would go down, but 7 workers cannot make 15's rate: no trial
     def rate(workers, prefetch, pin):
         return 36.0 if workers == 15 else 36.5 if workers > 15 else 2.3 * workers
@@ -835,10 +836,14 @@ def test_the_climb_stops_where_the_whole_path_spends_the_cpus_though_the_workers
     search, runner, best = climb(start, below)
     assert best is start and search.stop_reason == "CPUs", search.stop_detail
     assert "241.0 batches/s" in search.stop_detail and runner.measured == []
-    # the ceiling is the optimistic one: 16 workers made a batch with 16% less CPU (as on a VM), so the
-    # CPUs might make 286 batches/s; one point alone, or another prefetch depth, proves nothing: it climbs
+    # fewer workers made cheaper batches (16: 7.0 ms, as on the 2-core VM): more workers will not be cheaper
+    # than 48's own 8.3 ms, so the CPUs are spent all the same
+    search, runner, best = climb(start, dataclasses.replace(below, tree_cpu_s=0.0070))
+    assert best is start and search.stop_reason == "CPUs" and runner.measured == []
+    # more workers measured cheaper (96: 7.0 ms, as on the H200: 18 workers 10% below 15), the CPUs might
+    # make 286 batches/s; one point alone, or another prefetch depth, proves nothing: it climbs
     for trials in (
-        (start, dataclasses.replace(below, tree_cpu_s=0.0070)),
+        (start, below, Trial(96, 2, False, 230.0, batches=200, tree_cpu_s=0.0070, **timing)),
         (start,),
         (start, Trial(16, 4, False, 180.0, batches=200, tree_cpu_s=0.0084, **timing)),
     ):
