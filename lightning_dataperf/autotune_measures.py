@@ -28,6 +28,7 @@ class Drained:
     """What one trial's consumption saw (see :meth:`TrialRunner._drain`)."""
 
     arrivals: list[float] = dataclasses.field(default_factory=list)
+    made_at: list[float] = dataclasses.field(default_factory=list)  # when the steady batches' collate ended
     startup: float = 0.0
     busy: float | None = None
     worker_mb: float | None = None

@@ -32,6 +32,7 @@ __all__ = [
     "cheapest_near",
     "confirmation_candidates",
     "decided",
+    "made_rate",
     "margin",
     "steady_rate",
 ]
@@ -166,6 +167,28 @@ def steady_rate(arrivals: list[float], round_size: int, skip: int | None = None)
         return rate, math.inf, rounds * round_size
     error = statistics.stdev(durations) / statistics.fmean(durations) / math.sqrt(rounds)
     return rate, error, rounds * round_size
+
+
+def made_rate(made_at: list[float], arrivals: list[float], skip: int, in_flight: int) -> float | None:
+    """Batches/s the workers made over a trial's steady window, from when each batch's collate ended.
+
+    ``arrivals[skip]`` starts the window; it ends at the arrival ``in_flight`` (``workers x prefetch``)
+    batches before the last: a DataLoader sends a batch's indices only after the batch ``in_flight`` before it
+    was consumed, so every batch made before that moment has been received, and counting the ``made_at``
+    (``perf_counter``, the same clock in every process) inside the window misses none. Unlike the arrivals'
+    rate it does not count batches made before the window: a deep queue full at its start is consumed
+    faster than the workers can refill it (measured on 2 cores, 48 workers x prefetch 8, a 5 ms-per-sample
+    latency loader: arrivals' rates of 650-854 batches/s where 48 workers can make at most 600, and ~400 in
+    2,500-batch runs). ``None`` without :data:`MIN_STEADY_BATCHES` made inside the window.
+    """
+    end = len(arrivals) - 1 - in_flight
+    if end <= skip:
+        return None
+    start_at, end_at = arrivals[skip], arrivals[end]
+    made = sum(1 for moment in made_at if start_at <= moment < end_at)
+    if made < MIN_STEADY_BATCHES or end_at <= start_at:
+        return None
+    return made / (end_at - start_at)
 
 
 def margin(first: Trial, second: Trial, noise: float) -> float:

@@ -6,7 +6,8 @@ machine can give (:meth:`TrialRunner.worker_bounds`) and the fixed sample order 
 slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consumer.TransferPath`
 training uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker
 start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
-(``workers x prefetch``); the trial stops as soon as its rate is known within ``Limits.precision``
+(``workers x prefetch``), and is never above what the workers made inside the window (a full deep queue
+is consumed faster than it refills); the trial stops as soon as its rate is known within ``Limits.precision``
 (the standard error of rounds of ``num_workers`` batches), once it is decided against the trial the search
 compares it with (``against``), or at its time or batch cap. Trial loaders draw
 from their own generator and are shut down at once (workers and pin thread); the search restores the
@@ -50,6 +51,7 @@ from lightning_dataperf.autotune_records import (
     cheapest_near,
     confirmation_candidates,
     decided,
+    made_rate,
     steady_rate,
 )
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
@@ -293,10 +295,13 @@ class TrialRunner:
         arrivals = drained.arrivals
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size
-        rate, error, counted = steady_rate(arrivals, workers, _skip(workers, prefetch))
+        skip = _skip(workers, prefetch)
+        rate, error, counted = steady_rate(arrivals, workers, skip)
         rough = counted == 0 and len(arrivals) > 1
         if rough:  # the budget ran out before one steady round: a rough rate
             rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
+        elif (made := made_rate(drained.made_at, arrivals, skip, workers * (prefetch or 0))) is not None:
+            rate = min(rate, made)  # not the batches the workers had made before the window (a full deep queue)
         memory = self.memory_mb(workers, prefetch, pin)
         startup = -1.0 if reused else drained.startup
         if len(arrivals) < 2:  # no rate could be measured: not a result
@@ -328,8 +333,11 @@ class TrialRunner:
         the workers and the main thread did.
 
         The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
-        always sees one whole round after it unless the search's budget runs out: many workers on few
-        cores take seconds to start, and a trial cut short then measures only their staggered arrival.
+        always sees one whole round after it, and the batches in flight after that (``workers x prefetch``:
+        the rate then also counts only the batches made inside the window,
+        :func:`~lightning_dataperf.autotune_records.made_rate`), unless the search's budget runs out: many
+        workers on few cores take seconds to start, and a trial cut short then measures only their
+        staggered arrival.
         """
         out = Drained()
         arrivals, timings = out.arrivals, []
@@ -340,6 +348,7 @@ class TrialRunner:
         cpu_start = wall_start = main_cpu_start = None
         last_report = started
         round_size = max(1, workers)
+        in_flight = skip + 1 if workers else 0  # workers x prefetch
         waited = 0.0
         while True:
             asked = time.perf_counter()
@@ -358,6 +367,7 @@ class TrialRunner:
                 waited += got - asked
                 if type(item) is TimedBatch:
                     timings.append(item.timing)
+                    out.made_at.append(item.timing.produced_at)
             consume(batch)
             now = time.perf_counter()
             arrivals.append(now)
@@ -372,9 +382,9 @@ class TrialRunner:
                 self.listener("progress", (count - 1) / (now - arrivals[0]))
             if self.remaining <= 0:
                 break
-            if count < skip + 1 + round_size or count < 3:
-                continue  # not one steady round yet
-            if now - arrivals[skip] > cap or count > batch_cap + skip:
+            if count < skip + 1 + round_size + in_flight or count < 3:
+                continue  # not one steady round yet, or not the batches in flight after it (see made_rate)
+            if now - arrivals[skip] > cap or count > batch_cap + skip + in_flight:
                 break
             if (count - skip - 1) % round_size == 0:
                 rate, error, counted = steady_rate(arrivals, workers, skip)

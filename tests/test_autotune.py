@@ -255,6 +255,47 @@ def test_steady_rate_excludes_start_up_and_the_first_round():
     assert steady_rate(arrivals[:5], 4)[2] == 0  # not one whole round yet: no rate
 
 
+def test_made_rate_does_not_count_a_deep_queue_made_before_the_window():
+    from lightning_dataperf.autotune_records import made_rate
+
+    # 4 workers x prefetch 8: 32 batches in flight. Start-up ends at t=1 with 32 batches made (skipped);
+    # the window starts at t=1; 30 more were made before it (t=0.9) and arrive at once, then the workers
+    # make one batch every 20 ms (50 batches/s), each arriving as it is made
+    skip, in_flight = 31, 32
+    arrivals = [1.0 + 1e-4 * k for k in range(skip + 1)]
+    made_at = [0.9] * 30
+    arrivals += [1.01 + 1e-4 * k for k in range(30)]
+    for k in range(1, 201):
+        made_at.append(1.02 + 0.02 * k)
+        arrivals.append(1.02 + 0.02 * k + 1e-3)
+    burst = steady_rate(arrivals, 4, skip)[0]
+    made = made_rate(made_at, arrivals, skip, in_flight)
+    assert made == pytest.approx(50.0, rel=0.05)  # what the workers make
+    assert burst > 1.1 * made  # the arrivals' rate counts the 30 made before the window
+    # every batch made before the window's end was received: the end is in_flight arrivals before the last
+    assert made_rate(made_at, arrivals[:-in_flight], skip, in_flight) == pytest.approx(50.0, rel=0.05)
+    # too short a window (fewer than MIN_STEADY_BATCHES made inside it): no figure
+    assert made_rate(made_at[:40], arrivals[: skip + 1 + 40], skip, in_flight) is None
+    assert made_rate([], arrivals[: skip + 2], skip, in_flight) is None
+
+
+def test_a_trial_is_never_faster_than_its_workers_can_make_batches():
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    # each batch of 4 waits >= 4 x 2 ms in its worker: 3 workers make at most 375 batches/s, however deep the
+    # queue they filled during start-up (a loaded machine only makes them slower)
+    limits = Limits(60.0, 200, 0.03, 0.5, None, 0, trial_seconds=2.0)
+    runner = TrialRunner(SlowSamples(20000), 4, {}, fake_hardware(usable_cpus=2), TransferPath(), limits)
+    runner.learn_batch_size()
+    try:
+        trial = runner.run(3, 16, False)
+    finally:
+        runner.close()
+    assert 0 < trial.batches_per_sec <= 3 / 0.008 * 1.05, trial
+
+
 class SlowStart(SleepingLoaderDataset):
     def __getitem__(self, index):
         threading.Event().wait(0.005)
