@@ -367,7 +367,6 @@ class TrialRunner:
                 waited += got - asked
                 if type(item) is TimedBatch:
                     timings.append(item.timing)
-                    out.made_at.append(item.timing.produced_at)
             consume(batch)
             now = time.perf_counter()
             arrivals.append(now)
@@ -413,6 +412,7 @@ class TrialRunner:
                 out.tree_cpu_s = tree_cpu / steady
         if workers_cpu is not None:  # after the clock stopped: reading the workers' smaps took 0.3 s for 16
             out.worker_mb = workers_cpu.unique_mb()
+        out.made_at = [timing.produced_at for timing in timings]  # for made_rate
         if timings:
             out.work_s = sum(timing.fetch_s + timing.collate_s for timing in timings) / len(timings)
             out.cpu_s = sum(timing.work_cpu_s for timing in timings) / len(timings)
