@@ -254,7 +254,8 @@ def _climb(
     runner.learn_batch_size()
     start_pin = policy.pin_memory if policy.pin_memory in pins else pins[0]
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
-    baseline = best = runner.measure(*runner.affordable(start))  # the policy's pick: the first trial, the floor
+    # the policy's pick (what the memory guard lets through): the first trial, the floor
+    baseline = best = runner.measure(*runner.resources.affordable(start))
     with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
         best = search.climb_workers(best)
         best = search.probe_fewer(best, baseline)

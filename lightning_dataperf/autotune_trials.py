@@ -1,8 +1,8 @@
 """Autotune's trials: run one DataLoader configuration on the real dataset, the way training will consume it.
 
 :class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far, the
-memory guard that refuses configurations whose batches in flight would not fit, the bounds of what the
-machine can give (:meth:`TrialRunner.worker_bounds`) and the fixed sample order each trial reads a fresh
+machine's limits (:class:`~lightning_dataperf.autotune_bounds.Resources`: the memory guard, the bounds of
+what the machine can give) and the fixed sample order each trial reads a fresh
 slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consumer.TransferPath`
 training uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker
 start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
@@ -27,7 +27,7 @@ import dataclasses
 import gc
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -35,14 +35,13 @@ from lightning.fabric.utilities.data import sized_len
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
+from lightning_dataperf.autotune_bounds import Resources
 from lightning_dataperf.autotune_consumer import TransferPath
-from lightning_dataperf.autotune_measures import Drained, WorkerCpu, open_files, pooled_error
+from lightning_dataperf.autotune_measures import Drained, WorkerCpu, pooled_error
 from lightning_dataperf.autotune_order import TrialOrder, coprime_stride
 from lightning_dataperf.autotune_records import (
     BUDGET_REFUSAL,
-    CPU_OVERSUBSCRIPTION,
     DATASET_REFUSAL,
-    FD_SHARE,
     MIN_ROUNDS,
     MIN_STEADY_BATCHES,
     Limits,
@@ -57,11 +56,9 @@ from lightning_dataperf.autotune_records import (
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.loader_probe import TimedBatch, TimedCollate, TimedDataset
-from lightning_dataperf.preflight import open_file_limit, pinned_bytes
 
 __all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
 
-_MB = 2**20
 #: What a repeat's record takes from the latest measurement, or from the earlier one where the repeat could not
 #: read it (no steady part, workers gone, psutil unreadable).
 _LATEST_KNOWN = ("worker_busy", "worker_mb", "wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")
@@ -85,10 +82,9 @@ class TrialRunner:
         self.listener = listener or (lambda event, value: None)
         self.deadline = time.perf_counter() + limits.time_budget
         self.trials: dict[tuple[int, int | None, bool], Trial] = {}
-        self.batch_bytes: int | None = None
-        self.batch_tensors = 1
         length = sized_len(dataset) or 0
-        self.batches_per_epoch = length // max(1, batch_size) if length else None
+        batches_per_epoch = length // max(1, batch_size) if length else None
+        self.resources = Resources(hardware, limits.memory_fraction, batches_per_epoch)
         self.length, self.stride, self.offset = length, coprime_stride(length), 0
         self._kept: tuple[tuple[int, int | None, bool], Iterator[Any]] | None = None  # the last trial's live workers
         self._reserve = 0.0
@@ -120,76 +116,13 @@ class TrialRunner:
         consume.finish()
 
     def _learn(self, batch: Any) -> None:
-        self.batch_bytes = BatchFootprint.of(batch).bytes
-        self.batch_tensors = max(1, sum(1 for _ in iter_tensors(batch)))
+        self.resources.learn(BatchFootprint.of(batch).bytes, sum(1 for _ in iter_tensors(batch)))
 
     # ------------------------------------------------------------------ bounds
-    def affordable(self, config: tuple[int, int | None, bool]) -> tuple[int, int | None, bool]:
-        """``config``, or the nearest one with fewer workers / less prefetch that the memory guard accepts."""
-        workers, prefetch, pin = config
-        while workers and self.refusal(workers, prefetch, pin) is not None:
-            if prefetch and prefetch > 1:
-                prefetch //= 2
-            else:
-                workers //= 2
-        return workers, (prefetch if workers else None), pin
-
-    def memory_mb(self, workers: int, prefetch: int | None, pin: bool) -> float:
-        if self.batch_bytes is None:
-            return 0.0
-        in_flight = workers * (prefetch or 0) + 1
-        pinned = pinned_bytes(self.batch_bytes, in_flight + 1) if pin else 0
-        return (self.batch_bytes * in_flight + pinned) / _MB
-
-    def refusal(self, workers: int, prefetch: int | None, pin: bool) -> str | None:
-        need = self.memory_mb(workers, prefetch, pin)
-        free = [self.hardware.ram_available_mb]
-        if workers and self.hardware.shm_free_mb is not None:
-            free.append(self.hardware.shm_free_mb)
-        fraction = self.limits.memory_fraction
-        if need > fraction * min(free):
-            return f"needs ~{need:.0f} MB of /dev/shm and pinned RAM, over {100 * fraction:.0f}% of free"
-        return None
-
     def worker_bounds(self, prefetch: int | None, pin: bool) -> dict[str, int]:
-        """The most workers each resource allows at this prefetch: the search never goes past the smallest.
-
-        * ``"/dev/shm"``: batches in flight (workers x prefetch) within ``memory_fraction`` of the free space;
-        * ``"memory"``: each worker's own memory (measured in the trials) plus its batches in flight
-          within ``memory_fraction`` of the available RAM;
-        * ``"file descriptors"``: a worker's queues and shared tensors within half the free descriptors;
-        * ``"CPU share"``: twice the rank's CPUs divided by each worker's measured busy share (CPU-bound
-          workers: 2x the CPUs; an I/O-latency loader, busy 5% of the time, may use 40x the CPUs);
-        * ``"dataset"``: no more workers than batches in one epoch.
-        """
-        prefetch = prefetch or 2
-        fraction = self.limits.memory_fraction
-        batch_mb = (self.batch_bytes or 0) / _MB
-        bounds: dict[str, int] = {}
-        if batch_mb > 0 and self.hardware.shm_free_mb is not None:
-            pinned_mb = pinned_bytes(self.batch_bytes or 0, 1) / _MB if pin else 0.0
-            shm = fraction * min(self.hardware.shm_free_mb, self.hardware.ram_available_mb)
-            bounds["/dev/shm"] = max(0, int((shm / (batch_mb + pinned_mb) - 2) // prefetch))
-        worker_mb = self._measured("worker_mb", max)
-        if worker_mb is not None and self.hardware.ram_available_mb:
-            per_worker = worker_mb + batch_mb * prefetch
-            bounds["memory"] = max(1, int(fraction * self.hardware.ram_available_mb // max(per_worker, 1e-3)))
-        limit = open_file_limit()
-        if limit is not None:
-            free = limit - open_files()
-            per_worker = 6 + 2 * prefetch * self.batch_tensors
-            bounds["file descriptors"] = max(1, int(FD_SHARE * free // per_worker))
-        busy = self._measured("worker_busy", max)
-        if busy is not None:
-            share = CPU_OVERSUBSCRIPTION * self.hardware.cpus_per_rank / max(busy, 0.02)
-            bounds["CPU share"] = max(1, math.floor(share))
-        if self.batches_per_epoch:
-            bounds["dataset"] = max(1, self.batches_per_epoch)
-        return bounds
-
-    def _measured(self, field: str, reduce: Callable[[list[float]], float]) -> float | None:
-        values = [getattr(trial, field) for trial in self.trials.values() if getattr(trial, field) is not None]
-        return reduce(values) if values else None
+        """The most workers each resource allows at this prefetch (:meth:`Resources.worker_bounds`, from the
+        trials so far): the search never goes past the smallest."""
+        return self.resources.worker_bounds(prefetch, pin, self.trials.values())
 
     # ------------------------------------------------------------------ trials
     def measure(self, workers: int, prefetch: int | None, pin: bool, against: Trial | None = None) -> Trial:
@@ -198,8 +131,8 @@ class TrialRunner:
         key = (workers, prefetch if workers else None, pin)
         if key in self.trials:
             return self.trials[key]
-        if (reason := self.refusal(*key)) is not None:
-            trial = Trial(*key, memory_mb=self.memory_mb(*key), refused=reason)
+        if (reason := self.resources.refusal(*key)) is not None:
+            trial = Trial(*key, memory_mb=self.resources.memory_mb(*key), refused=reason)
         else:
             self.listener("start", key)
             trial = self.run(*key, against=against)
@@ -302,7 +235,7 @@ class TrialRunner:
             rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
         elif (made := made_rate(drained.made_at, arrivals, skip, workers * (prefetch or 0))) is not None:
             rate = min(rate, made)  # not the batches the workers had made before the window (a full deep queue)
-        memory = self.memory_mb(workers, prefetch, pin)
+        memory = self.resources.memory_mb(workers, prefetch, pin)
         startup = -1.0 if reused else drained.startup
         if len(arrivals) < 2:  # no rate could be measured: not a result
             reason = DATASET_REFUSAL if drained.exhausted else BUDGET_REFUSAL
@@ -361,7 +294,7 @@ class TrialRunner:
             batch = item.batch if type(item) is TimedBatch else item
             if not arrivals:
                 out.startup = got - started
-                if self.batch_bytes is None:
+                if self.resources.batch_bytes is None:
                     self._learn(batch)
             elif len(arrivals) > skip:  # steady: what the main thread waited, what the workers did
                 waited += got - asked

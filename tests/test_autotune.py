@@ -15,6 +15,7 @@ from helpers import IndexData, RecordingModel, fake_hardware, run_two_ranks, tra
 
 from lightning_dataperf import autotune_loader
 from lightning_dataperf.autotune import AutotuneResult
+from lightning_dataperf.autotune_bounds import Resources
 from lightning_dataperf.autotune_records import Trial, confirmation_candidates, steady_rate
 from lightning_dataperf.testing import SleepingLoaderDataset
 
@@ -347,6 +348,31 @@ def test_real_io_loader_goes_past_twice_the_cpus_and_stops_at_the_shm_bound(tmp_
     assert result.stop_reason in {"/dev/shm", "gain"}, result.format()
     assert result.bounds["/dev/shm"] == 11 and result.stop_detail
     assert str(result.settings.num_workers) in result.summary_line()
+
+
+def test_cpu_share_bound_reads_the_busy_share_at_the_most_workers():
+    # Measured on 2 cores (the I/O-latency loader): one worker busy 10% of its time, 41 workers 3% each
+    # (queues full, waiting on the main thread). The busiest share bounded the climb at 42 workers where the
+    # grid's best had 64; the share at the most workers is what more workers would each use.
+    resources = Resources(fake_hardware(usable_cpus=2, logical_cpus=2, physical_cpus=2), 0.5)
+    latency = [
+        Trial(1, 2, False, 11.4, batches=40, worker_busy=0.10),
+        Trial(41, 2, False, 280.6, batches=400, worker_busy=0.03),
+    ]
+    assert resources.worker_bounds(2, False, latency)["CPU share"] == 133  # 2 x 2 CPUs / 3%
+    # CPU-bound workers: their share falls once they outnumber the CPUs, so the bound allows one doubling
+    cpu_bound = [
+        Trial(2, 2, False, 20.0, batches=40, worker_busy=0.95),
+        Trial(4, 2, False, 21.0, batches=40, worker_busy=0.5),
+    ]
+    assert resources.worker_bounds(2, False, cpu_bound)["CPU share"] == 8
+    # a refused trial measured nothing; a share under 2% counts as 2%
+    idle = [
+        *cpu_bound,
+        Trial(64, 2, False, refused="too big", worker_busy=0.001),
+        Trial(8, 2, False, 9.0, batches=9, worker_busy=0.001),
+    ]
+    assert resources.worker_bounds(2, False, idle)["CPU share"] == 200
 
 
 def test_unwritable_cache_warns_once_naming_the_path(tmp_path):
