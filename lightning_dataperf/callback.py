@@ -43,8 +43,6 @@ from lightning_dataperf.watchdog import HangReport, HangWatchdog
 
 __all__ = ["DataPerfCallback"]
 
-#: Evaluation loops read finished steps back every this many batches (training: at each log point).
-_EVAL_COLLECT_EVERY = 64
 _SEQUENCES = (list, tuple)
 
 
@@ -261,23 +259,12 @@ class DataPerfCallback(Callback):
             timer.start_epoch(anchor)
 
     def _batch_started(self, stage: Stage, dataloader_idx: int = 0) -> None:
-        timer = self._timers.get(stage)
-        if timer is None or not timer.active:
-            return
-        if dataloader_idx != timer.dataloader_idx:
-            timer.dataloader_idx = dataloader_idx
-            timer.clock.break_continuity(new_epoch=True)
-        timer.clock.step_started()
+        if (timer := self._timers.get(stage)) is not None and timer.active:
+            timer.evaluation_batch_started(dataloader_idx)
 
     def _batch_finished(self, stage: Stage, batch: Any) -> None:
-        """An evaluation batch ended (training's on_train_batch_end does the same inline, plus logging)."""
-        timer = self._timers.get(stage)
-        if timer is None or not timer.active:
-            return
-        timer.clock.step_finished(timer.batches, samples=self._batch_size(batch))
-        timer.batches += 1
-        if timer.batches % _EVAL_COLLECT_EVERY == 0:
-            timer.collect()  # evaluation has no log points, only a queue to keep bounded
+        if (timer := self._timers.get(stage)) is not None and timer.active:
+            timer.evaluation_batch_finished(self._batch_size(batch))
 
     def _epoch_finished(self, trainer: pl.Trainer, stage: Stage) -> None:
         if self._watchdog is not None:
@@ -318,17 +305,10 @@ class DataPerfCallback(Callback):
         self.outputs.publish(trainer, summary, diagnosis)
 
     def _evidence(self, trainer: pl.Trainer, summary: EpochSummary) -> Evidence:
-        stage = Stage(summary.stage)
-        timer = self._timers.get(stage)
-        return gather_evidence(
-            trainer,
-            summary,
-            system=self.sampler.epoch_means() if self.sampler is not None and stage is Stage.TRAIN else SystemStats(),
-            hardware=self.hardware,
-            loader_blind=timer.blind
-            if timer is not None and timer.probes
-            else "this stage's loader is not instrumented",
-        )
+        timer, train = self._timers.get(Stage(summary.stage)), summary.stage == Stage.TRAIN.value
+        system = self.sampler.epoch_means() if self.sampler is not None and train else SystemStats()
+        blind = timer.blind if timer is not None and timer.probes else "this stage's loader is not instrumented"
+        return gather_evidence(trainer, summary, system=system, hardware=self.hardware, loader_blind=blind)
 
     def _log(self, trainer: pl.Trainer, metrics: dict[str, float]) -> None:
         if trainer.is_global_zero:

@@ -29,7 +29,6 @@ import inspect
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
@@ -40,7 +39,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.jpeg_batches import encoded_loader_defaults, is_encoded_dataset
-from lightning_dataperf.loaders import POLICY_FIELDS, LoaderSettings
+from lightning_dataperf.loaders import POLICY_FIELDS, LoaderPlan, LoaderSettings
 from lightning_dataperf.policy import check_loader_kwargs, recommend_loader_settings
 from lightning_dataperf.sampler import (
     EpochAwareDistributedSampler,
@@ -58,38 +57,6 @@ __all__ = ["LoaderPlan", "TunedDataModule"]
 LOADER_HOOKS = {f"{stage.value}_dataloader": stage.value for stage in Stage}
 _INSIDE_HOOK = threading.local()
 _DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
-
-
-@dataclass
-class LoaderPlan:
-    """What TunedDataModule did to one DataLoader, and why."""
-
-    stage: str
-    explicit: dict[str, Any]
-    chosen: dict[str, Any] = field(default_factory=dict)
-    reasons: dict[str, str] = field(default_factory=dict)
-    sampler: str = "unchanged"
-    padded_samples: int = 0
-    dropped_samples: int = 0
-    padded_samples_avoided: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    def format(self) -> str:
-        lines = [f"TunedDataModule [{self.stage}]"]
-        for name in POLICY_FIELDS:
-            if name in self.chosen:
-                lines.append(f"  {name}={self.chosen[name]!r}  <- {self.reasons.get(name, '')}")
-            elif name in self.explicit:
-                lines.append(f"  {name}={self.explicit[name]!r}  <- yours (kept)")
-        lines.append(f"  sampler: {self.sampler}")
-        if self.padded_samples:
-            lines.append(f"  {self.padded_samples} samples are repeated so every rank gets as many (drop_last=False)")
-        if self.dropped_samples:
-            lines.append(f"  {self.dropped_samples} samples are left out so every rank gets as many (drop_last=True)")
-        if self.padded_samples_avoided:
-            lines.append(f"  unpadded evaluation: {self.padded_samples_avoided} duplicates avoided")
-        lines.extend(f"  {note}" for note in self.notes)
-        return "\n".join(lines)
 
 
 class TunedDataModule(pl.LightningDataModule):

@@ -1,4 +1,5 @@
-"""DataLoader settings: the ones recommended (:class:`LoaderSettings`) and the ones a loader has (:class:`LoaderFacts`).
+"""DataLoader settings: the ones recommended (:class:`LoaderSettings`), the ones a loader has (:class:`LoaderFacts`),
+and what :class:`~lightning_dataperf.datamodule.TunedDataModule` did to one loader, and why (:class:`LoaderPlan`).
 
 Example::
 
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["POLICY_FIELDS", "LoaderFacts", "LoaderSettings", "first_loader", "is_gpu_decode_loader"]
+__all__ = ["POLICY_FIELDS", "LoaderFacts", "LoaderPlan", "LoaderSettings", "first_loader", "is_gpu_decode_loader"]
 
 #: The DataLoader arguments the policy and autotune choose.
 POLICY_FIELDS = ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
@@ -95,3 +96,35 @@ def first_loader(loaders: Any) -> Any:
     if flattened:
         return flattened[0]
     return loaders
+
+
+@dataclass
+class LoaderPlan:
+    """What TunedDataModule did to one DataLoader, and why."""
+
+    stage: str
+    explicit: dict[str, Any]
+    chosen: dict[str, Any] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)
+    sampler: str = "unchanged"
+    padded_samples: int = 0
+    dropped_samples: int = 0
+    padded_samples_avoided: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def format(self) -> str:
+        lines = [f"TunedDataModule [{self.stage}]"]
+        for name in POLICY_FIELDS:
+            if name in self.chosen:
+                lines.append(f"  {name}={self.chosen[name]!r}  <- {self.reasons.get(name, '')}")
+            elif name in self.explicit:
+                lines.append(f"  {name}={self.explicit[name]!r}  <- yours (kept)")
+        lines.append(f"  sampler: {self.sampler}")
+        if self.padded_samples:
+            lines.append(f"  {self.padded_samples} samples are repeated so every rank gets as many (drop_last=False)")
+        if self.dropped_samples:
+            lines.append(f"  {self.dropped_samples} samples are left out so every rank gets as many (drop_last=True)")
+        if self.padded_samples_avoided:
+            lines.append(f"  unpadded evaluation: {self.padded_samples_avoided} duplicates avoided")
+        lines.extend(f"  {note}" for note in self.notes)
+        return "\n".join(lines)

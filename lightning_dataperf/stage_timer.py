@@ -28,7 +28,10 @@ from lightning_dataperf.stats import EpochAccumulator, EpochSummary, window_metr
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing import StepClock, StepTiming
 
-__all__ = ["StageTimer"]
+__all__ = ["EVAL_COLLECT_EVERY", "StageTimer"]
+
+#: Evaluation loops read finished steps back every this many batches (training: at each log point).
+EVAL_COLLECT_EVERY = 64
 
 
 @dataclass
@@ -64,6 +67,20 @@ class StageTimer:
         if now.jpeg_util_percent is not None:
             self.engine_readings.append(now.jpeg_util_percent)
         return now
+
+    def evaluation_batch_started(self, dataloader_idx: int = 0) -> None:
+        """An evaluation batch starts; the first of another loader is not steady state after the last one's."""
+        if dataloader_idx != self.dataloader_idx:
+            self.dataloader_idx = dataloader_idx
+            self.clock.break_continuity(new_epoch=True)
+        self.clock.step_started()
+
+    def evaluation_batch_finished(self, samples: int) -> None:
+        """An evaluation batch ended (training's hook does the same inline, plus its log points)."""
+        self.clock.step_finished(self.batches, samples=samples)
+        self.batches += 1
+        if self.batches % EVAL_COLLECT_EVERY == 0:
+            self.collect()  # evaluation has no log points, only a queue to keep bounded
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
