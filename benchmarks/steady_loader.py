@@ -3,9 +3,13 @@
 For each ``(num_workers, prefetch_factor)`` a plain DataLoader over the I/O-latency dataset of
 ``benchmarks/autotune.py`` (5 ms sleep per sample, batches of 16) is consumed for ``--warmup`` batches,
 then timed over ``--steady`` batches; configurations interleaved, ``--repeats`` times. Prints a table
-(steady batches/s per repeat, their mean) and writes JSON.
+(steady batches/s per repeat, their mean) and writes JSON. A configuration ending ``/fs`` hands its batches
+over with ``torch.multiprocessing``'s ``file_system`` sharing strategy instead of the default
+``file_descriptor`` one (which opens a connection to the worker, with an authentication challenge, for
+every shared tensor the main thread receives).
 
     python benchmarks/steady_loader.py --configs 39x2 64x8 48x8 64x2 39x8 --repeats 2
+    python benchmarks/steady_loader.py --configs 42x2 42x2/fs 64x8 64x8/fs --repeats 3
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import argparse
 import statistics
 import time
 
+import torch.multiprocessing
 from _common import print_table, write_json
 from autotune import SleepySamples
 from torch.utils.data import DataLoader
 
 
-def steady_rate(workers: int, prefetch: int, warmup: int, steady: int) -> float:
+def steady_rate(workers: int, prefetch: int, warmup: int, steady: int, sharing: str = "file_descriptor") -> float:
+    torch.multiprocessing.set_sharing_strategy(sharing)  # read by the workers, forked with the iterator
     loader = DataLoader(SleepySamples(), 16, num_workers=workers, prefetch_factor=prefetch)
     iterator = iter(loader)
     for _ in range(warmup):
@@ -29,6 +35,7 @@ def steady_rate(workers: int, prefetch: int, warmup: int, steady: int) -> float:
         next(iterator)
     rate = steady / (time.perf_counter() - started)
     iterator._shutdown_workers()  # type: ignore[attr-defined]
+    torch.multiprocessing.set_sharing_strategy("file_descriptor")
     return rate
 
 
@@ -40,16 +47,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--name", default="steady_loader")
     args = parser.parse_args()
-    configs = [tuple(int(part) for part in text.split("x")) for text in args.configs]
+    configs = [_parse(text) for text in args.configs]
     rates: dict[str, list[float]] = {text: [] for text in args.configs}
     for _ in range(args.repeats):
-        for text, (workers, prefetch) in zip(args.configs, configs, strict=True):
-            rates[text].append(steady_rate(workers, prefetch, args.warmup, args.steady))
+        for text, (workers, prefetch, sharing) in zip(args.configs, configs, strict=True):
+            rates[text].append(steady_rate(workers, prefetch, args.warmup, args.steady, sharing))
             print(f"  {text}: {rates[text][-1]:.0f} batches/s", flush=True)
     rows = [[text, *[f"{rate:.0f}" for rate in got], f"{statistics.fmean(got):.0f}"] for text, got in rates.items()]
     headers = ["workers x prefetch", *[f"repeat {index + 1}" for index in range(args.repeats)], "mean batches/s"]
     table = print_table(headers, rows)
     write_json(args.name, {"args": vars(args), "rates": rates, "table": table})
+
+
+def _parse(text: str) -> tuple[int, int, str]:
+    shape, _, strategy = text.partition("/")
+    if strategy not in {"", "fs"}:
+        raise SystemExit(f"--configs {text!r}: the only suffix is /fs (the file_system sharing strategy)")
+    workers, prefetch = (int(part) for part in shape.split("x"))
+    return workers, prefetch, "file_system" if strategy else "file_descriptor"
 
 
 if __name__ == "__main__":
