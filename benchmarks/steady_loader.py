@@ -3,10 +3,10 @@
 For each ``(num_workers, prefetch_factor)`` a plain DataLoader over the I/O-latency dataset of
 ``benchmarks/autotune.py`` (5 ms sleep per sample, batches of 16) is consumed for ``--warmup`` batches,
 then timed over ``--steady`` batches; configurations interleaved, ``--repeats`` times. Prints a table
-(steady batches/s per repeat, their mean) and writes JSON. A configuration ending ``/fs`` hands its batches
-over with ``torch.multiprocessing``'s ``file_system`` sharing strategy instead of the default
-``file_descriptor`` one (which opens a connection to the worker, with an authentication challenge, for
-every shared tensor the main thread receives).
+(steady batches/s per repeat, their mean) and writes JSON. A configuration ending ``/fs`` hands its
+batches over with ``torch.multiprocessing``'s ``file_system`` sharing strategy (set in each worker by its
+``worker_init_fn``) instead of the default ``file_descriptor`` one, which opens a connection to the worker,
+with an authentication challenge, for every shared tensor the main thread receives.
 
     python benchmarks/steady_loader.py --configs 39x2 64x8 48x8 64x2 39x8 --repeats 2
     python benchmarks/steady_loader.py --configs 42x2 42x2/fs 64x8 64x8/fs --repeats 3
@@ -15,6 +15,7 @@ every shared tensor the main thread receives).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -25,18 +26,23 @@ from torch.utils.data import DataLoader
 
 
 def steady_rate(workers: int, prefetch: int, warmup: int, steady: int, sharing: str = "file_descriptor") -> float:
-    torch.multiprocessing.set_sharing_strategy(sharing)  # read by the workers, forked with the iterator
-    loader = DataLoader(SleepySamples(), 16, num_workers=workers, prefetch_factor=prefetch)
+    init = functools.partial(_share_by, sharing)  # in each worker: whatever the start method, only this loader
+    loader = DataLoader(SleepySamples(), 16, num_workers=workers, prefetch_factor=prefetch, worker_init_fn=init)
     iterator = iter(loader)
-    for _ in range(warmup):
-        next(iterator)
-    started = time.perf_counter()
-    for _ in range(steady):
-        next(iterator)
-    rate = steady / (time.perf_counter() - started)
-    iterator._shutdown_workers()  # type: ignore[attr-defined]
-    torch.multiprocessing.set_sharing_strategy("file_descriptor")
-    return rate
+    try:
+        for _ in range(warmup):
+            next(iterator)
+        started = time.perf_counter()
+        for _ in range(steady):
+            next(iterator)
+        return steady / (time.perf_counter() - started)
+    finally:
+        iterator._shutdown_workers()  # type: ignore[attr-defined]
+
+
+def _share_by(strategy: str, worker_id: int) -> None:
+    """A worker's batches are sent with ``strategy`` (the sender's choice; the main process reads either)."""
+    torch.multiprocessing.set_sharing_strategy(strategy)
 
 
 def main() -> None:
@@ -60,8 +66,8 @@ def main() -> None:
 
 
 def _parse(text: str) -> tuple[int, int, str]:
-    shape, _, strategy = text.partition("/")
-    if strategy not in {"", "fs"}:
+    shape, slash, strategy = text.partition("/")
+    if slash and strategy != "fs":
         raise SystemExit(f"--configs {text!r}: the only suffix is /fs (the file_system sharing strategy)")
     workers, prefetch = (int(part) for part in shape.split("x"))
     return workers, prefetch, "file_system" if strategy else "file_descriptor"

@@ -8,9 +8,10 @@ hardware policy's recommendation the search
 1. grows ``num_workers`` to the count the cost model predicts (:mod:`~lightning_dataperf.autotune_model`:
    each worker's time per batch measured inside the worker, the most the main thread and the CPUs can
    take) while the gain holds, never past the smallest of the machine's bounds
-   (:meth:`TrialRunner.worker_bounds`: ``/dev/shm``, memory per worker, file descriptors, the rank's CPU
-   share divided by each worker's measured busy share, the dataset), nor past the rate the CPUs can make
-   (the CPUs over the whole path's CPU time per batch, read from the OS at two worker counts); a start
+   (:meth:`~lightning_dataperf.autotune_bounds.Resources.worker_bounds`: ``/dev/shm``, memory per worker,
+   file descriptors, the rank's CPUs over a worker's busy share at the most workers measured, the
+   dataset), nor past the rate the CPUs can make (the CPUs over the whole path's CPU time per batch, read
+   from the OS at two worker counts); a start
    the training path already limits (its main thread hardly waited for batches) does not climb, and
    tries the fewer workers its rate needs instead. After the climb it probes downwards too (fewer
    workers than the start, and 0 when allowed) where the cost model says the main thread or the path

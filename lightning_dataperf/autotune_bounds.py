@@ -8,7 +8,7 @@ allows (:meth:`Resources.worker_bounds`): the search never goes past the smalles
 
 Example::
 
-    resources = Resources(detect_hardware(), memory_fraction=0.5, batches_per_epoch=1000)
+    resources = Resources(probe_hardware(), memory_fraction=0.5, batches_per_epoch=1000)
     resources.learn(BatchFootprint.of(batch).bytes, tensors=2)
     resources.refusal(64, 8, True)          # None, or why it would not fit
     resources.worker_bounds(2, True, trials)  # {"/dev/shm": 410, "CPU share": 33, ...}
@@ -30,6 +30,8 @@ __all__ = ["Resources"]
 _MB = 2**20
 #: The smallest busy share the CPU-share bound divides by (a worker that hardly computes still has a process).
 MIN_BUSY = 0.02
+#: More workers whose CPU time together grew by less than this share: the CPUs they can get are spent.
+CPU_PLATEAU = 0.1
 
 
 @dataclasses.dataclass
@@ -82,16 +84,19 @@ class Resources:
         * ``"memory"``: each worker's own memory (the most any trial measured) plus its batches in flight
           within ``memory_fraction`` of the available RAM;
         * ``"file descriptors"``: a worker's queues and shared tensors within half the free descriptors;
-        * ``"CPU share"``: twice the rank's CPUs over the busy share of a worker at the most workers measured,
-          the share nearest what more workers would each use (an I/O-latency loader's workers, busy 3% of the
-          time at 41 workers on 2 cores, may be 133; a CPU-bound loader's share falls once its workers outnumber
-          the CPUs, so there this bound allows one doubling past them, and the CPU ceiling of the search stops
-          the climb where the CPU per batch says the CPUs are spent);
+        * ``"CPU share"``: twice the rank's CPUs over a worker's busy share: the share at the most workers
+          measured, the nearest to what more workers would each use (an I/O-latency loader's workers, busy 3%
+          of the time at 41 workers on 2 cores, may be 133), unless the workers' CPU time together stopped
+          growing between the two highest counts (within :data:`CPU_PLATEAU`): then more workers only split the
+          CPUs they can get, each one's share falls with their number, and the busiest share measured is read
+          (CPU-bound workers: about twice the CPUs, however loaded the machine is);
         * ``"dataset"``: no more workers than batches in one epoch.
 
-        The busiest share any trial measured is not the one to read: on 2 cores one worker of the I/O-latency
-        loader was busy 10% of the time and 41 workers 3% each (their queues full, waiting on the main thread),
-        so the busiest share bounded the climb at 42 workers where the grid's best had 64.
+        The busiest share alone bounds a latency loader too early: on 2 cores one worker of the I/O-latency
+        loader was busy 10% of the time and 41 workers 3% each (together 0.10 and 1.2 CPUs: still growing), so
+        it bounded the climb at 42 workers where the grid's best had 64. The share at the most workers alone
+        never binds a CPU-bound climb (``workers x share`` cannot pass the CPUs, so the bound is at least twice
+        the workers measured): on the 2-core CPU-heavy loader 3 workers used 1.9 CPUs together and 4 workers 1.9.
         """
         prefetch = prefetch or 2
         fraction = self.memory_fraction
@@ -111,12 +116,25 @@ class Resources:
             free = limit - open_files()
             per_worker = 6 + 2 * prefetch * self.batch_tensors
             bounds["file descriptors"] = max(1, int(FD_SHARE * free // per_worker))
-        busy = [(trial.num_workers, trial.worker_busy) for trial in measured if trial.worker_busy is not None]
-        if busy:
-            share = max(busy)[1]  # at the most workers (of those, the busiest)
-            bounds["CPU share"] = max(
-                1, math.floor(CPU_OVERSUBSCRIPTION * self.hardware.cpus_per_rank / max(share, MIN_BUSY))
-            )
+        if (share := _busy_share(measured)) is not None:
+            bounds["CPU share"] = max(1, math.floor(CPU_OVERSUBSCRIPTION * self.hardware.cpus_per_rank / share))
         if self.batches_per_epoch:
             bounds["dataset"] = max(1, self.batches_per_epoch)
         return bounds
+
+
+def _busy_share(trials: list[Trial]) -> float | None:
+    """The busy share the CPU-share bound reads (see :meth:`Resources.worker_bounds`), at least :data:`MIN_BUSY`."""
+    by_count: dict[int, float] = {}
+    for trial in trials:
+        if trial.worker_busy is not None and trial.num_workers:
+            by_count[trial.num_workers] = max(trial.worker_busy, by_count.get(trial.num_workers, 0.0))
+    if not by_count:
+        return None
+    counts = sorted(by_count)
+    share = by_count[counts[-1]]
+    if len(counts) > 1:
+        fewer, most = counts[-2], counts[-1]
+        if most * by_count[most] <= fewer * by_count[fewer] * (1 + CPU_PLATEAU):  # the workers' CPU stopped growing
+            share = max(by_count.values())
+    return max(share, MIN_BUSY)

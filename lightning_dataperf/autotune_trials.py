@@ -337,8 +337,8 @@ class TrialRunner:
             tree_cpu = time.process_time() - (main_cpu_start or 0.0)
             # an iterator that ran out has shut its workers down (their CPU time is gone with them)
             gone = workers_cpu is not None and out.exhausted
-            if workers_cpu is not None and cpu_start is not None and not gone:
-                spent = workers_cpu.since(cpu_start)
+            if workers_cpu is not None and workers_cpu.readable and cpu_start is not None and not gone:
+                spent = workers_cpu.since(cpu_start)  # unreadable (no psutil): no busy share, not 0
                 out.busy = min(1.0, spent / (wall * workers))
                 tree_cpu += spent
             if (workers_cpu is None or workers_cpu.readable) and not gone:

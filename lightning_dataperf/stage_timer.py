@@ -2,7 +2,8 @@
 
 One :class:`StageTimer` per stage owns a :class:`~lightning_dataperf.timing.StepClock`, the steps of
 the current logging window and of the epoch, and the side-stream copy records. Finished records
-are *collected* (read back without blocking) at log points and at epoch ends only.
+are *collected* (read back without blocking) at log points and epoch ends, and every
+:data:`EVAL_COLLECT_EVERY` evaluation batches (evaluation has no log points).
 
 Example::
 

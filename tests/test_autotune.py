@@ -360,19 +360,34 @@ def test_cpu_share_bound_reads_the_busy_share_at_the_most_workers():
         Trial(41, 2, False, 280.6, batches=400, worker_busy=0.03),
     ]
     assert resources.worker_bounds(2, False, latency)["CPU share"] == 133  # 2 x 2 CPUs / 3%
-    # CPU-bound workers: their share falls once they outnumber the CPUs, so the bound allows one doubling
-    cpu_bound = [
-        Trial(2, 2, False, 20.0, batches=40, worker_busy=0.95),
-        Trial(4, 2, False, 21.0, batches=40, worker_busy=0.5),
-    ]
-    assert resources.worker_bounds(2, False, cpu_bound)["CPU share"] == 8
-    # a refused trial measured nothing; a share under 2% counts as 2%
+    # a refused trial measured nothing (counted, its 50% at 64 workers would give 8); under 2% counts as 2%
     idle = [
-        *cpu_bound,
-        Trial(64, 2, False, refused="too big", worker_busy=0.001),
-        Trial(8, 2, False, 9.0, batches=9, worker_busy=0.001),
+        Trial(1, 2, False, 9.0, batches=9, worker_busy=0.01),
+        Trial(8, 2, False, 70.0, batches=90, worker_busy=0.01),
     ]
+    idle.append(Trial(64, 2, False, refused="needs too much memory", worker_busy=0.5))
     assert resources.worker_bounds(2, False, idle)["CPU share"] == 200
+
+
+def test_cpu_share_bound_still_binds_cpu_bound_workers():
+    # CPU-bound workers on 2 CPUs: each one's share falls as they outnumber the CPUs (together 1.9, 2.0, 2.0
+    # CPUs), so the share at the most workers would allow twice as many again at every step; once their CPU
+    # stopped growing the busiest share is read: twice the CPUs
+    resources = Resources(fake_hardware(usable_cpus=2, logical_cpus=2, physical_cpus=2), 0.5)
+    saturated = [
+        Trial(workers, 2, False, 20.0, batches=40, worker_busy=busy)
+        for workers, busy in ((2, 0.95), (4, 0.5), (8, 0.25))
+    ]
+    assert resources.worker_bounds(2, False, saturated)["CPU share"] == 4  # 2 x 2 / 95%, not 2 x 2 / 25% = 16
+    # measured on 2 cores (the CPU-heavy loader, session 11): 1 worker 100% busy, 3 workers 63%, 4 workers 47%
+    heavy = [
+        Trial(1, 2, False, 10.6, batches=40, worker_busy=1.0),
+        Trial(3, 2, False, 20.6, batches=40, worker_busy=0.63),
+    ]
+    heavy.append(Trial(4, 2, False, 20.7, batches=40, worker_busy=0.47))
+    assert resources.worker_bounds(2, False, heavy)["CPU share"] == 4
+    # still growing (1 -> 3 workers: 1.0 -> 1.9 CPUs): the share at the most workers
+    assert resources.worker_bounds(2, False, heavy[:2])["CPU share"] == 6  # 2 x 2 / 63%
 
 
 def test_unwritable_cache_warns_once_naming_the_path(tmp_path):
