@@ -215,8 +215,10 @@ class TrialRunner:
         started = time.perf_counter()
         if not reused:
             iterator = iter(self._loader(*config))
+        in_flight = workers * (prefetch or 0)  # the batches the workers may hold made (queued, or in hand-over)
+        skip = max(0, in_flight - 1)  # the burst: the batches after the first queued during start-up
         try:
-            drained = self._drain(iterator, started, workers, _skip(workers, prefetch), cap_scale, against)
+            drained = self._drain(iterator, started, workers, skip, in_flight, cap_scale, against)
         except BaseException:
             shutdown_loader_iterator(iterator)
             raise
@@ -228,12 +230,11 @@ class TrialRunner:
         arrivals = drained.arrivals
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size
-        skip = _skip(workers, prefetch)
         rate, error, counted = steady_rate(arrivals, workers, skip)
         rough = counted == 0 and len(arrivals) > 1
         if rough:  # the budget ran out before one steady round: a rough rate
             rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
-        elif (made := made_rate(drained.made_at, arrivals, skip, workers * (prefetch or 0))) is not None:
+        elif (made := made_rate(drained.made_at, arrivals, skip, in_flight)) is not None:
             rate = min(rate, made)  # not the batches the workers had made before the window (a full deep queue)
         memory = self.resources.memory_mb(workers, prefetch, pin)
         startup = -1.0 if reused else drained.startup
@@ -260,7 +261,14 @@ class TrialRunner:
         )
 
     def _drain(
-        self, iterator: Iterator[Any], started: float, workers: int, skip: int, scale: float, against: Trial | None
+        self,
+        iterator: Iterator[Any],
+        started: float,
+        workers: int,
+        skip: int,
+        in_flight: int,
+        scale: float,
+        against: Trial | None,
     ) -> Drained:
         """Consume batches until the rate is known (or decided against ``against``): arrivals, start-up, what
         the workers and the main thread did.
@@ -281,7 +289,6 @@ class TrialRunner:
         cpu_start = wall_start = main_cpu_start = None
         last_report = started
         round_size = max(1, workers)
-        in_flight = skip + 1 if workers else 0  # workers x prefetch
         waited = 0.0
         while True:
             asked = time.perf_counter()
@@ -350,8 +357,3 @@ class TrialRunner:
             out.work_s = sum(timing.fetch_s + timing.collate_s for timing in timings) / len(timings)
             out.cpu_s = sum(timing.work_cpu_s for timing in timings) / len(timings)
         return out
-
-
-def _skip(workers: int, prefetch: int | None) -> int:
-    """Batches after the first that the workers may have queued during start-up (the burst)."""
-    return max(0, workers * (prefetch or 0) - 1) if workers else 0

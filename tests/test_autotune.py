@@ -1029,7 +1029,7 @@ def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatc
     runner.learn_batch_size()
     iterator = iter(runner._loader(2, 2, False))
     try:
-        drained = runner._drain(iterator, time.perf_counter(), 2, 3, 1.0, None)
+        drained = runner._drain(iterator, time.perf_counter(), 2, 3, 4, 1.0, None)  # 2 workers x prefetch 2
     finally:
         autotune_trials.shutdown_loader_iterator(iterator)
     assert read_at and drained.worker_mb is not None
