@@ -192,9 +192,12 @@ def make_runner(dataset: Dataset, batch_size: int, path: TransferPath, hardware:
 
 
 def measure(runner: TrialRunner, config: Config) -> float:
-    """One fresh trial of ``config`` by autotune's own rule (start-up excluded, stops once the rate is known)."""
+    """One fresh trial of ``config`` by autotune's own rule (start-up excluded, stops once the rate is known).
+
+    A fourth item is the sharing strategy the workers send with (autotune's pick when it measured one faster).
+    """
     runner.close()  # never continue a previous measurement's workers: each point pays what a grid point pays
-    trial = runner.run(*config)
+    trial = runner.run(*config[:3], sharing=config[3] if len(config) > 3 else None)  # type: ignore[misc]
     runner.close()
     return trial.batches_per_sec
 
@@ -273,6 +276,8 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         progress="log",
     )
     chosen = _config(tuned.settings, pins)
+    if tuned.sharing_strategy is not None:  # measured as the user runs it: the workers send that way
+        chosen = (*chosen, tuned.sharing_strategy)  # type: ignore[assignment]
     # The grid's best is not its single fastest measurement (the winner's curse: the largest of many noisy
     # measurements is biased upwards): its --grid-top fastest points are measured again with the named
     # rows, and the grid best is the one of them fastest on re-measurement.
@@ -314,7 +319,8 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         mean, error, low, high = _ratio_stats(ratios[row])
         rate = statistics.median(per_config[config]) * batch_size
         known = f"{100 * mean:.1f}% ± {200 * error:.1f}" if math.isfinite(error) else f"{100 * mean:.1f}%"
-        rows.append([name, label, row, *config, f"{rate:,.0f}", known, f"{100 * low:.0f}-{100 * high:.0f}%"])
+        row_name = f"{row} + {config[3]} sharing" if len(config) > 3 else row  # type: ignore[misc]
+        rows.append([name, label, row_name, *config[:3], f"{rate:,.0f}", known, f"{100 * low:.0f}-{100 * high:.0f}%"])
     share = 100 * tuned.search_seconds / grid_s
     summary = (
         f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials, "

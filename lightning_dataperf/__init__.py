@@ -47,6 +47,7 @@ _EXPORTS = {
     "SideStreamDDPStrategy": "strategies",
     "SideStreamStrategy": "strategies",
     "SideStreamTransferMixin": "strategies",
+    "ShareBy": "sharing",
     "SystemStats": "system_stats",
     "SystemSampler": "telemetry",
     "StepClock": "timing",
@@ -71,6 +72,7 @@ __all__ = [
     "Hardware",
     "LoaderFacts",
     "LoaderSettings",
+    "ShareBy",
     "SideStreamCopier",
     "SideStreamDDPStrategy",
     "SideStreamStrategy",
@@ -101,6 +103,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names come from
     from lightning_dataperf.hardware import Hardware, probe_hardware
     from lightning_dataperf.loaders import LoaderFacts, LoaderSettings
     from lightning_dataperf.policy import article_settings, recommend_loader_settings
+    from lightning_dataperf.sharing import ShareBy
     from lightning_dataperf.stats import EpochSummary, TimingSummary
     from lightning_dataperf.strategies import SideStreamDDPStrategy, SideStreamStrategy, SideStreamTransferMixin
     from lightning_dataperf.system_stats import SystemStats

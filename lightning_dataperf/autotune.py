@@ -21,7 +21,12 @@ hardware policy's recommendation the search
    loader: only ``True``);
 3. repeats a trial clearly slower than its neighbours or than the best it would end the climb against,
    and one faster but not beyond its own noise; a repeat of the configuration just measured continues
-   with its workers (kept alive, no start-up).
+   with its workers (kept alive, no start-up);
+4. measures the chosen configuration once more with its workers sending their batches by shared-memory
+   file name (``torch.multiprocessing``'s ``file_system`` strategy, set in the workers by
+   :class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor, in a share of the
+   budget kept for it (:data:`SHARING_TRIALS` trial caps, at most :data:`SHARING_SHARE`), and keeps it
+   only when faster beyond noise (``AutotuneResult.sharing_strategy``).
 
 Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
 is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
@@ -98,6 +103,10 @@ __all__ = [
 _Search = Search  # the name the tests drive the climb through
 
 SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
+#: Trial caps of the budget kept for the hand-over's trial (its workers' start-up and one measurement), at most
+#: :data:`SHARING_SHARE` of the budget.
+SHARING_TRIALS = 2
+SHARING_SHARE = 0.15
 
 Config = tuple[int, int | None, bool]
 
@@ -257,13 +266,16 @@ def _climb(
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
     # the policy's pick (what the memory guard lets through): the first trial, the floor
     baseline = best = runner.measure(*runner.resources.affordable(start))
-    with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
-        best = search.climb_workers(best)
-        best = search.probe_fewer(best, baseline)
-        best = search.tune_prefetch(best)
-        best = search.tune_pin(best)
-        search.repeat_outliers()
-    chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
+    sharing_reserve = min(SHARING_TRIALS * limits.trial_cap, SHARING_SHARE * limits.time_budget)
+    with runner.reserved(sharing_reserve):  # for the hand-over's trial, after the choice
+        with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
+            best = search.climb_workers(best)
+            best = search.probe_fewer(best, baseline)
+            best = search.tune_prefetch(best)
+            best = search.tune_pin(best)
+            search.repeat_outliers()
+        chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
+    sharing, sharing_detail = search.tune_sharing(chosen)
     baseline = runner.trials[baseline.config]
     measured = search._measured()
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
@@ -279,6 +291,8 @@ def _climb(
         stop_reason=search.stop_reason,
         stop_detail=search.stop_detail,
         bounds=runner.worker_bounds(chosen.prefetch_factor, chosen.pin_memory),
+        sharing_strategy=sharing,
+        sharing_detail=sharing_detail,
     )
 
 

@@ -91,9 +91,12 @@ class WorkerCpu:
         if self._me is None:
             return []
         try:
-            return self._me.children(recursive=True)  # forkserver workers are the server's children
+            children = self._me.children(recursive=True)  # forkserver workers are the server's children
         except Exception:
             return []
+        from lightning_dataperf.processes import is_shm_manager  # psutil is there: self._me is a psutil.Process
+
+        return [child for child in children if not is_shm_manager(child)]
 
     def seconds(self) -> dict[int, float]:
         """CPU seconds (user + system) of each child now, by pid: pass it to :meth:`since`."""

@@ -41,7 +41,10 @@ class AutotuneResult:
     cannot make more batches than measured), one of :meth:`TrialRunner.worker_bounds`'s names
     (``"/dev/shm"``, ``"memory"``, ``"file descriptors"``, ``"CPU share"``, ``"dataset"``),
     ``"memory guard"``, ``"time budget"`` or ``"fixed"`` (you set ``num_workers``); ``stop_detail`` says it
-    with numbers and ``bounds`` holds every bound's worker count at the chosen prefetch.
+    with numbers and ``bounds`` holds every bound's worker count at the chosen prefetch. ``sharing_strategy``
+    is ``"file_system"`` when the chosen workers measured faster sending their batches that way (pass
+    ``worker_init_fn=ShareBy("file_system")``; :class:`~lightning_dataperf.datamodule.TunedDataModule` does),
+    ``None`` otherwise; ``sharing_detail`` says what was measured.
 
     Example::
 
@@ -65,6 +68,8 @@ class AutotuneResult:
     transfer: str = ""
     elapsed_s: float = 0.0
     ended_at: float = 0.0
+    sharing_strategy: str | None = None
+    sharing_detail: str = ""
 
     @property
     def speedup_over_start(self) -> float:
@@ -103,7 +108,8 @@ class AutotuneResult:
         )
         origin = " (cached)" if self.cached else ""
         line = f"autotune{origin} measured {settings.num_workers} workers ({prefetch}{pin}) at {rate}"
-        return f"{line}; {self.stop_detail}" if self.stop_detail else line
+        line = f"{line}; {self.stop_detail}" if self.stop_detail else line
+        return f"{line}; {self.sharing_detail}" if self.sharing_strategy else line
 
     def format(self) -> str:
         origin = "cache hit" if self.cached else f"searched in {self.search_seconds:.1f} s"
@@ -118,6 +124,9 @@ class AutotuneResult:
         ]
         if self.stop_detail:
             lines.append(f"  stopped: {self.stop_detail}")
+        if self.sharing_detail:
+            use = f": pass worker_init_fn=ShareBy({self.sharing_strategy!r})" if self.sharing_strategy else ""
+            lines.append(f"  hand-over: {self.sharing_detail}{use}")
         lines.append("  workers prefetch pin   batches/s  start-up s  trial s  worker busy  memory MB  runs")
         for trial in self.trials:
             status = f"refused: {trial.refused}" if trial.refused else f"{trial.batches_per_sec:9.1f}"

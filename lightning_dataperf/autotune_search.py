@@ -33,6 +33,7 @@ from lightning_dataperf.autotune_model import (
 )
 from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, DECIDED_GAP, Limits, Trial, margin
 from lightning_dataperf.autotune_trials import TrialRunner
+from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
 
 __all__ = ["MODEL_SLACK", "TIE_BAND", "Search"]
 
@@ -268,6 +269,28 @@ class Search:
             return best
         trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory, against=best)
         return trial if self.better(trial, best) else best
+
+    def tune_sharing(self, chosen: Trial) -> tuple[str | None, str]:
+        """The ``file_system`` hand-over, measured at the chosen configuration: ``(strategy, words)``.
+
+        The workers of one more trial send their batches by shared-memory file name
+        (:class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor; kept only when faster
+        beyond noise (``None`` otherwise, or when there are no workers, the process already uses it, or the
+        budget is spent). The words say what was measured, for the result and the verdicts.
+        """
+        if not chosen.num_workers or chosen.refused is not None or process_strategy() == FAST_HANDOVER:
+            return None, ""
+        if self.runner.remaining <= 0:
+            return None, f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
+        trial = self.runner.run(*chosen.config, against=chosen, sharing=FAST_HANDOVER)
+        if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
+            return None, f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
+        words = f"{trial.batches_per_sec:.1f} against {chosen.batches_per_sec:.1f} batches/s"
+        if self.better(trial, chosen):
+            return FAST_HANDOVER, f"{FAST_HANDOVER} sharing measured {_change(trial, chosen)} ({words})"
+        if trial.batches_per_sec > chosen.batches_per_sec:  # faster, but a short trial's noise is wider
+            return None, f"{FAST_HANDOVER} sharing not faster beyond noise ({_change(trial, chosen)}: {words})"
+        return None, f"{FAST_HANDOVER} sharing gave nothing ({_change(trial, chosen)}: {words})"
 
     # ------------------------------------------------------------------ honest numbers
     def repeat_outliers(self) -> None:

@@ -56,6 +56,7 @@ from lightning_dataperf.autotune_records import (
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.loader_probe import TimedBatch, TimedCollate, TimedDataset
+from lightning_dataperf.sharing import with_strategy
 
 __all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
 
@@ -86,7 +87,7 @@ class TrialRunner:
         batches_per_epoch = length // max(1, batch_size) if length else None
         self.resources = Resources(hardware, limits.memory_fraction, batches_per_epoch)
         self.length, self.stride, self.offset = length, coprime_stride(length), 0
-        self._kept: tuple[tuple[int, int | None, bool], Iterator[Any]] | None = None  # the last trial's live workers
+        self._kept: tuple[Any, Iterator[Any]] | None = None  # the last trial's live workers: ((config, sharing), them)
         self._reserve = 0.0
 
     @property
@@ -181,11 +182,11 @@ class TrialRunner:
             shutdown_loader_iterator(kept[1])
             gc.collect()
 
-    def _loader(self, workers: int, prefetch: int | None, pin: bool) -> DataLoader:
+    def _loader(self, workers: int, prefetch: int | None, pin: bool, sharing: str | None = None) -> DataLoader:
         sampler = TrialOrder(self.length, self.offset, self.stride) if self.length else None
         kwargs = {
             key: value
-            for key, value in self.loader_kwargs.items()
+            for key, value in with_strategy(self.loader_kwargs, sharing).items()
             if key not in {"shuffle", "sampler", "batch_sampler", "collate_fn"}
         }
         kwargs.update(num_workers=workers, pin_memory=pin, generator=torch.Generator().manual_seed(0))
@@ -195,18 +196,27 @@ class TrialRunner:
         return DataLoader(TimedDataset(self.dataset), self.batch_size, sampler=sampler, collate_fn=collate, **kwargs)
 
     def run(
-        self, workers: int, prefetch: int | None, pin: bool, cap_scale: float = 1.0, against: Trial | None = None
+        self,
+        workers: int,
+        prefetch: int | None,
+        pin: bool,
+        cap_scale: float = 1.0,
+        against: Trial | None = None,
+        sharing: str | None = None,
     ) -> Trial:
         """One measurement of a configuration, not stored (:meth:`measure` stores it; the benchmark's grid uses this).
 
         ``cap_scale`` stretches the trial's time and batch caps and tightens its precision by as much (a close
         call is measured longer). ``against``: stop once decided against that trial (see :meth:`measure`).
+        ``sharing``: the workers send their batches with this ``torch.multiprocessing`` sharing strategy
+        (:class:`~lightning_dataperf.sharing.ShareBy`; ``None``: the process's own).
 
         ``startup_s`` is -1 when the kept workers of the previous measurement of the same configuration
         were reused (no start-up was paid).
         """
         config = (workers, prefetch if workers else None, pin)
-        reused = self._kept is not None and self._kept[0] == config
+        kept_as = (config, sharing)  # workers that send another way are not these workers
+        reused = self._kept is not None and self._kept[0] == kept_as
         if reused:
             iterator = self._kept[1]  # type: ignore[index]
         else:
@@ -214,7 +224,7 @@ class TrialRunner:
         self._kept = None
         started = time.perf_counter()
         if not reused:
-            iterator = iter(self._loader(*config))
+            iterator = iter(self._loader(*config, sharing=sharing))
         in_flight = workers * (prefetch or 0)  # the batches the workers may hold made (queued, or in hand-over)
         skip = max(0, in_flight - 1)  # the burst: the batches after the first queued during start-up
         try:
@@ -226,7 +236,7 @@ class TrialRunner:
             shutdown_loader_iterator(iterator)
             gc.collect()
         else:
-            self._kept = (config, iterator)
+            self._kept = (kept_as, iterator)
         arrivals = drained.arrivals
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size

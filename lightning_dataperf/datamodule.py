@@ -49,6 +49,7 @@ from lightning_dataperf.sampler import (
     make_resumable,
 )
 from lightning_dataperf.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
+from lightning_dataperf.sharing import with_strategy
 from lightning_dataperf.tags import Stage
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
@@ -199,6 +200,10 @@ class TunedDataModule(pl.LightningDataModule):
         if workers:
             user_init = explicit.get("worker_init_fn")
             updates["worker_init_fn"] = EpochSeededWorkerInit(self._seed(), self._ranks()[0], shared, user_init)
+            measured = self.autotune_result if stage == "train" else None
+            if measured is not None and measured.sharing_strategy is not None:  # the workers send the faster way
+                updates = with_strategy(updates, measured.sharing_strategy)
+                plan.notes.append(f"hand-over: {measured.sharing_detail} (autotune), so the workers send that way")
         return plan, updates
 
     def _sampler(

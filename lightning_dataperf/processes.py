@@ -15,7 +15,19 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["child_pids", "loader_worker_processes", "major_faults", "pss_mb"]
+__all__ = ["child_pids", "is_shm_manager", "loader_worker_processes", "major_faults", "pss_mb"]
+
+#: PyTorch's shared-memory manager (``file_system`` sharing, see :mod:`~lightning_dataperf.sharing`) is a child
+#: process of the one that started it, not a worker; its name as ``/proc`` cuts it (15 characters).
+_SHM_MANAGER = "torch_shm_manag"
+
+
+def is_shm_manager(process: psutil.Process) -> bool:
+    """Whether ``process`` is PyTorch's ``torch_shm_manager`` (never counted as a loader worker)."""
+    try:
+        return process.name().startswith(_SHM_MANAGER)
+    except psutil.Error:
+        return False
 
 
 def child_pids(pid: int) -> list[int]:
@@ -51,7 +63,7 @@ def loader_worker_processes(main: psutil.Process | None = None) -> list[psutil.P
     for pid in child_pids(main.pid):
         try:
             child = _process(pid)
-            if _local_rank(child) != own_rank:
+            if _local_rank(child) != own_rank or is_shm_manager(child):
                 continue
         except psutil.Error:
             continue

@@ -1,0 +1,149 @@
+"""The hand-over strategy: ShareBy in the workers, autotune's trial of it, TunedDataModule applying it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.multiprocessing
+from helpers import IndexData, RecordingModel, fake_hardware, trainer_kwargs
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_dataperf import ShareBy, recommend_loader_settings
+from lightning_dataperf.autotune import AutotuneResult
+from lightning_dataperf.autotune_records import Limits, Trial
+from lightning_dataperf.autotune_search import Search
+from lightning_dataperf.seeding import EpochSeededWorkerInit
+from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy, with_strategy
+
+_INNER_CALLED: list[int] = []
+
+
+class StrategyPerSample(Dataset):
+    """Each sample: its index and the strategy the worker that made it sends with (1: file_system)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        sends = torch.multiprocessing.get_sharing_strategy() == FAST_HANDOVER
+        return torch.tensor([index, int(sends), len(_INNER_CALLED)])
+
+
+def _inner(worker_id: int) -> None:
+    _INNER_CALLED.append(worker_id)
+
+
+def test_share_by_sets_the_strategy_in_the_workers_only_and_keeps_their_init_and_the_order():
+    before = process_strategy()
+    loader = DataLoader(StrategyPerSample(), batch_size=4, num_workers=2, worker_init_fn=ShareBy(FAST_HANDOVER, _inner))
+    rows = torch.cat(list(loader)).tolist()
+    assert [row[0] for row in rows] == list(range(24))  # every sample once, in order
+    assert all(row[1] == 1 for row in rows)  # made by workers that send by file name
+    assert all(row[2] == 1 for row in rows)  # the loader's own worker_init_fn ran in each worker
+    assert process_strategy() == before  # the training process is unchanged
+
+
+def test_share_by_names_the_strategies_it_accepts():
+    with pytest.raises(ValueError, match="sharing strategies are"):
+        ShareBy("file_sytem")
+
+
+def test_with_strategy_wraps_the_loaders_init_or_leaves_the_kwargs_alone():
+    kwargs = {"num_workers": 2, "worker_init_fn": _inner}
+    assert with_strategy(kwargs, None) == kwargs
+    wrapped = with_strategy(kwargs, FAST_HANDOVER)["worker_init_fn"]
+    assert isinstance(wrapped, ShareBy) and wrapped.inner is _inner and kwargs["worker_init_fn"] is _inner
+
+
+class SharingRunner:
+    """Only what tune_sharing uses: a rate for the file_system trial, the budget left."""
+
+    def __init__(self, rate: float, remaining: float = 10.0, rough: bool = False) -> None:
+        self.rate, self.remaining, self.rough, self.runs = rate, remaining, rough, []
+
+    def run(self, workers, prefetch, pin, against=None, sharing=None):
+        self.runs.append(((workers, prefetch, pin), sharing))
+        return Trial(workers, prefetch, pin, self.rate, batches=200, precision=0.01, rough=self.rough)
+
+
+def _search(runner: SharingRunner) -> Search:
+    return Search(runner, fixed={}, pins=(False,), limits=Limits(30.0, 400, 0.03, 0.5, None, 0), cpus=2)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(process_strategy() == FAST_HANDOVER, reason="this platform already sends by file name")
+def test_autotune_keeps_the_file_system_hand_over_only_when_it_measured_faster():
+    chosen = Trial(42, 2, False, 300.0, batches=400, precision=0.01)
+    faster = SharingRunner(400.0)
+    assert _search(faster).tune_sharing(chosen) == (
+        FAST_HANDOVER,
+        "file_system sharing measured +33% (400.0 against 300.0 batches/s)",
+    )
+    assert faster.runs == [((42, 2, False), FAST_HANDOVER)]
+    strategy, words = _search(SharingRunner(303.0)).tune_sharing(chosen)  # within noise: the default stays
+    assert strategy is None and "not faster beyond noise (+1%" in words
+    strategy, words = _search(SharingRunner(250.0)).tune_sharing(chosen)
+    assert strategy is None and "gave nothing (-17%" in words
+    strategy, words = _search(SharingRunner(400.0, rough=True)).tune_sharing(chosen)  # cut short: proves nothing
+    assert strategy is None and "not measured" in words
+    spent = SharingRunner(400.0, remaining=0.0)
+    assert _search(spent).tune_sharing(chosen)[0] is None and not spent.runs
+    in_main = SharingRunner(400.0)
+    assert _search(in_main).tune_sharing(Trial(0, None, False, 300.0, batches=400)) == (None, "") and not in_main.runs
+
+
+def test_tuned_datamodule_applies_the_measured_hand_over_and_the_batches_are_the_same(tmp_path, monkeypatch):
+    settings = dataclasses.replace(recommend_loader_settings(fake_hardware()), num_workers=2, prefetch_factor=2)
+    result = AutotuneResult(
+        settings=settings, trials=(), search_seconds=1.0, baseline_batches_per_sec=1.0, best_batches_per_sec=1.3,
+        chosen_batches_per_sec=1.0, sharing_strategy=FAST_HANDOVER,
+        sharing_detail="file_system sharing measured +30% (1.3 against 1.0 batches/s)",
+    )  # fmt: skip
+    monkeypatch.setattr(
+        "lightning_dataperf.autotune_lightning.autotune_for_datamodule", lambda module, explicit: result
+    )
+
+    def fit(autotune):
+        pl.seed_everything(5)
+        model = RecordingModel()
+        datamodule = IndexData(length=40, seed=5, workers=2, autotune=autotune, verbose=False)
+        trainer = pl.Trainer(max_epochs=2, logger=False, **trainer_kwargs(tmp_path))
+        trainer.fit(model, datamodule=datamodule)
+        return model, datamodule, trainer
+
+    shared, module, trainer = fit(True)
+    plain, _, _ = fit(False)
+    assert shared.rows == plain.rows  # the same samples, order and worker draws
+    init = trainer.train_dataloader.worker_init_fn
+    assert (
+        isinstance(init, ShareBy) and init.strategy == FAST_HANDOVER and isinstance(init.inner, EpochSeededWorkerInit)
+    )
+    (plan,) = module.loader_plans["train"]
+    assert any("file_system sharing measured +30%" in note for note in plan.notes)
+
+
+def test_the_shared_memory_manager_is_not_taken_for_a_loader_worker(monkeypatch):
+    # the manager is a child of the process that started it until it is re-parented (timing-dependent), so a
+    # plain child stands in for it: the name decides
+    import subprocess
+    import types
+
+    import psutil
+
+    from lightning_dataperf import processes
+    from lightning_dataperf.autotune_measures import WorkerCpu
+
+    assert processes.is_shm_manager(types.SimpleNamespace(name=lambda: "torch_shm_manag"))
+    assert not processes.is_shm_manager(psutil.Process())
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert child.pid in [worker.pid for worker in processes.loader_worker_processes()]
+        assert child.pid in [worker.pid for worker in WorkerCpu()._children()]
+        monkeypatch.setattr(processes, "is_shm_manager", lambda process: process.pid == child.pid)
+        assert child.pid not in [worker.pid for worker in processes.loader_worker_processes()]
+        assert child.pid not in [worker.pid for worker in WorkerCpu()._children()]
+    finally:
+        child.kill()
+        child.wait()
