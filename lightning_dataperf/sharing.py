@@ -62,6 +62,13 @@ class ShareBy:
     Args:
         strategy: one of ``torch.multiprocessing.get_all_sharing_strategies()``.
         inner: the loader's own ``worker_init_fn``, called afterwards with the worker id.
+
+    Made in the training process, a ``file_system`` one starts that process's shared-memory manager
+    (:func:`start_shm_manager`), so the workers forked later share it.
+
+    Example::
+
+        loader = DataLoader(dataset, batch_size=16, num_workers=42, worker_init_fn=ShareBy("file_system", my_init))
     """
 
     def __init__(self, strategy: str, inner: Callable[[int], Any] | None = None) -> None:
@@ -69,6 +76,8 @@ class ShareBy:
         if strategy not in known:
             raise ValueError(f"ShareBy({strategy!r}): this platform's sharing strategies are {known}.")
         self.strategy, self.inner = strategy, inner
+        if strategy == FAST_HANDOVER:
+            start_shm_manager()
 
     def __call__(self, worker_id: int) -> None:
         torch.multiprocessing.set_sharing_strategy(self.strategy)
@@ -83,7 +92,5 @@ def with_strategy(loader_kwargs: Mapping[str, Any], strategy: str | None) -> dic
     """``loader_kwargs`` whose workers send with ``strategy`` (``None``: unchanged), their own init kept."""
     kwargs = dict(loader_kwargs)
     if strategy is not None:
-        if strategy == FAST_HANDOVER:
-            start_shm_manager()
         kwargs["worker_init_fn"] = ShareBy(strategy, kwargs.get("worker_init_fn"))
     return kwargs
