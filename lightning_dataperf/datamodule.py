@@ -200,10 +200,10 @@ class TunedDataModule(pl.LightningDataModule):
         if workers:
             user_init = explicit.get("worker_init_fn")
             updates["worker_init_fn"] = EpochSeededWorkerInit(self._seed(), self._ranks()[0], shared, user_init)
-            measured = self.autotune_result if stage == "train" else None
-            if measured is not None and measured.sharing_strategy is not None:  # the workers send the faster way
-                updates = with_strategy(updates, measured.sharing_strategy)
-                plan.notes.append(f"hand-over: {measured.sharing_detail} (autotune), so the workers send that way")
+            tuned = self.autotune_result if stage == "train" else None  # autotune measures the training loader
+            if tuned is not None and tuned.sharing_strategy is not None:  # the workers send the faster way
+                updates = with_strategy(updates, tuned.sharing_strategy)
+                plan.notes.append(f"hand-over: {tuned.sharing_detail} (autotune), so the workers send that way")
         return plan, updates
 
     def _sampler(

@@ -37,9 +37,10 @@ _MANAGER_CLIENT: list[torch.Tensor] = []  # a tiny file_system tensor that keeps
 def start_shm_manager() -> None:
     """Start PyTorch's ``torch_shm_manager`` for this process, once, before ``file_system`` workers are forked.
 
-    A forked worker shares its parent's manager; without one each worker starts its own: measured on 2 cores,
-    56 such workers took 12.4 s to their first batch and left 56 managers running, against 1.2 s and one
-    manager after this call (0.4 s, once per process). The manager exits once its processes are gone.
+    A forked worker shares its parent's manager; without one each worker starts its own: measured on 2 cores
+    (``benchmarks/shm_manager_startup.py --workers 56``), 56 such workers took 12.8-13.4 s to their first batch
+    and 56 managers ran, against 1.5 s and one manager after this call (0.4 s, once per process). The manager
+    exits once its processes are gone.
     """
     if _MANAGER_CLIENT:
         return
