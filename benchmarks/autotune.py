@@ -8,7 +8,9 @@ Every measurement runs the batches through the workload's training path (the sam
 would run (:func:`grid`): workers from (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32) up to ``max(8, 2 x CPUs)``
 for a loader that computes and on to 48 and 64 for the I/O-latency one (``--grid-workers`` to choose them),
 prefetch (2, 4, 8) (``--grid-prefetch``), pin both ways for the stock CUDA copy, pinned only for the
-side stream, and left out on a CPU-only run (nothing is copied; the script says so).
+side stream, and left out on a CPU-only run (nothing is copied; the script says so); with
+``--grid-sharing default file_system`` each point also with its workers sending by file name (the
+hand-over autotune measures where its climb stops).
 
 **Grid time, defined**: what a user would pay for that grid at the SAME accuracy as autotune's trials.
 Each grid point is one trial by autotune's own rule (:meth:`TrialRunner.run`: fresh workers, start-up
@@ -63,6 +65,7 @@ from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_measures import gc_frozen
 from lightning_dataperf.autotune_records import Limits
 from lightning_dataperf.autotune_trials import TrialRunner
+from lightning_dataperf.sharing import FAST_HANDOVER
 
 Config = tuple[int, int | None, bool]
 
@@ -202,6 +205,11 @@ def measure(runner: TrialRunner, config: Config) -> float:
     return trial.batches_per_sec
 
 
+def with_sharing(config: Config, sharing: str | None) -> Config:
+    """``config`` with its workers sending by ``sharing`` (a fourth item; none for the process's own way)."""
+    return config if sharing in (None, "default") or not config[0] else (*config, sharing)  # type: ignore[return-value]
+
+
 #: The worker axis of the grid, cut to the workload's sensible range (see :func:`grid`).
 WORKER_AXIS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 #: Past the axis for an I/O-latency loader: autotune's climb goes there (51 workers on 2 cores, session 9).
@@ -254,6 +262,7 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     if pins == (False,):
         print(f"  {name}/{label}: CPU-only path, pin_memory left out of the grid (nothing is copied)", flush=True)
     points = grid(cpus, pins, latency=name == "io", workers=args.grid_workers, prefetches=tuple(args.grid_prefetch))
+    points = list(dict.fromkeys(with_sharing(config, way) for way in args.grid_sharing for config in points))
     for config in points:
         rates[config] = measure(runner, config)
         print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
@@ -275,9 +284,7 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         cache_path=os.path.join(args.cache_dir, "autotune_bench.json"),
         progress="log",
     )
-    chosen = _config(tuned.settings, pins)
-    if tuned.sharing_strategy is not None:  # measured as the user runs it: the workers send that way
-        chosen = (*chosen, tuned.sharing_strategy)  # type: ignore[assignment]
+    chosen = with_sharing(_config(tuned.settings, pins), tuned.sharing_strategy)  # as the user runs it
     # The grid's best is not its single fastest measurement (the winner's curse: the largest of many noisy
     # measurements is biased upwards): its --grid-top fastest points are measured again with the named
     # rows, and the grid best is the one of them fastest on re-measurement.
@@ -397,6 +404,13 @@ def main() -> None:
     parser.add_argument("--grid-workers", type=int, nargs="+", default=None, help="worker counts of the grid")
     parser.add_argument("--grid-prefetch", type=int, nargs="+", default=list(PREFETCH_AXIS), help="prefetch axis")
     parser.add_argument("--paths", nargs="+", choices=["stock", "side_stream"], default=None, help="jpeg's paths")
+    parser.add_argument(
+        "--grid-sharing",
+        nargs="+",
+        choices=["default", FAST_HANDOVER],
+        default=["default"],
+        help="how the grid's workers send batches (autotune measures file_system where its climb stops)",
+    )
     parser.add_argument("--grid-top", type=int, default=3, help="grid points re-measured to find the grid best")
     parser.add_argument("--resolve", type=float, default=0.01, help="head-to-head until the ratio's SE is this")
     parser.add_argument("--max-pairs", type=int, default=8, help="most head-to-head pairs (autotune vs grid best)")

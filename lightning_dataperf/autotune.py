@@ -22,11 +22,13 @@ hardware policy's recommendation the search
 3. repeats a trial clearly slower than its neighbours or than the best it would end the climb against,
    and one faster but not beyond its own noise; a repeat of the configuration just measured continues
    with its workers (kept alive, no start-up);
-4. measures the chosen configuration once more with its workers sending their batches by shared-memory
-   file name (``torch.multiprocessing``'s ``file_system`` strategy, set in the workers by
-   :class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor, in a share of the
-   budget kept for it (:data:`SHARING_TRIALS` trial caps, at most :data:`SHARING_SHARE`), and keeps it
-   only when faster beyond noise (``AutotuneResult.sharing_strategy``).
+4. where the climb stops (more workers gave nothing, the CPUs or a bound) measures the best so far once
+   more with its workers sending their batches by shared-memory file name (``torch.multiprocessing``'s
+   ``file_system`` strategy, set in the workers by :class:`~lightning_dataperf.sharing.ShareBy`) instead
+   of a connection per tensor, in a share of the budget the climb leaves for it (:data:`SHARING_TRIALS`
+   trial caps, at most :data:`SHARING_SHARE`); faster beyond noise, every later trial sends that way
+   (``AutotuneResult.sharing_strategy``), and where it was the lack of gain the climb goes on from there:
+   the hand-over, not the workers, had been the limit.
 
 Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
 is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
@@ -103,8 +105,8 @@ __all__ = [
 _Search = Search  # the name the tests drive the climb through
 
 SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
-#: Trial caps of the budget kept for the hand-over's trial (its workers' start-up and one measurement), at most
-#: :data:`SHARING_SHARE` of the budget.
+#: Trial caps of the budget the climb leaves for the hand-over's trial (its workers' start-up and one
+#: measurement), at most :data:`SHARING_SHARE` of the budget.
 SHARING_TRIALS = 2
 SHARING_SHARE = 0.15
 
@@ -243,7 +245,8 @@ def _search(
     loader_kwargs.pop("persistent_workers", None)
     runner = TrialRunner(dataset, batch_size, loader_kwargs, hardware, path, limits, listener)
     pins = path.pin_choices()
-    search = Search(runner, fixed, pins, limits, hardware.cpus_per_rank)
+    handover_reserve = min(SHARING_TRIALS * limits.trial_cap, SHARING_SHARE * limits.time_budget)
+    search = Search(runner, fixed, pins, limits, hardware.cpus_per_rank, handover_reserve)
     with gc_frozen():  # each trial's loader is collected after it; frozen, that walks only the search's objects
         try:
             return _climb(search, runner, policy, pins, limits, choose_within, batch_size)
@@ -266,23 +269,20 @@ def _climb(
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
     # the policy's pick (what the memory guard lets through): the first trial, the floor
     baseline = best = runner.measure(*runner.resources.affordable(start))
-    sharing_reserve = min(SHARING_TRIALS * limits.trial_cap, SHARING_SHARE * limits.time_budget)
-    with runner.reserved(sharing_reserve):  # for the hand-over's trial, after the choice
-        with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
-            best = search.climb_workers(best)
-            best = search.probe_fewer(best, baseline)
-            best = search.tune_prefetch(best)
-            best = search.tune_pin(best)
-            search.repeat_outliers()
-        chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
-    sharing, sharing_detail = search.tune_sharing(chosen)
-    baseline = runner.trials[baseline.config]
+    with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
+        best = search.climb_workers(best)
+        best = search.probe_fewer(best, baseline)
+        best = search.tune_prefetch(best)
+        best = search.tune_pin(best)
+        search.repeat_outliers()
+    chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
+    baseline = runner.latest(baseline)
     measured = search._measured()
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(
         settings=settings,
-        trials=tuple(runner.trials.values()),
+        trials=tuple(runner.all_trials()),
         search_seconds=0.0,
         baseline_batches_per_sec=baseline.batches_per_sec,
         best_batches_per_sec=top,
@@ -291,8 +291,8 @@ def _climb(
         stop_reason=search.stop_reason,
         stop_detail=search.stop_detail,
         bounds=runner.worker_bounds(chosen.prefetch_factor, chosen.pin_memory),
-        sharing_strategy=sharing,
-        sharing_detail=sharing_detail,
+        sharing_strategy=chosen.sharing,
+        sharing_detail=search.sharing_detail,
     )
 
 

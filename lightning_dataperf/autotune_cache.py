@@ -29,7 +29,7 @@ from lightning_dataperf.hardware import Hardware
 
 __all__ = ["CACHE_VERSION", "cache_key", "dataset_fingerprint", "default_cache_path", "read_entry", "write_entry"]
 
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 _WARNED: set[str] = set()
 
 

@@ -69,27 +69,27 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
     for round_index in range(refine + 1):
         measured = search._measured()
         if not measured:
-            return runner.trials.get(floor.config, floor)
+            return runner.latest(floor)
         top = max(measured, key=lambda trial: trial.batches_per_sec)
         contenders = [trial for trial in measured if search.as_fast(trial, top)]
         chosen = min(contenders, key=cheaper)
-        close = chosen.config != top.config and chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
+        close = chosen.key != top.key and chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
         if not close:
             refined.clear()  # decided: the usual rules below
             break
         if round_index == refine or runner.remaining <= 0:
-            if {chosen.config, top.config} <= refined:  # both re-measured, still within noise: the means decide
+            if {chosen.key, top.key} <= refined:  # both re-measured, still within noise: the means decide
                 least = top.batches_per_sec * (1 - choose_within)
                 chosen = min((trial for trial in measured if trial.batches_per_sec >= least), key=cheaper)
             break
         for trial in (chosen, top) if round_index % 2 == 0 else (top, chosen):
             before = runner.trials[trial.config]
             if runner.remeasure(before, cap_scale=2.0 ** (round_index + 1)) is not before:
-                refined.add(trial.config)  # measured again (not when the budget ran out, or the repeat was rough)
-    floor = runner.trials.get(floor.config, floor)
-    if floor.refused is not None or floor.batches < 2 or chosen.config == floor.config:
+                refined.add(trial.key)  # measured again (not when the budget ran out, or the repeat was rough)
+    floor = runner.latest(floor)
+    if floor.refused is not None or floor.batches < 2 or chosen.key == floor.key:
         return chosen
-    if {floor.config, chosen.config} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
+    if {floor.key, chosen.key} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
         return chosen  # the floor was one side of the close call, and measured slower
     if search.better(chosen, floor) or (cheaper(chosen) < cheaper(floor) and search.as_fast(chosen, floor)):
         return chosen

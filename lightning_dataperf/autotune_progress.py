@@ -30,6 +30,11 @@ def _config_text(config: tuple[int, int | None, bool]) -> str:
     return f"workers={workers} prefetch={prefetch if workers else '-'} pin={'yes' if pin else 'no'}"
 
 
+def _trial_text(trial: Any) -> str:
+    sharing = getattr(trial, "sharing", None)
+    return _config_text(trial.config) + (f" sharing={sharing}" if sharing else "")
+
+
 class SearchProgress:
     """Silent base: counts trials and keeps an estimate of how many the search will take."""
 
@@ -71,7 +76,7 @@ class LogProgress(SearchProgress):
     def finished(self, trial: Any) -> None:
         again = f", measured {trial.measurements}x" if trial.measurements > 1 else ""
         self.stream.write(
-            f"DataPerf autotune: trial {self.index}/~{self.estimate} {_config_text(trial.config)}: "
+            f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: "
             f"{trial.batches_per_sec:.1f} batches/s (start-up {trial.startup_s:.2f} s, trial {trial.seconds:.1f} s"
             f"{again})\n"
         )
@@ -101,7 +106,7 @@ class BarProgress(SearchProgress):
             self.bar.set_postfix_str(f"{_config_text(self.config)}: {rate:.1f} batches/s so far", refresh=True)
 
     def finished(self, trial: Any) -> None:
-        self.bar.set_postfix_str(f"{_config_text(trial.config)}: {trial.batches_per_sec:.1f} batches/s", refresh=False)
+        self.bar.set_postfix_str(f"{_trial_text(trial)}: {trial.batches_per_sec:.1f} batches/s", refresh=False)
         self.bar.update(1)
 
     def close(self, result: Any = None) -> None:

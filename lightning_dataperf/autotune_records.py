@@ -81,7 +81,9 @@ class Trial:
     ``tree_cpu_s`` the CPU seconds per batch of the whole path, read from the OS: this process (every
     thread: the consumer, the pin thread, the hand-over) and the workers (dataset and collate, and also
     what ``cpu_s`` cannot see: pickling batches into their queues, the queue's feeder threads). The CPUs
-    over it is the most batches/s they can make, whoever makes them.
+    over it is the most batches/s they can make, whoever makes them. ``sharing``: the
+    ``torch.multiprocessing`` sharing strategy the workers sent their batches with (``None``: the process's
+    own; :class:`~lightning_dataperf.sharing.ShareBy`).
     """
 
     num_workers: int
@@ -103,10 +105,16 @@ class Trial:
     main_s: float | None = None
     tree_cpu_s: float | None = None
     rough: bool = False  # no steady round was counted (the budget or the dataset ran out): the burst's rate
+    sharing: str | None = None
 
     @property
     def config(self) -> tuple[int, int | None, bool]:
         return self.num_workers, self.prefetch_factor, self.pin_memory
+
+    @property
+    def key(self) -> tuple[tuple[int, int | None, bool], str | None]:
+        """The settings and the way the workers sent: the same settings sent another way measure another path."""
+        return self.config, self.sharing
 
     def relative_error(self, floor: float) -> float:
         """The rate's relative standard error, never below ``floor`` (unknown: ``floor``)."""

@@ -88,7 +88,7 @@ class AutotuneResult:
     @property
     def chosen_trial(self) -> Trial | None:
         config = config_of(self.settings)
-        return next((trial for trial in self.trials if trial.config == config), None)
+        return next((trial for trial in self.trials if trial.key == (config, self.sharing_strategy)), None)
 
     @property
     def trial_seconds(self) -> float:
@@ -127,14 +127,14 @@ class AutotuneResult:
         if self.sharing_detail:
             use = f": pass worker_init_fn=ShareBy({self.sharing_strategy!r})" if self.sharing_strategy else ""
             lines.append(f"  hand-over: {self.sharing_detail}{use}")
-        lines.append("  workers prefetch pin   batches/s  start-up s  trial s  worker busy  memory MB  runs")
+        lines.append("  workers prefetch pin   batches/s  start-up s  trial s  worker busy  memory MB  runs  sharing")
         for trial in self.trials:
             status = f"refused: {trial.refused}" if trial.refused else f"{trial.batches_per_sec:9.1f}"
             busy = "-" if trial.worker_busy is None else f"{100 * trial.worker_busy:.0f}%"
             lines.append(
                 f"  {trial.num_workers:7d} {trial.prefetch_factor!s:>8} {trial.pin_memory!s:5} {status:>11} "
                 f"{trial.startup_s:10.2f} {trial.seconds:8.1f} {busy:>12} {trial.memory_mb:10.0f} "
-                f"{trial.measurements:5d}"
+                f"{trial.measurements:5d}  {trial.sharing or '-'}"
             )
         return "\n".join(lines)
 

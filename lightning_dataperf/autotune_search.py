@@ -39,6 +39,8 @@ __all__ = ["MODEL_SLACK", "TIE_BAND", "Search"]
 
 Config = tuple[int, int | None, bool]
 
+#: Climb stops after which no hand-over trial is made (see :meth:`Search.try_handover`).
+_NO_HANDOVER_TRIAL = frozenset({"path", "time budget", "fixed", "memory guard", "dataset", ""})
 #: Most doublings of ``prefetch_factor`` tried.
 MAX_PREFETCH = 16
 #: A trial slower than this share of both its neighbours in worker count is measured again.
@@ -56,10 +58,18 @@ class Search:
     """One search's decisions over a :class:`TrialRunner`."""
 
     def __init__(
-        self, runner: TrialRunner, fixed: Mapping[str, Any], pins: tuple[bool, ...], limits: Limits, cpus: int = 1
+        self,
+        runner: TrialRunner,
+        fixed: Mapping[str, Any],
+        pins: tuple[bool, ...],
+        limits: Limits,
+        cpus: int = 1,
+        handover_reserve: float = 0.0,
     ) -> None:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
+        self.handover_reserve = handover_reserve  # kept back during the climb for the hand-over's trial
         self.stop_reason, self.stop_detail = "", ""
+        self.sharing_detail = ""  # what the hand-over's trial measured (see :meth:`try_handover`)
 
     def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
         workers = self.fixed.get("num_workers", workers)
@@ -130,7 +140,13 @@ class Search:
         if path_bound(best):
             return self._fewer_predicted(best)
         start = best
-        best = self._ascend(best)
+        with self.runner.reserved(self.handover_reserve):
+            best = self._ascend(best)
+        if (faster := self.try_handover(best)) is not None:
+            if self.stop_reason != "gain":  # a bound or the CPUs stopped the climb: it cannot go on
+                return faster
+            self.stop_reason = self.stop_detail = ""  # the hand-over limited the gain: climb on from it
+            return self._ascend(faster)
         if best.config != start.config or self.stop_reason != "gain":
             return best
         lower = self._fewer(start.num_workers)
@@ -270,27 +286,40 @@ class Search:
         trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory, against=best)
         return trial if self.better(trial, best) else best
 
-    def tune_sharing(self, chosen: Trial) -> tuple[str | None, str]:
-        """The ``file_system`` hand-over, measured at the chosen configuration: ``(strategy, words)``.
+    def try_handover(self, best: Trial) -> Trial | None:
+        """Where the climb stopped, the workers sending by shared-memory file name (``file_system``).
 
-        The workers of one more trial send their batches by shared-memory file name
-        (:class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor; kept only when faster
-        beyond noise (``None`` otherwise, or when there are no workers, the process already uses it, or the
-        budget is spent). The words say what was measured, for the result and the verdicts.
+        The default ``file_descriptor`` strategy costs the main thread a connection to the worker per shared
+        tensor (2.4 ms a batch on the 2-core VM: it bound the I/O-latency loader at 300-340 batches/s), so
+        where more workers stopped gaining, one trial at ``best``'s settings sends the other way
+        (:class:`~lightning_dataperf.sharing.ShareBy`). Faster beyond noise: adopted (every later trial
+        sends that way) and returned, so the climb goes on from it. Not tried without workers, where the
+        process already shares that way, or where the climb stopped for :data:`_NO_HANDOVER_TRIAL` (the
+        training path: the main thread hardly waited, so its hand-over is not what limits; the time
+        budget). After a bound or the CPUs stopped the climb, the faster trial is the pick; after a lack of
+        gain, the climb goes on from it. :attr:`sharing_detail` says what was measured.
         """
-        if not chosen.num_workers or chosen.refused is not None or process_strategy() == FAST_HANDOVER:
-            return None, ""
-        if self.runner.remaining <= 0:
-            return None, f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
-        trial = self.runner.run(*chosen.config, against=chosen, sharing=FAST_HANDOVER)
+        runner = self.runner
+        tried = self.stop_reason not in _NO_HANDOVER_TRIAL and runner.sharing is None
+        if not tried or not best.num_workers or best.refused is not None or process_strategy() == FAST_HANDOVER:
+            return None
+        if runner.remaining <= 0:
+            self.sharing_detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
+            return None
+        trial = runner.measure_sharing(best, FAST_HANDOVER)
         if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
-            return None, f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
-        words = f"{trial.batches_per_sec:.1f} against {chosen.batches_per_sec:.1f} batches/s"
-        if self.better(trial, chosen):
-            return FAST_HANDOVER, f"{FAST_HANDOVER} sharing measured {_change(trial, chosen)} ({words})"
-        if trial.batches_per_sec > chosen.batches_per_sec:  # faster, but a short trial's noise is wider
-            return None, f"{FAST_HANDOVER} sharing not faster beyond noise ({_change(trial, chosen)}: {words})"
-        return None, f"{FAST_HANDOVER} sharing gave nothing ({_change(trial, chosen)}: {words})"
+            self.sharing_detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
+            return None
+        at = f"{best.num_workers} workers"
+        words = f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {at}"
+        if self.better(trial, best):
+            self.sharing_detail = f"{FAST_HANDOVER} sharing measured {_change(trial, best)} ({words})"
+            runner.adopt(trial)
+            return trial
+        unsure = trial.batches_per_sec > best.batches_per_sec  # faster, but a short trial's noise is wider
+        verdict = "not faster beyond noise" if unsure else "gave nothing"
+        self.sharing_detail = f"{FAST_HANDOVER} sharing {verdict} ({_change(trial, best)}: {words})"
+        return None
 
     # ------------------------------------------------------------------ honest numbers
     def repeat_outliers(self) -> None:

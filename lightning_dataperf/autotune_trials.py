@@ -82,7 +82,9 @@ class TrialRunner:
         self.hardware, self.path, self.limits = hardware, path, limits
         self.listener = listener or (lambda event, value: None)
         self.deadline = time.perf_counter() + limits.time_budget
-        self.trials: dict[tuple[int, int | None, bool], Trial] = {}
+        self.trials: dict[tuple[int, int | None, bool], Trial] = {}  # measured with the workers' ``sharing``
+        self.sharing: str | None = None  # how trial workers send their batches (None: the process's strategy)
+        self.earlier: list[Trial] = []  # trials measured another way than ``sharing`` (see :meth:`adopt`)
         length = sized_len(dataset) or 0
         batches_per_epoch = length // max(1, batch_size) if length else None
         self.resources = Resources(hardware, limits.memory_fraction, batches_per_epoch)
@@ -126,6 +128,31 @@ class TrialRunner:
         return self.resources.worker_bounds(prefetch, pin, self.trials.values())
 
     # ------------------------------------------------------------------ trials
+    def all_trials(self) -> list[Trial]:
+        """Every trial, those measured another way (:attr:`earlier`) first."""
+        return [*self.earlier, *self.trials.values()]
+
+    def latest(self, trial: Trial) -> Trial:
+        """The newest record of ``trial``'s configuration measured the same way (it may have been re-measured)."""
+        if trial.sharing == self.sharing:
+            return self.trials.get(trial.config, trial)
+        return next((kept for kept in reversed(self.earlier) if kept.key == trial.key), trial)
+
+    def measure_sharing(self, trial: Trial, strategy: str) -> Trial:
+        """``trial``'s configuration once more, its workers sending with ``strategy``; kept in :attr:`earlier`
+        until :meth:`adopt` takes it (compared with ``trial``: stopped once decided against it)."""
+        self.listener("start", trial.config)
+        other = self.run(*trial.config, against=trial, sharing=strategy)
+        self.listener("done", other)
+        self.earlier.append(other)
+        return other
+
+    def adopt(self, trial: Trial) -> None:
+        """From now on the trials' workers send the way ``trial``'s did (:meth:`measure_sharing`): the trials
+        measured so far move to :attr:`earlier`, and ``trial`` is the first of the new way."""
+        self.earlier = [kept for kept in self.earlier if kept is not trial] + list(self.trials.values())
+        self.trials, self.sharing = {trial.config: trial}, trial.sharing
+
     def measure(self, workers: int, prefetch: int | None, pin: bool, against: Trial | None = None) -> Trial:
         """Measure a configuration once and store it (stored already: that trial); ``against``: the trial the
         search compares it with, stopped once :func:`~lightning_dataperf.autotune_records.decided`."""
@@ -133,10 +160,10 @@ class TrialRunner:
         if key in self.trials:
             return self.trials[key]
         if (reason := self.resources.refusal(*key)) is not None:
-            trial = Trial(*key, memory_mb=self.resources.memory_mb(*key), refused=reason)
+            trial = Trial(*key, memory_mb=self.resources.memory_mb(*key), refused=reason, sharing=self.sharing)
         else:
             self.listener("start", key)
-            trial = self.run(*key, against=against)
+            trial = self.run(*key, against=against, sharing=self.sharing)
             self.listener("done", trial)
         self.trials[key] = trial
         return trial
@@ -153,7 +180,7 @@ class TrialRunner:
         if trial.refused is not None or self.remaining <= 0:
             return trial
         self.listener("start", trial.config)
-        again = self.run(*trial.config, cap_scale=cap_scale, against=against)
+        again = self.run(*trial.config, cap_scale=cap_scale, against=against, sharing=trial.sharing)
         # a repeat the budget cut before one steady round is not averaged in: its rate includes the burst of
         # queued batches, or a few staggered arrivals (measured on the H200: one such repeat took 18 workers'
         # mean from 37.7 to 29.6 batches/s, and the close call it was resolving to the other side)
@@ -171,7 +198,10 @@ class TrialRunner:
                 precision=pooled_error(trial, again, count),
                 **{name: getattr(trial, name) for name in _LATEST_KNOWN if getattr(again, name) is None},
             )
-        self.trials[trial.config] = trial
+        if trial.sharing == self.sharing:
+            self.trials[trial.config] = trial
+        else:  # measured another way (the policy's start, before the search adopted another hand-over)
+            self.earlier = [trial if kept.key == trial.key else kept for kept in self.earlier]
         self.listener("done", trial)
         return trial
 
@@ -251,7 +281,7 @@ class TrialRunner:
         if len(arrivals) < 2:  # no rate could be measured: not a result
             reason = DATASET_REFUSAL if drained.exhausted else BUDGET_REFUSAL
             return Trial(*config, startup_s=startup, batches=len(arrivals), seconds=seconds, memory_mb=memory,
-                         refused=reason)  # fmt: skip
+                         refused=reason, sharing=sharing)  # fmt: skip
         return Trial(
             *config,
             rate,
@@ -268,6 +298,7 @@ class TrialRunner:
             main_s=drained.main_s,
             tree_cpu_s=drained.tree_cpu_s,
             rough=rough,
+            sharing=sharing,
         )
 
     def _drain(

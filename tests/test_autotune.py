@@ -17,6 +17,7 @@ from lightning_dataperf import autotune_loader
 from lightning_dataperf.autotune import AutotuneResult
 from lightning_dataperf.autotune_bounds import Resources
 from lightning_dataperf.autotune_records import Trial, confirmation_candidates, steady_rate
+from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -157,24 +158,47 @@ def test_confirmation_remeasures_the_fastest_and_the_cheapest_near_them():
 class FakeRunner:
     """Stands in for TrialRunner: rates from a function of the configuration, no processes, no clocks."""
 
-    def __init__(self, rate, bounds=None, busy=0.05):
+    def __init__(self, rate, bounds=None, busy=0.05, sharing_rate=None):
         self.rate, self.bounds, self.busy = rate, bounds or {}, busy
+        self.sharing_rate = sharing_rate or rate  # the rates when the workers send by file name
         self.trials, self.remaining, self.measured, self.remeasured, self.scales = {}, 100.0, [], [], []
         self.timing = {}  # workers -> (work_s, main_s) the fake trials report
+        self.sharing, self.shared, self.earlier = None, [], []
+
+    def _rate(self, key, sharing):
+        return (self.sharing_rate if sharing else self.rate)(*key)
 
     def measure(self, workers, prefetch, pin, against=None):
         key = (workers, prefetch if workers else None, pin)
         if key not in self.trials:
             self.measured.append(key)
             work_s, main_s = self.timing.get(workers, (None, None))
-            rate = self.rate(*key)
-            self.trials[key] = Trial(*key, rate, batches=20, worker_busy=self.busy, work_s=work_s, main_s=main_s)
+            rate = self._rate(key, self.sharing)
+            self.trials[key] = Trial(
+                *key, rate, batches=20, worker_busy=self.busy, work_s=work_s, main_s=main_s, sharing=self.sharing
+            )
         return self.trials[key]
+
+    def measure_sharing(self, trial, strategy):
+        self.shared.append(trial.config)
+        other = Trial(*trial.config, self._rate(trial.config, strategy), batches=20, worker_busy=self.busy,
+                      sharing=strategy)  # fmt: skip
+        self.earlier.append(other)
+        return other
+
+    def latest(self, trial):
+        if trial.sharing == self.sharing:
+            return self.trials.get(trial.config, trial)
+        return next((kept for kept in reversed(self.earlier) if kept.key == trial.key), trial)
+
+    def adopt(self, trial):
+        self.earlier = [kept for kept in self.earlier if kept is not trial] + list(self.trials.values())
+        self.trials, self.sharing = {trial.config: trial}, trial.sharing
 
     def remeasure(self, trial, cap_scale=1.0, against=None):
         self.remeasured.append(trial.config)
         self.scales.append(cap_scale)
-        again = dataclasses.replace(trial, batches_per_sec=self.rate(*trial.config), measurements=2)
+        again = dataclasses.replace(trial, batches_per_sec=self._rate(trial.config, trial.sharing), measurements=2)
         self.trials[trial.config] = again
         return again
 
@@ -205,6 +229,21 @@ def test_io_latency_climb_goes_past_twice_the_cpus_and_says_why_it_stopped():
     best = search.climb_workers(runner.measure(1, 2, False))
     assert best.num_workers >= 20 > 2 * 2  # twice the 2 CPUs was the old ceiling
     assert search.stop_reason == "gain" and "more gave nothing" in search.stop_detail
+
+
+@pytest.mark.skipif(process_strategy() == FAST_HANDOVER, reason="this platform already sends by file name")
+def test_where_the_hand_over_limited_the_gain_the_climb_goes_on_sending_by_file_name():
+    # the main thread takes at most 300 batches/s over connections per tensor, 600 by file name; 20 ms a batch
+    runner = FakeRunner(lambda w, p, pin: min(50.0 * w, 300.0), sharing_rate=lambda w, p, pin: min(50.0 * w, 600.0))
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(1, 2, False))
+    ((plateau, _, _),) = runner.shared  # one hand-over trial, where the default way stopped gaining
+    assert best.sharing == runner.sharing == FAST_HANDOVER and best.num_workers > plateau
+    assert best.batches_per_sec > 300.0 * 1.03 and search.sharing_detail.startswith("file_system sharing measured +")
+    assert search.stop_reason == "gain" and all(trial.sharing is None for trial in runner.earlier[:-1])
+    same = FakeRunner(lambda w, p, pin: min(50.0 * w, 300.0))  # the hand-over was not the limit: one trial, kept apart
+    best = _search_with(same).climb_workers(same.measure(1, 2, False))
+    assert best.sharing is None and same.sharing is None and len(same.shared) == 1
 
 
 def test_climb_stops_at_the_smallest_bound_and_names_it():

@@ -8,13 +8,15 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.multiprocessing
-from helpers import IndexData, RecordingModel, fake_hardware, trainer_kwargs
+from helpers import IndexData, IndexedDataset, RecordingModel, fake_hardware, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import ShareBy, recommend_loader_settings
 from lightning_dataperf.autotune import AutotuneResult
+from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_records import Limits, Trial
 from lightning_dataperf.autotune_search import Search
+from lightning_dataperf.autotune_trials import TrialRunner
 from lightning_dataperf.seeding import EpochSeededWorkerInit
 from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy, with_strategy
 
@@ -59,39 +61,72 @@ def test_with_strategy_wraps_the_loaders_init_or_leaves_the_kwargs_alone():
 
 
 class SharingRunner:
-    """Only what tune_sharing uses: a rate for the file_system trial, the budget left."""
+    """Only what try_handover uses: a rate for the file_system trial, the budget left, adopt."""
 
     def __init__(self, rate: float, remaining: float = 10.0, rough: bool = False) -> None:
         self.rate, self.remaining, self.rough, self.runs = rate, remaining, rough, []
+        self.sharing, self.adopted = None, None
 
-    def run(self, workers, prefetch, pin, against=None, sharing=None):
-        self.runs.append(((workers, prefetch, pin), sharing))
-        return Trial(workers, prefetch, pin, self.rate, batches=200, precision=0.01, rough=self.rough)
+    def measure_sharing(self, trial, strategy):
+        self.runs.append((trial.config, strategy))
+        return Trial(*trial.config, self.rate, batches=200, precision=0.01, rough=self.rough, sharing=strategy)
+
+    def adopt(self, trial):
+        self.sharing, self.adopted = trial.sharing, trial
 
 
-def _search(runner: SharingRunner) -> Search:
-    return Search(runner, fixed={}, pins=(False,), limits=Limits(30.0, 400, 0.03, 0.5, None, 0), cpus=2)  # type: ignore[arg-type]
+def _search(runner: SharingRunner, stop: str = "gain") -> Search:
+    search = Search(runner, fixed={}, pins=(False,), limits=Limits(30.0, 400, 0.03, 0.5, None, 0), cpus=2)  # type: ignore[arg-type]
+    search.stop_reason = stop
+    return search
+
+
+def _handover(runner: SharingRunner, best: Trial, stop: str = "gain") -> tuple[Trial | None, str]:
+    search = _search(runner, stop)
+    return search.try_handover(best), search.sharing_detail
 
 
 @pytest.mark.skipif(process_strategy() == FAST_HANDOVER, reason="this platform already sends by file name")
-def test_autotune_keeps_the_file_system_hand_over_only_when_it_measured_faster():
-    chosen = Trial(42, 2, False, 300.0, batches=400, precision=0.01)
+def test_the_file_system_hand_over_is_adopted_only_when_it_measured_faster_where_the_climb_stopped():
+    best = Trial(42, 2, False, 300.0, batches=400, precision=0.01)
     faster = SharingRunner(400.0)
-    assert _search(faster).tune_sharing(chosen) == (
-        FAST_HANDOVER,
-        "file_system sharing measured +33% (400.0 against 300.0 batches/s)",
-    )
+    trial, words = _handover(faster, best)
+    assert trial is faster.adopted and trial.sharing == FAST_HANDOVER and faster.sharing == FAST_HANDOVER
+    assert words == "file_system sharing measured +33% (400.0 against 300.0 batches/s at 42 workers)"
     assert faster.runs == [((42, 2, False), FAST_HANDOVER)]
-    strategy, words = _search(SharingRunner(303.0)).tune_sharing(chosen)  # within noise: the default stays
-    assert strategy is None and "not faster beyond noise (+1%" in words
-    strategy, words = _search(SharingRunner(250.0)).tune_sharing(chosen)
-    assert strategy is None and "gave nothing (-17%" in words
-    strategy, words = _search(SharingRunner(400.0, rough=True)).tune_sharing(chosen)  # cut short: proves nothing
-    assert strategy is None and "not measured" in words
-    spent = SharingRunner(400.0, remaining=0.0)
-    assert _search(spent).tune_sharing(chosen)[0] is None and not spent.runs
-    in_main = SharingRunner(400.0)
-    assert _search(in_main).tune_sharing(Trial(0, None, False, 300.0, batches=400)) == (None, "") and not in_main.runs
+    near = SharingRunner(303.0)  # within noise: the default stays
+    trial, words = _handover(near, best)
+    assert trial is None and near.adopted is None and "not faster beyond noise (+1%" in words
+    trial, words = _handover(SharingRunner(250.0), best)
+    assert trial is None and "gave nothing (-17%" in words
+    trial, words = _handover(SharingRunner(400.0, rough=True), best)  # cut short: proves nothing
+    assert trial is None and "not measured" in words
+    for runner, at, stop in [
+        (SharingRunner(400.0, remaining=0.0), best, "gain"),  # the budget is spent
+        (SharingRunner(400.0), Trial(0, None, False, 300.0, batches=400), "gain"),  # no workers: no hand-over
+        (SharingRunner(400.0), best, "path"),  # the main thread hardly waited: its hand-over is not the limit
+        (SharingRunner(400.0), best, "time budget"),
+    ]:
+        assert _handover(runner, at, stop)[0] is None and not runner.runs
+
+
+def test_trials_measured_another_way_are_kept_apart_and_re_measured_in_place(monkeypatch):
+    runner = TrialRunner(IndexedDataset(40), 4, {}, fake_hardware(), TransferPath(),
+                         Limits(30.0, 400, 0.03, 0.5, None, 0))  # fmt: skip
+    plain = Trial(8, 2, False, 300.0, batches=100, precision=0.01)
+    runner.trials = {plain.config: plain}
+    monkeypatch.setattr(runner, "run", lambda *config, sharing=None, **kwargs: Trial(
+        *config, 500.0, batches=100, precision=0.01, sharing=sharing))  # fmt: skip
+    shared = runner.measure_sharing(plain, FAST_HANDOVER)
+    assert runner.trials == {plain.config: plain} and runner.earlier == [shared]  # not adopted yet
+    runner.adopt(shared)
+    assert runner.sharing == FAST_HANDOVER and runner.trials == {plain.config: shared}
+    assert runner.earlier == [plain] and runner.latest(plain) is plain and runner.latest(shared) is shared
+    again = runner.remeasure(plain)  # the policy's start, measured the default way: re-measured as it was
+    assert again.sharing is None and again.measurements == 2 and runner.latest(plain) is again
+    assert runner.trials == {plain.config: shared} and runner.earlier == [again]
+    assert runner.measure(16, 2, False).sharing == FAST_HANDOVER  # later trials send the adopted way
+    assert runner.all_trials()[0] is again and len(runner.all_trials()) == 3
 
 
 def test_tuned_datamodule_applies_the_measured_hand_over_and_the_batches_are_the_same(tmp_path, monkeypatch):
