@@ -34,6 +34,7 @@ __all__ = [
     "decided",
     "made_rate",
     "margin",
+    "percent_change",
     "steady_rate",
 ]
 
@@ -246,3 +247,10 @@ def cheapest_near(trials: list[Trial], share: float) -> Trial | None:
 
 
 TrialListener = Callable[[str, Any], None]
+
+
+def percent_change(trial: Trial, reference: Trial) -> str:
+    """``trial``'s rate against ``reference``'s, e.g. ``"+27%"`` (``"n/a"`` without a reference rate)."""
+    if not reference.batches_per_sec:
+        return "n/a"
+    return f"{100 * (trial.batches_per_sec / reference.batches_per_sec - 1):+.0f}%"

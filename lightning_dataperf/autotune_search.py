@@ -21,9 +21,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_dataperf.autotune_handover import Handover, gain_beyond_reach
 from lightning_dataperf.autotune_model import (
     cpu_ceiling,
     fewer_capacity,
+    handover_bound,
     main_thread_rate,
     next_workers,
     path_bound,
@@ -31,16 +33,21 @@ from lightning_dataperf.autotune_model import (
     smallest_step,
     workers_needed,
 )
-from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, DECIDED_GAP, Limits, Trial, margin
+from lightning_dataperf.autotune_records import (
+    BUDGET_REFUSAL,
+    DATASET_REFUSAL,
+    DECIDED_GAP,
+    Limits,
+    Trial,
+    margin,
+    percent_change,
+)
 from lightning_dataperf.autotune_trials import TrialRunner
-from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
 
 __all__ = ["MODEL_SLACK", "TIE_BAND", "Search"]
 
 Config = tuple[int, int | None, bool]
 
-#: Climb stops after which no hand-over trial is made (see :meth:`Search.try_handover`).
-_NO_HANDOVER_TRIAL = frozenset({"path", "time budget", "fixed", "memory guard", "dataset", ""})
 #: Most doublings of ``prefetch_factor`` tried.
 MAX_PREFETCH = 16
 #: A trial slower than this share of both its neighbours in worker count is measured again.
@@ -69,7 +76,7 @@ class Search:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
         self.handover_reserve = handover_reserve  # kept back during the climb for the hand-over's trial
         self.stop_reason, self.stop_detail = "", ""
-        self.sharing_detail = ""  # what the hand-over's trial measured (see :meth:`try_handover`)
+        self.handover = Handover()  # the one trial of another hand-over, and what it measured
 
     def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
         workers = self.fixed.get("num_workers", workers)
@@ -142,7 +149,7 @@ class Search:
         start = best
         with self.runner.reserved(self.handover_reserve):
             best = self._ascend(best)
-        if (faster := self.try_handover(best)) is not None:
+        if (faster := self.handover.attempt(self, best)) is not None:
             if self.stop_reason != "gain":  # a bound or the CPUs stopped the climb: it cannot go on
                 return faster
             self.stop_reason = self.stop_detail = ""  # the hand-over limited the gain: climb on from it
@@ -201,7 +208,9 @@ class Search:
                 return best
             trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory, against=best)
             if not self.as_fast(trial, best):
-                self.stop("fewer", f"{lower} workers lost {_change(trial, best)}; {above.num_workers} gained nothing")
+                self.stop(
+                    "fewer", f"{lower} workers lost {percent_change(trial, best)}; {above.num_workers} gained nothing"
+                )
                 return best
             best = trial
         self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers}, {above.num_workers} no faster)")
@@ -239,6 +248,8 @@ class Search:
                 return best
             if self.better(trial, best):
                 best = trial
+                if handover_bound(best) and (faster := self.handover.attempt(self, best, stopped=False)) is not None:
+                    best = faster  # the climb goes on sending by file name
                 continue
             if self._faster_but_unsure(trial, best):
                 # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
@@ -260,9 +271,9 @@ class Search:
             if not self.as_fast(trial, best) and step - best.num_workers >= 3 and runner.remaining > 0:
                 middle = self.measure((best.num_workers + step) // 2, best.prefetch_factor, best.pin_memory, best)
                 if self.better(middle, best):
-                    self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, middle)})")
+                    self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, middle)})")
                     return middle
-            self.stop("gain", f"more gave nothing ({step} workers: {_change(trial, best)})")
+            self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, best)})")
             return best
 
     # ------------------------------------------------------------------ prefetch and pinning
@@ -270,6 +281,8 @@ class Search:
         """Deeper queues while they gain, where the workers could make more than they delivered; not where
         the CPUs are spent (a deeper queue holds more batches, it cannot make them faster)."""
         if "prefetch_factor" in self.fixed or not best.num_workers or not queue_starved(best, self.limits.noise):
+            return best
+        if gain_beyond_reach(best, self.limits.noise):
             return best
         if self._cpus_spent(best) is not None:
             return best
@@ -285,41 +298,6 @@ class Search:
             return best
         trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory, against=best)
         return trial if self.better(trial, best) else best
-
-    def try_handover(self, best: Trial) -> Trial | None:
-        """Where the climb stopped, the workers sending by shared-memory file name (``file_system``).
-
-        The default ``file_descriptor`` strategy costs the main thread a connection to the worker per shared
-        tensor (2.4 ms a batch on the 2-core VM: it bound the I/O-latency loader at 300-340 batches/s), so
-        where more workers stopped gaining, one trial at ``best``'s settings sends the other way
-        (:class:`~lightning_dataperf.sharing.ShareBy`). Faster beyond noise: adopted (every later trial
-        sends that way) and returned, so the climb goes on from it. Not tried without workers, where the
-        process already shares that way, or where the climb stopped for :data:`_NO_HANDOVER_TRIAL` (the
-        training path: the main thread hardly waited, so its hand-over is not what limits; the time
-        budget). After a bound or the CPUs stopped the climb, the faster trial is the pick; after a lack of
-        gain, the climb goes on from it. :attr:`sharing_detail` says what was measured.
-        """
-        runner = self.runner
-        tried = self.stop_reason not in _NO_HANDOVER_TRIAL and runner.sharing is None
-        if not tried or not best.num_workers or best.refused is not None or process_strategy() == FAST_HANDOVER:
-            return None
-        if runner.remaining <= 0:
-            self.sharing_detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
-            return None
-        trial = runner.measure_sharing(best, FAST_HANDOVER)
-        if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
-            self.sharing_detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
-            return None
-        at = f"{best.num_workers} workers"
-        words = f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {at}"
-        if self.better(trial, best):
-            self.sharing_detail = f"{FAST_HANDOVER} sharing measured {_change(trial, best)} ({words})"
-            runner.adopt(trial)
-            return trial
-        unsure = trial.batches_per_sec > best.batches_per_sec  # faster, but a short trial's noise is wider
-        verdict = "not faster beyond noise" if unsure else "gave nothing"
-        self.sharing_detail = f"{FAST_HANDOVER} sharing {verdict} ({_change(trial, best)}: {words})"
-        return None
 
     # ------------------------------------------------------------------ honest numbers
     def repeat_outliers(self) -> None:
@@ -379,17 +357,13 @@ class Search:
             else:
                 lost = True
         if best is not before:
-            self.stop_detail += f"; fewer were as fast ({why}): {best.num_workers} workers {_change(best, before)}"
+            self.stop_detail += (
+                f"; fewer were as fast ({why}): {best.num_workers} workers {percent_change(best, before)}"
+            )
         return best
 
     def _measured(self) -> list[Trial]:
         return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
-
-
-def _change(trial: Trial, reference: Trial) -> str:
-    if not reference.batches_per_sec:
-        return "n/a"
-    return f"{100 * (trial.batches_per_sec / reference.batches_per_sec - 1):+.0f}%"
 
 
 def _bounds_text(bounds: Mapping[str, int]) -> str:

@@ -164,6 +164,7 @@ class FakeRunner:
         self.trials, self.remaining, self.measured, self.remeasured, self.scales = {}, 100.0, [], [], []
         self.timing = {}  # workers -> (work_s, main_s) the fake trials report
         self.sharing, self.shared, self.earlier = None, [], []
+        self.wait_share = None  # the main thread's wait share the fake trials report
 
     def _rate(self, key, sharing):
         return (self.sharing_rate if sharing else self.rate)(*key)
@@ -174,9 +175,8 @@ class FakeRunner:
             self.measured.append(key)
             work_s, main_s = self.timing.get(workers, (None, None))
             rate = self._rate(key, self.sharing)
-            self.trials[key] = Trial(
-                *key, rate, batches=20, worker_busy=self.busy, work_s=work_s, main_s=main_s, sharing=self.sharing
-            )
+            self.trials[key] = Trial(*key, rate, batches=20, worker_busy=self.busy, work_s=work_s, main_s=main_s,
+                                     sharing=self.sharing, wait_share=self.wait_share)  # fmt: skip
         return self.trials[key]
 
     def measure_sharing(self, trial, strategy):
@@ -239,11 +239,35 @@ def test_where_the_hand_over_limited_the_gain_the_climb_goes_on_sending_by_file_
     best = search.climb_workers(runner.measure(1, 2, False))
     ((plateau, _, _),) = runner.shared  # one hand-over trial, where the default way stopped gaining
     assert best.sharing == runner.sharing == FAST_HANDOVER and best.num_workers > plateau
-    assert best.batches_per_sec > 300.0 * 1.03 and search.sharing_detail.startswith("file_system sharing measured +")
+    assert best.batches_per_sec > 300.0 * 1.03 and search.handover.detail.startswith("file_system sharing measured +")
     assert search.stop_reason == "gain" and all(trial.sharing is None for trial in runner.earlier[:-1])
     same = FakeRunner(lambda w, p, pin: min(50.0 * w, 300.0))  # the hand-over was not the limit: one trial, kept apart
     best = _search_with(same).climb_workers(same.measure(1, 2, False))
     assert best.sharing is None and same.sharing is None and len(same.shared) == 1
+
+
+@pytest.mark.skipif(process_strategy() == FAST_HANDOVER, reason="this platform already sends by file name")
+def test_the_hand_over_is_tried_as_soon_as_idle_workers_make_much_more_than_arrives():
+    # as above, and each trial says what its workers could make (20 ms a batch each) and that the main thread
+    # waited: the first count whose workers make a sixth more than arrives is tried by file name at once
+    runner = FakeRunner(lambda w, p, pin: min(50.0 * w, 300.0), sharing_rate=lambda w, p, pin: min(50.0 * w, 1200.0))
+    runner.timing = {workers: (0.02, 0.001) for workers in range(1, 200)}
+    runner.wait_share = 0.9
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(1, 2, False))
+    ((at, _, _),) = runner.shared
+    assert 50.0 * at > 300.0 * 1.15 and max(trial.num_workers for trial in runner.earlier) == at  # none past it
+    assert best.sharing == FAST_HANDOVER and best.num_workers > at
+
+
+def test_no_deeper_queue_is_tried_where_the_main_thread_waited_too_little_to_show_a_gain():
+    runner = FakeRunner(lambda w, p, pin: 100.0 * p)
+    search = _search_with(runner)
+    # the workers could make 180 batches/s and 100 arrived, but the main thread waited only 9% of the time:
+    # a deeper queue gives back at most +10%, inside this trial's 14% gap
+    best = Trial(18, 2, False, 100.0, batches=100, precision=0.067, wait_share=0.09, work_s=0.1, worker_busy=0.9)
+    assert search.tune_prefetch(best) is best and not runner.measured
+    assert search.tune_prefetch(dataclasses.replace(best, wait_share=0.5)).prefetch_factor > 2 and runner.measured
 
 
 def test_climb_stops_at_the_smallest_bound_and_names_it():

@@ -1,0 +1,97 @@
+"""Autotune's hand-over trial: the workers sending their batches by shared-memory file name, where that can help.
+
+The default ``file_descriptor`` sharing strategy costs the main thread a connection to the worker per shared
+tensor (2.4 ms a batch on the 2-core VM: it bound the I/O-latency loader at 260-340 batches/s). One trial
+of the best settings so far with the workers sending by file name (``file_system``,
+:class:`~lightning_dataperf.sharing.ShareBy`) tells whether that was the limit; faster beyond noise, the
+search adopts it (:meth:`~lightning_dataperf.autotune_trials.TrialRunner.adopt`: every later trial sends
+that way) and the climb goes on from it.
+
+Example::
+
+    handover = Handover()
+    faster = handover.attempt(search, best)      # None: not tried, or not faster beyond noise
+    handover.detail                              # "file_system sharing measured +27% (335.8 against ...)"
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from lightning_dataperf.autotune_model import loader_headroom
+from lightning_dataperf.autotune_records import Trial, percent_change
+from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
+
+if TYPE_CHECKING:
+    from lightning_dataperf.autotune_search import Search
+
+__all__ = ["NO_TRIAL_AFTER", "Handover", "gain_beyond_reach"]
+
+#: Climb stops after which no hand-over trial is made: the training path (the main thread hardly waited, so
+#: its hand-over is not what limits), the time budget, settings that are yours, refusals.
+NO_TRIAL_AFTER = frozenset({"path", "time budget", "fixed", "memory guard", "dataset", ""})
+
+
+def gain_beyond_reach(best: Trial, noise: float) -> str:
+    """Why no loader change could be shown faster than ``best``, or ``""``.
+
+    The most one can gain (:func:`~lightning_dataperf.autotune_model.loader_headroom`: the main thread's
+    wait) is within the least gap :meth:`~lightning_dataperf.autotune_search.Search.better` would ask of a
+    new trial against ``best`` (``best``'s own error, and half the noise for the new one). Measured on the
+    H200 side stream at 18 workers: the main thread waited 9% (at most +10%) with a 6.7% error (a gap of
+    14%); the hand-over and prefetch trials made there read +1% and -18%.
+    """
+    headroom = loader_headroom(best)
+    least = max(noise, 2 * math.hypot(best.relative_error(noise / 2), noise / 2))
+    if headroom is None or headroom > least:
+        return ""
+    waited = 100 * (best.wait_share or 0.0)
+    return f"the main thread waited {waited:.0f}% of the time: at most {100 * headroom:+.0f}%, within noise"
+
+
+class Handover:
+    """One search's hand-over trial: whether it was made, and what it measured (:attr:`detail`)."""
+
+    def __init__(self) -> None:
+        self.tried = False
+        self.detail = ""
+
+    def attempt(self, search: Search, best: Trial, stopped: bool = True) -> Trial | None:
+        """The ``file_system`` trial at ``best``'s settings, once per search; the faster trial, adopted, or ``None``.
+
+        ``stopped``: where the climb stopped (not after :data:`NO_TRIAL_AFTER`); ``False``: mid-climb, where
+        :func:`~lightning_dataperf.autotune_model.handover_bound` says the hand-over binds (mostly idle
+        workers made much more than arrived). Not tried without workers, where the process already sends
+        that way, or where no gain could be shown (:func:`gain_beyond_reach`, said in :attr:`detail`).
+        """
+        runner = search.runner
+        wanted = not stopped or search.stop_reason not in NO_TRIAL_AFTER
+        if not wanted or self.tried or runner.sharing is not None or not best.num_workers:
+            return None  # not where it could help, or tried already
+        if best.refused is not None or process_strategy() == FAST_HANDOVER:
+            return None
+        if beyond := gain_beyond_reach(best, search.limits.noise):
+            self.detail = f"{FAST_HANDOVER} sharing not measured ({beyond})"
+            return None
+        if runner.remaining <= 0:
+            self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
+            return None
+        self.tried = True
+        trial = runner.measure_sharing(best, FAST_HANDOVER)
+        if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
+            self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
+            return None
+        change = percent_change(trial, best)
+        words = (
+            f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {best.num_workers} workers"
+        )
+        if search.better(trial, best):
+            self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words})"
+            runner.adopt(trial)
+            return trial
+        unsure = trial.batches_per_sec > best.batches_per_sec  # faster, but a short trial's noise is wider
+        self.detail = (
+            f"{FAST_HANDOVER} sharing {'not faster beyond noise' if unsure else 'gave nothing'} ({change}: {words})"
+        )
+        return None
