@@ -248,8 +248,10 @@ class Search:
                 return best
             if self.better(trial, best):
                 best = trial
-                if handover_bound(best) and (faster := self.handover.attempt(self, best, stopped=False)) is not None:
-                    best = faster  # the climb goes on sending by file name
+                if handover_bound(best) and not self.handover.tried:
+                    best = self.handover.attempt(self, best, stopped=False) or best  # adopted: the climb goes on
+                    if self.handover.tried:  # what was kept back for it is the climb's now
+                        runner.release(self.handover_reserve)
                 continue
             if self._faster_but_unsure(trial, best):
                 # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with

@@ -60,8 +60,7 @@ from lightning_dataperf.sharing import with_strategy
 
 __all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
 
-#: What a repeat's record takes from the latest measurement, or from the earlier one where the repeat could not
-#: read it (no steady part, workers gone, psutil unreadable).
+#: What a repeat's record takes from the latest measurement, or the earlier one where the repeat could not read it.
 _LATEST_KNOWN = ("worker_busy", "worker_mb", "wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")
 
 
@@ -106,6 +105,10 @@ class TrialRunner:
         finally:
             self._reserve = outer
 
+    def release(self, seconds: float) -> None:
+        """Give ``seconds`` kept by the innermost :meth:`reserved` back early (its exit restores the outer amount)."""
+        self._reserve = max(0.0, self._reserve - seconds)
+
     def learn_batch_size(self) -> None:
         """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
         kwargs = {key: value for key, value in self.loader_kwargs.items() if key in {"collate_fn", "drop_last"}}
@@ -128,8 +131,7 @@ class TrialRunner:
         return self.resources.worker_bounds(prefetch, pin, self.trials.values())
 
     # ------------------------------------------------------------------ trials
-    def all_trials(self) -> list[Trial]:
-        """Every trial, those measured another way (:attr:`earlier`) first."""
+    def all_trials(self) -> list[Trial]:  # those measured another way (:attr:`earlier`) first
         return [*self.earlier, *self.trials.values()]
 
     def latest(self, trial: Trial) -> Trial:
@@ -139,8 +141,7 @@ class TrialRunner:
         return next((kept for kept in reversed(self.earlier) if kept.key == trial.key), trial)
 
     def measure_sharing(self, trial: Trial, strategy: str) -> Trial:
-        """``trial``'s configuration once more, its workers sending with ``strategy``; kept in :attr:`earlier`
-        until :meth:`adopt` takes it (compared with ``trial``: stopped once decided against it)."""
+        """``trial``'s settings, the workers sending with ``strategy``; in :attr:`earlier` until adopted."""
         self.listener("start", trial.config)
         other = self.run(*trial.config, against=trial, sharing=strategy)
         self.listener("done", other)

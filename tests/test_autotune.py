@@ -205,6 +205,10 @@ class FakeRunner:
     def worker_bounds(self, prefetch, pin):
         return dict(self.bounds)
 
+    def release(self, seconds):
+        self.remaining += seconds
+        self.released = getattr(self, "released", 0.0) + seconds
+
     @contextlib.contextmanager
     def reserved(self, seconds):
         self.remaining -= seconds
@@ -917,6 +921,8 @@ def test_reserved_keeps_budget_back_and_gives_it_back():
         assert before - 31.0 < runner.remaining < before - 29.0
         with runner.reserved(10.0):
             assert runner.remaining < before - 39.0
+            runner.release(10.0)  # given back early
+            assert before - 31.0 < runner.remaining < before - 29.0
         assert runner.remaining > before - 31.0
     assert runner.remaining > before - 1.0
 
