@@ -262,7 +262,8 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     if pins == (False,):
         print(f"  {name}/{label}: CPU-only path, pin_memory left out of the grid (nothing is copied)", flush=True)
     points = grid(cpus, pins, latency=name == "io", workers=args.grid_workers, prefetches=tuple(args.grid_prefetch))
-    points = list(dict.fromkeys(with_sharing(config, way) for way in args.grid_sharing for config in points))
+    # each point both ways one after the other: the VM's drift over the grid does not favour one way
+    points = list(dict.fromkeys(with_sharing(config, way) for config in points for way in args.grid_sharing))
     for config in points:
         rates[config] = measure(runner, config)
         print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
@@ -332,7 +333,8 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
     summary = (
         f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials, "
         f"{sum(trial.measurements for trial in tuned.trials)} measurements) vs grid {grid_s:.1f} s "
-        f"({len(rates)} points, same trial rule): {share:.0f}%; grid best {reference} (of its top "
+        f"({len(rates)} points, sharing {'+'.join(args.grid_sharing)}, same trial rule): {share:.0f}%; "
+        f"grid best {reference} (of its top "
         f"{len(contenders)}, re-measured; single-measurement best {best_config}); head-to-head pairs "
         f"{head_to_head}; autotune/grid best {rows[1][-2]} (2 SE; {rows[1][-1]}), policy/grid best "
         f"{rows[0][-2]}; stop: {tuned.stop_reason}: {tuned.stop_detail}"

@@ -22,13 +22,15 @@ hardware policy's recommendation the search
 3. repeats a trial clearly slower than its neighbours or than the best it would end the climb against,
    and one faster but not beyond its own noise; a repeat of the configuration just measured continues
    with its workers (kept alive, no start-up);
-4. where the climb stops (more workers gave nothing, the CPUs or a bound) measures the best so far once
-   more with its workers sending their batches by shared-memory file name (``torch.multiprocessing``'s
-   ``file_system`` strategy, set in the workers by :class:`~lightning_dataperf.sharing.ShareBy`) instead
-   of a connection per tensor, in a share of the budget the climb leaves for it (:data:`SHARING_TRIALS`
-   trial caps, at most :data:`SHARING_SHARE`); faster beyond noise, every later trial sends that way
-   (``AutotuneResult.sharing_strategy``), and where it was the lack of gain the climb goes on from there:
-   the hand-over, not the workers, had been the limit.
+4. measures the best so far once more with its workers sending their batches by shared-memory file name
+   (``torch.multiprocessing``'s ``file_system`` strategy, set in the workers by
+   :class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor
+   (:mod:`~lightning_dataperf.autotune_handover`): as soon as mostly idle workers made much more than
+   arrived, or where the climb stops (more workers gave nothing, the CPUs or a bound), not where the main
+   thread's wait could not hold a gain beyond noise; a share of the budget is kept for it
+   (:data:`SHARING_TRIALS` trial caps, at most :data:`SHARING_SHARE`). Faster beyond noise, every later
+   trial sends that way (``AutotuneResult.sharing_strategy``), and the climb goes on from there: the
+   hand-over, not the workers, had been the limit.
 
 Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
 is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
@@ -92,6 +94,7 @@ from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.loaders import LoaderSettings
 from lightning_dataperf.policy import recommend_loader_settings
 from lightning_dataperf.seeding import rng_restored
+from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
 
 __all__ = [
     "AutotuneResult",
@@ -246,6 +249,8 @@ def _search(
     runner = TrialRunner(dataset, batch_size, loader_kwargs, hardware, path, limits, listener)
     pins = path.pin_choices()
     handover_reserve = min(SHARING_TRIALS * limits.trial_cap, SHARING_SHARE * limits.time_budget)
+    if process_strategy() == FAST_HANDOVER:  # the workers send by file name already: no such trial
+        handover_reserve = 0.0
     search = Search(runner, fixed, pins, limits, hardware.cpus_per_rank, handover_reserve)
     with gc_frozen():  # each trial's loader is collected after it; frozen, that walks only the search's objects
         try:
@@ -277,7 +282,7 @@ def _climb(
         search.repeat_outliers()
     chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
     baseline = runner.latest(baseline)
-    measured = search._measured()
+    measured = [trial for trial in runner.all_trials() if trial.refused is None and trial.batches > 1]
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(

@@ -73,23 +73,24 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         top = max(measured, key=lambda trial: trial.batches_per_sec)
         contenders = [trial for trial in measured if search.as_fast(trial, top)]
         chosen = min(contenders, key=cheaper)
-        close = chosen.key != top.key and chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
+        slower = chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
+        close = slower and chosen.measured_as != top.measured_as
         if not close:
             refined.clear()  # decided: the usual rules below
             break
         if round_index == refine or runner.remaining <= 0:
-            if {chosen.key, top.key} <= refined:  # both re-measured, still within noise: the means decide
+            if {chosen.measured_as, top.measured_as} <= refined:  # both re-measured, within noise: the means decide
                 least = top.batches_per_sec * (1 - choose_within)
                 chosen = min((trial for trial in measured if trial.batches_per_sec >= least), key=cheaper)
             break
         for trial in (chosen, top) if round_index % 2 == 0 else (top, chosen):
             before = runner.trials[trial.config]
             if runner.remeasure(before, cap_scale=2.0 ** (round_index + 1)) is not before:
-                refined.add(trial.key)  # measured again (not when the budget ran out, or the repeat was rough)
+                refined.add(trial.measured_as)  # measured again (not when the budget ran out, or the repeat was rough)
     floor = runner.latest(floor)
-    if floor.refused is not None or floor.batches < 2 or chosen.key == floor.key:
+    if floor.refused is not None or floor.batches < 2 or chosen.measured_as == floor.measured_as:
         return chosen
-    if {floor.key, chosen.key} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
+    if {floor.measured_as, chosen.measured_as} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
         return chosen  # the floor was one side of the close call, and measured slower
     if search.better(chosen, floor) or (cheaper(chosen) < cheaper(floor) and search.as_fast(chosen, floor)):
         return chosen

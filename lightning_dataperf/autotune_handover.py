@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["NO_TRIAL_AFTER", "Handover", "gain_beyond_reach"]
 
 #: Climb stops after which no hand-over trial is made: the training path (the main thread hardly waited, so
-#: its hand-over is not what limits), the time budget, settings that are yours, refusals.
-NO_TRIAL_AFTER = frozenset({"path", "time budget", "fixed", "memory guard", "dataset", ""})
+#: its hand-over is not what limits), settings that are yours, refusals. After the time budget it is made:
+#: the climb keeps a share back for it.
+NO_TRIAL_AFTER = frozenset({"path", "fixed", "memory guard", "dataset", ""})
 
 
 def gain_beyond_reach(best: Trial, noise: float) -> str:
@@ -57,13 +58,17 @@ class Handover:
         self.tried = False
         self.detail = ""
 
-    def attempt(self, search: Search, best: Trial, stopped: bool = True) -> Trial | None:
+    def attempt(self, search: Search, best: Trial, stopped: bool = True, held: float = 0.0) -> Trial | None:
         """The ``file_system`` trial at ``best``'s settings, once per search; the faster trial, adopted, or ``None``.
 
         ``stopped``: where the climb stopped (not after :data:`NO_TRIAL_AFTER`); ``False``: mid-climb, where
         :func:`~lightning_dataperf.autotune_model.handover_bound` says the hand-over binds (mostly idle
         workers made much more than arrived). Not tried without workers, where the process already sends
         that way, or where no gain could be shown (:func:`gain_beyond_reach`, said in :attr:`detail`).
+        Faster, but not beyond the noise of one trial each, it is measured once more with the same workers and
+        kept if still faster beyond the noise (as the climb does: on 2 cores one such trial read +14%, 362.9
+        against 318.5 batches/s at 37 workers, within its 14% gap, where the grid's best sent by file name).
+        ``held``: seconds the climb keeps back for this trial, given back to it once the trial is made.
         """
         runner = search.runner
         wanted = not stopped or search.stop_reason not in NO_TRIAL_AFTER
@@ -74,6 +79,7 @@ class Handover:
         if beyond := gain_beyond_reach(best, search.limits.noise):
             self.detail = f"{FAST_HANDOVER} sharing not measured ({beyond})"
             return None
+        runner.release(held)  # what was kept for this trial is spent on it; what it leaves, the climb's
         if runner.remaining <= 0:
             self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
             return None
@@ -82,12 +88,16 @@ class Handover:
         if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
             self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
             return None
+        if not search.better(trial, best) and search.faster_but_unsure(trial, best):  # the workers are alive still
+            trial = runner.remeasure(trial, against=best)
         change = percent_change(trial, best)
         words = (
             f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {best.num_workers} workers"
         )
-        if search.better(trial, best):
-            self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words})"
+        again = trial.measurements > 1 and trial.batches_per_sec > best.batches_per_sec * (1 + search.limits.noise)
+        if search.better(trial, best) or again:  # beyond noise, or still faster beyond the noise once measured twice
+            twice = ", measured twice" if trial.measurements > 1 else ""
+            self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words}{twice})"
             runner.adopt(trial)
             return trial
         unsure = trial.batches_per_sec > best.batches_per_sec  # faster, but a short trial's noise is wider

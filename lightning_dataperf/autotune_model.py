@@ -40,7 +40,7 @@ __all__ = [
 
 #: A trial whose main thread waited less than this share of its time for batches is limited by the training path.
 PATH_BOUND = 0.05
-#: Share more than arrived that mostly idle workers must have made for :func:`handover_bound` (three times the
+#: Share more than arrived that mostly idle workers must have made for :func:`handover_bound` (2.5 times the
 #: 2 x noise a deeper queue is tried at; on the I/O-latency loader 16 workers made 7% more, 34 made 41% more).
 HANDOVER_SHORTFALL = 0.15
 #: Busy share under which workers are mostly idle (waiting on I/O, or on their full queue).

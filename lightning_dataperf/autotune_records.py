@@ -113,7 +113,7 @@ class Trial:
         return self.num_workers, self.prefetch_factor, self.pin_memory
 
     @property
-    def key(self) -> tuple[tuple[int, int | None, bool], str | None]:
+    def measured_as(self) -> tuple[tuple[int, int | None, bool], str | None]:
         """The settings and the way the workers sent: the same settings sent another way measure another path."""
         return self.config, self.sharing
 

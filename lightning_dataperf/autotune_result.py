@@ -42,7 +42,8 @@ class AutotuneResult:
     (``"/dev/shm"``, ``"memory"``, ``"file descriptors"``, ``"CPU share"``, ``"dataset"``),
     ``"memory guard"``, ``"time budget"`` or ``"fixed"`` (you set ``num_workers``); ``stop_detail`` says it
     with numbers and ``bounds`` holds every bound's worker count at the chosen prefetch. ``sharing_strategy``
-    is ``"file_system"`` when the chosen workers measured faster sending their batches that way (pass
+    is ``"file_system"`` when the chosen trial's workers sent their batches that way (the search adopted it,
+    faster beyond noise; pass
     ``worker_init_fn=ShareBy("file_system")``; :class:`~lightning_dataperf.datamodule.TunedDataModule` does),
     ``None`` otherwise; ``sharing_detail`` says what was measured.
 
@@ -88,7 +89,7 @@ class AutotuneResult:
     @property
     def chosen_trial(self) -> Trial | None:
         config = config_of(self.settings)
-        return next((trial for trial in self.trials if trial.key == (config, self.sharing_strategy)), None)
+        return next((trial for trial in self.trials if trial.measured_as == (config, self.sharing_strategy)), None)
 
     @property
     def trial_seconds(self) -> float:

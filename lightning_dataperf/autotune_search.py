@@ -97,7 +97,8 @@ class Search:
         gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
         return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
 
-    def _faster_but_unsure(self, trial: Trial, than: Trial) -> bool:
+    def faster_but_unsure(self, trial: Trial, than: Trial) -> bool:
+        """Faster by more than ``noise`` but not beyond the pair's combined error, measured once, budget left."""
         raw = trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
         return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
 
@@ -139,7 +140,9 @@ class Search:
 
         A start the training path already limits (its main thread hardly waited for batches) does not
         climb: more workers cannot feed it faster. The cost model says how many workers that rate needs,
-        and one trial there tells whether the cheaper setting is as fast.
+        and one trial there tells whether the cheaper setting is as fast. The hand-over's trial
+        (:class:`~lightning_dataperf.autotune_handover.Handover`) is made mid-climb where it binds, or
+        where the climb stopped; adopted after a stop for lack of gain, the climb goes on from it.
         """
         if "num_workers" in self.fixed:
             self.stop("fixed", f"num_workers={best.num_workers} is yours")
@@ -225,7 +228,7 @@ class Search:
                 self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)})")
                 return best
             if runner.remaining <= 0:
-                held = " (the rest is kept to re-measure a close call)"
+                held = " (the rest is kept to re-measure a close call and for the hand-over's trial)"
                 self.stop("time budget", f"the time budget ran out at {best.num_workers} workers, still gaining{held}")
                 return best
             if best.num_workers and path_bound(best):
@@ -248,12 +251,10 @@ class Search:
                 return best
             if self.better(trial, best):
                 best = trial
-                if handover_bound(best) and not self.handover.tried:
-                    best = self.handover.attempt(self, best, stopped=False) or best  # adopted: the climb goes on
-                    if self.handover.tried:  # what was kept back for it is the climb's now
-                        runner.release(self.handover_reserve)
+                if handover_bound(best) and not self.handover.tried:  # adopted: the climb goes on from it
+                    best = self.handover.attempt(self, best, stopped=False, held=self.handover_reserve) or best
                 continue
-            if self._faster_but_unsure(trial, best):
+            if self.faster_but_unsure(trial, best):
                 # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
                 # the same workers (still alive), then follow the rate if it still reads faster
                 trial = runner.remeasure(trial, against=best)
@@ -281,7 +282,9 @@ class Search:
     # ------------------------------------------------------------------ prefetch and pinning
     def tune_prefetch(self, best: Trial) -> Trial:
         """Deeper queues while they gain, where the workers could make more than they delivered; not where
-        the CPUs are spent (a deeper queue holds more batches, it cannot make them faster)."""
+        the CPUs are spent (a deeper queue holds more batches, it cannot make them faster), nor where the
+        main thread's wait cannot hold a gain beyond noise
+        (:func:`~lightning_dataperf.autotune_handover.gain_beyond_reach`)."""
         if "prefetch_factor" in self.fixed or not best.num_workers or not queue_starved(best, self.limits.noise):
             return best
         if gain_beyond_reach(best, self.limits.noise):

@@ -1,17 +1,16 @@
 """Autotune's trials: run one DataLoader configuration on the real dataset, the way training will consume it.
 
-:class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far, the
-machine's limits (:class:`~lightning_dataperf.autotune_bounds.Resources`: the memory guard, the bounds of
-what the machine can give) and the fixed sample order each trial reads a fresh
-slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consumer.TransferPath`
-training uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker
-start-up (reported apart as ``startup_s``) and the batches the workers had queued by then
-(``workers x prefetch``), and is never above what the workers made inside the window (a full deep queue
-is consumed faster than it refills); the trial stops as soon as its rate is known within ``Limits.precision``
-(the standard error of rounds of ``num_workers`` batches), once it is decided against the trial the search
-compares it with (``against``), or at its time or batch cap. Trial loaders draw
-from their own generator and are shut down at once (workers and pin thread); the search restores the
-global RNGs (:func:`~lightning_dataperf.seeding.rng_restored`).
+:class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far (those of
+the workers' current way of sending apart from the others), the machine's limits
+(:class:`~lightning_dataperf.autotune_bounds.Resources`) and the fixed sample order each trial reads a fresh
+slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consumer.TransferPath` training
+uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker start-up
+(reported apart as ``startup_s``) and the batches the workers had queued by then (``workers x prefetch``),
+and is never above what the workers made inside the window (a full deep queue is consumed faster than it
+refills); the trial stops once its rate is known within ``Limits.precision`` (the standard error of rounds
+of ``num_workers`` batches), once it is decided against ``against``, or at its time or batch cap. Trial
+loaders draw from their own generator and are shut down at once (workers and pin thread); the search
+restores the global RNGs (:func:`~lightning_dataperf.seeding.rng_restored`).
 
 Example::
 
@@ -98,7 +97,8 @@ class TrialRunner:
 
     @contextlib.contextmanager
     def reserved(self, seconds: float) -> Iterator[None]:
-        """Inside, :attr:`remaining` keeps ``seconds`` of the budget back (for what comes after: the choice)."""
+        """Inside, :attr:`remaining` keeps ``seconds`` of the budget back (for what comes after: the choice, the
+        hand-over's trial)."""
         outer, self._reserve = self._reserve, self._reserve + max(0.0, seconds)
         try:
             yield
@@ -128,7 +128,7 @@ class TrialRunner:
     def worker_bounds(self, prefetch: int | None, pin: bool) -> dict[str, int]:
         """The most workers each resource allows at this prefetch (:meth:`Resources.worker_bounds`, from the
         trials so far): the search never goes past the smallest."""
-        return self.resources.worker_bounds(prefetch, pin, self.trials.values())
+        return self.resources.worker_bounds(prefetch, pin, self.all_trials())  # a worker's memory, CPU: either way
 
     # ------------------------------------------------------------------ trials
     def all_trials(self) -> list[Trial]:  # those measured another way (:attr:`earlier`) first
@@ -136,9 +136,9 @@ class TrialRunner:
 
     def latest(self, trial: Trial) -> Trial:
         """The newest record of ``trial``'s configuration measured the same way (it may have been re-measured)."""
-        if trial.sharing == self.sharing:
+        if trial.sharing == self.sharing or not trial.num_workers:
             return self.trials.get(trial.config, trial)
-        return next((kept for kept in reversed(self.earlier) if kept.key == trial.key), trial)
+        return next((kept for kept in reversed(self.earlier) if kept.measured_as == trial.measured_as), trial)
 
     def measure_sharing(self, trial: Trial, strategy: str) -> Trial:
         """``trial``'s settings, the workers sending with ``strategy``; in :attr:`earlier` until adopted."""
@@ -161,7 +161,8 @@ class TrialRunner:
         if key in self.trials:
             return self.trials[key]
         if (reason := self.resources.refusal(*key)) is not None:
-            trial = Trial(*key, memory_mb=self.resources.memory_mb(*key), refused=reason, sharing=self.sharing)
+            sent = self.sharing if workers else None
+            trial = Trial(*key, memory_mb=self.resources.memory_mb(*key), refused=reason, sharing=sent)
         else:
             self.listener("start", key)
             trial = self.run(*key, against=against, sharing=self.sharing)
@@ -199,10 +200,10 @@ class TrialRunner:
                 precision=pooled_error(trial, again, count),
                 **{name: getattr(trial, name) for name in _LATEST_KNOWN if getattr(again, name) is None},
             )
-        if trial.sharing == self.sharing:
+        if trial.sharing == self.sharing or not trial.num_workers:
             self.trials[trial.config] = trial
-        else:  # measured another way (the policy's start, before the search adopted another hand-over)
-            self.earlier = [trial if kept.key == trial.key else kept for kept in self.earlier]
+        else:  # a trial measured before the search adopted another hand-over: it stays where it was
+            self.earlier = [trial if kept.measured_as == trial.measured_as else kept for kept in self.earlier]
         self.listener("done", trial)
         return trial
 
@@ -240,12 +241,11 @@ class TrialRunner:
         ``cap_scale`` stretches the trial's time and batch caps and tightens its precision by as much (a close
         call is measured longer). ``against``: stop once decided against that trial (see :meth:`measure`).
         ``sharing``: the workers send their batches with this ``torch.multiprocessing`` sharing strategy
-        (:class:`~lightning_dataperf.sharing.ShareBy`; ``None``: the process's own).
-
-        ``startup_s`` is -1 when the kept workers of the previous measurement of the same configuration
-        were reused (no start-up was paid).
+        (:class:`~lightning_dataperf.sharing.ShareBy`; ``None``: the process's own). ``startup_s`` is -1 when
+        the kept workers of the previous measurement of the same configuration were reused (no start-up paid).
         """
         config = (workers, prefetch if workers else None, pin)
+        sharing = sharing if workers else None  # no workers: nothing is sent
         kept_as = (config, sharing)  # workers that send another way are not these workers
         reused = self._kept is not None and self._kept[0] == kept_as
         if reused:

@@ -131,16 +131,25 @@ def test_result_round_trips_through_its_dict():
         settings=dataclasses.replace(
             __import__("lightning_dataperf").recommend_loader_settings(fake_hardware()), reasons={"a": "b"}
         ),
-        trials=(Trial(4, 2, True, 12.5, 0.3, 40, 64.0), Trial(32, 2, True, refused="needs ~9000 MB")),
+        trials=(
+            Trial(4, 2, True, 12.5, 0.3, 40, 64.0),
+            Trial(4, 2, True, 14.0, 0.3, 40, 64.0, sharing="file_system"),  # the same settings, sent by file name
+            Trial(32, 2, True, refused="needs ~9000 MB"),
+        ),
         search_seconds=1.0,
         baseline_batches_per_sec=2.0,
         best_batches_per_sec=4.0,
         chosen_batches_per_sec=4.0,
         key="abc",
+        sharing_strategy="file_system",
     )
     again = AutotuneResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again == result
     assert result.speedup_over_start == 2.0
+    settings = dataclasses.replace(result.settings, num_workers=4, prefetch_factor=2, pin_memory=True)
+    assert dataclasses.replace(result, settings=settings).chosen_trial.batches_per_sec == 14.0  # the way it was sent
+    plain = dataclasses.replace(result, settings=settings, sharing_strategy=None)
+    assert plain.chosen_trial.batches_per_sec == 12.5 and "file_system" in plain.format().splitlines()[-2]
 
 
 def test_confirmation_remeasures_the_fastest_and_the_cheapest_near_them():
@@ -165,6 +174,7 @@ class FakeRunner:
         self.timing = {}  # workers -> (work_s, main_s) the fake trials report
         self.sharing, self.shared, self.earlier = None, [], []
         self.wait_share = None  # the main thread's wait share the fake trials report
+        self._held, self.released = [], []
 
     def _rate(self, key, sharing):
         return (self.sharing_rate if sharing else self.rate)(*key)
@@ -189,7 +199,7 @@ class FakeRunner:
     def latest(self, trial):
         if trial.sharing == self.sharing:
             return self.trials.get(trial.config, trial)
-        return next((kept for kept in reversed(self.earlier) if kept.key == trial.key), trial)
+        return next((kept for kept in reversed(self.earlier) if kept.measured_as == trial.measured_as), trial)
 
     def adopt(self, trial):
         self.earlier = [kept for kept in self.earlier if kept is not trial] + list(self.trials.values())
@@ -199,23 +209,30 @@ class FakeRunner:
         self.remeasured.append(trial.config)
         self.scales.append(cap_scale)
         again = dataclasses.replace(trial, batches_per_sec=self._rate(trial.config, trial.sharing), measurements=2)
-        self.trials[trial.config] = again
+        if trial.sharing == self.sharing:  # stored where TrialRunner stores it
+            self.trials[trial.config] = again
+        else:
+            self.earlier = [again if kept.measured_as == trial.measured_as else kept for kept in self.earlier]
         return again
 
     def worker_bounds(self, prefetch, pin):
         return dict(self.bounds)
 
-    def release(self, seconds):
-        self.remaining += seconds
-        self.released = getattr(self, "released", 0.0) + seconds
+    def release(self, seconds):  # as TrialRunner: the innermost reserve is given back early, once
+        given = min(seconds, self._held[-1] if self._held else 0.0)
+        if self._held:
+            self._held[-1] -= given
+        self.remaining += given
+        self.released.append(given)
 
     @contextlib.contextmanager
     def reserved(self, seconds):
         self.remaining -= seconds
+        self._held.append(seconds)
         try:
             yield
         finally:
-            self.remaining += seconds
+            self.remaining += self._held.pop()
 
 
 def _search_with(runner, cpus=2, min_workers=1):
@@ -244,7 +261,7 @@ def test_where_the_hand_over_limited_the_gain_the_climb_goes_on_sending_by_file_
     ((plateau, _, _),) = runner.shared  # one hand-over trial, where the default way stopped gaining
     assert best.sharing == runner.sharing == FAST_HANDOVER and best.num_workers > plateau
     assert best.batches_per_sec > 300.0 * 1.03 and search.handover.detail.startswith("file_system sharing measured +")
-    assert search.stop_reason == "gain" and all(trial.sharing is None for trial in runner.earlier[:-1])
+    assert search.stop_reason == "gain" and all(trial.sharing is None for trial in runner.earlier)
     same = FakeRunner(lambda w, p, pin: min(50.0 * w, 300.0))  # the hand-over was not the limit: one trial, kept apart
     best = _search_with(same).climb_workers(same.measure(1, 2, False))
     assert best.sharing is None and same.sharing is None and len(same.shared) == 1
@@ -258,10 +275,12 @@ def test_the_hand_over_is_tried_as_soon_as_idle_workers_make_much_more_than_arri
     runner.timing = {workers: (0.02, 0.001) for workers in range(1, 200)}
     runner.wait_share = 0.9
     search = _search_with(runner)
+    search.handover_reserve = 4.0
     best = search.climb_workers(runner.measure(1, 2, False))
     ((at, _, _),) = runner.shared
     assert 50.0 * at > 300.0 * 1.15 and max(trial.num_workers for trial in runner.earlier) == at  # none past it
     assert best.sharing == FAST_HANDOVER and best.num_workers > at
+    assert runner.released == [4.0] and runner.remaining == 100.0  # the reserve went back to the climb, once
 
 
 def test_no_deeper_queue_is_tried_where_the_main_thread_waited_too_little_to_show_a_gain():
