@@ -29,8 +29,8 @@ hardware policy's recommendation the search
    arrived, or where the climb stops (more workers gave nothing, the CPUs or a bound), not where the main
    thread's wait could not hold a gain beyond noise; a share of the budget is kept for it
    (:data:`SHARING_TRIALS` trial caps, at most :data:`SHARING_SHARE`). Faster beyond noise, every later
-   trial sends that way (``AutotuneResult.sharing_strategy``), and the climb goes on from there: the
-   hand-over, not the workers, had been the limit.
+   trial sends that way (``AutotuneResult.sharing_strategy``), and mid-climb or after a stop for lack of
+   gain the climb goes on from there: the hand-over, not the workers, had been the limit.
 
 Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
 is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
