@@ -82,6 +82,7 @@ from lightning_dataperf.autotune_choice import CHOICE_RESERVE, choose
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_measures import gc_frozen
 from lightning_dataperf.autotune_progress import make_progress
+from lightning_dataperf.autotune_records import rated
 from lightning_dataperf.autotune_result import AutotuneResult
 from lightning_dataperf.autotune_search import Search
 from lightning_dataperf.autotune_trials import (
@@ -282,7 +283,7 @@ def _climb(
         search.repeat_outliers()
     chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
     baseline = runner.latest(baseline)
-    measured = [trial for trial in runner.all_trials() if trial.refused is None and trial.batches > 1]
+    measured = rated(runner.all_trials())
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(

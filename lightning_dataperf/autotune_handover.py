@@ -52,13 +52,15 @@ def gain_beyond_reach(best: Trial, noise: float) -> str:
 
 
 class Handover:
-    """One search's hand-over trial: whether it was made, and what it measured (:attr:`detail`)."""
+    """One search's hand-over trial: the seconds the climb keeps back for it (:attr:`reserve`), whether it was
+    made, and what it measured (:attr:`detail`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reserve: float = 0.0) -> None:
+        self.reserve = reserve
         self.tried = False
         self.detail = ""
 
-    def attempt(self, search: Search, best: Trial, stopped: bool = True, held: float = 0.0) -> Trial | None:
+    def attempt(self, search: Search, best: Trial, stopped: bool = True) -> Trial | None:
         """The ``file_system`` trial at ``best``'s settings, once per search; the faster trial, adopted, or ``None``.
 
         ``stopped``: where the climb stopped (not after :data:`NO_TRIAL_AFTER`); ``False``: mid-climb, where
@@ -68,7 +70,7 @@ class Handover:
         Faster, but not beyond the noise of one trial each, it is measured once more with the same workers and
         kept if still faster beyond the noise (as the climb does: on 2 cores one such trial read +14%, 362.9
         against 318.5 batches/s at 37 workers, within its 14% gap, where the grid's best sent by file name).
-        ``held``: seconds the climb keeps back for this trial, given back to it once the trial is made.
+        Mid-climb, the climb still keeps :attr:`reserve` back for this trial: it is given back as the trial is made.
         """
         runner = search.runner
         wanted = not stopped or search.stop_reason not in NO_TRIAL_AFTER
@@ -79,7 +81,8 @@ class Handover:
         if beyond := gain_beyond_reach(best, search.limits.noise):
             self.detail = f"{FAST_HANDOVER} sharing not measured ({beyond})"
             return None
-        runner.release(held)  # what was kept for this trial is spent on it; what it leaves, the climb's
+        if not stopped:  # what the climb keeps for this trial is spent on it; what it leaves, the climb's
+            runner.release(self.reserve)
         if runner.remaining <= 0:
             self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
             return None
@@ -94,7 +97,7 @@ class Handover:
         words = (
             f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {best.num_workers} workers"
         )
-        again = trial.measurements > 1 and trial.batches_per_sec > best.batches_per_sec * (1 + search.limits.noise)
+        again = trial.measurements > 1 and search.faster_by_noise(trial, best)
         if search.better(trial, best) or again:  # beyond noise, or still faster beyond the noise once measured twice
             twice = ", measured twice" if trial.measurements > 1 else ""
             self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words}{twice})"

@@ -25,7 +25,7 @@ _MB = 2**20
 
 @dataclasses.dataclass
 class Drained:
-    """What one trial's consumption saw (see :meth:`TrialRunner._drain`)."""
+    """What one trial's consumption saw (see :func:`~lightning_dataperf.autotune_drain.drain`)."""
 
     arrivals: list[float] = dataclasses.field(default_factory=list)
     made_at: list[float] = dataclasses.field(default_factory=list)  # when the steady batches' collate ended

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "made_rate",
     "margin",
     "percent_change",
+    "rated",
     "steady_rate",
 ]
 
@@ -247,6 +248,11 @@ def cheapest_near(trials: list[Trial], share: float) -> Trial | None:
 
 
 TrialListener = Callable[[str, Any], None]
+
+
+def rated(trials: Iterable[Trial]) -> list[Trial]:
+    """The trials that measured a rate (not refused, at least two batches)."""
+    return [trial for trial in trials if trial.refused is None and trial.batches > 1]
 
 
 def percent_change(trial: Trial, reference: Trial) -> str:

@@ -41,6 +41,7 @@ from lightning_dataperf.autotune_records import (
     Trial,
     margin,
     percent_change,
+    rated,
 )
 from lightning_dataperf.autotune_trials import TrialRunner
 
@@ -74,9 +75,8 @@ class Search:
         handover_reserve: float = 0.0,
     ) -> None:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
-        self.handover_reserve = handover_reserve  # kept back during the climb for the hand-over's trial
         self.stop_reason, self.stop_detail = "", ""
-        self.handover = Handover()  # the one trial of another hand-over, and what it measured
+        self.handover = Handover(handover_reserve)  # the one trial of another hand-over, its budget, its result
 
     def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
         workers = self.fixed.get("num_workers", workers)
@@ -97,9 +97,14 @@ class Search:
         gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
         return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
 
+    def faster_by_noise(self, trial: Trial, than: Trial) -> bool:
+        """Faster by more than ``noise`` alone (what a repeated trial must still read to be followed)."""
+        return trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
+
     def faster_but_unsure(self, trial: Trial, than: Trial) -> bool:
-        """Faster by more than ``noise`` but not beyond the pair's combined error, measured once, budget left."""
-        raw = trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
+        """Faster by more than ``noise``, measured once, budget left: where :meth:`better` said no, worth a
+        repeat (not beyond the two rates' combined error)."""
+        raw = self.faster_by_noise(trial, than)
         return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
 
     def _cpus_spent(self, best: Trial) -> float | None:
@@ -150,7 +155,7 @@ class Search:
         if path_bound(best):
             return self._fewer_predicted(best)
         start = best
-        with self.runner.reserved(self.handover_reserve):
+        with self.runner.reserved(self.handover.reserve):
             best = self._ascend(best)
         if (faster := self.handover.attempt(self, best)) is not None:
             if self.stop_reason != "gain":  # a bound or the CPUs stopped the climb: it cannot go on
@@ -252,13 +257,13 @@ class Search:
             if self.better(trial, best):
                 best = trial
                 if handover_bound(best) and not self.handover.tried:  # adopted: the climb goes on from it
-                    best = self.handover.attempt(self, best, stopped=False, held=self.handover_reserve) or best
+                    best = self.handover.attempt(self, best, stopped=False) or best
                 continue
             if self.faster_but_unsure(trial, best):
                 # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
                 # the same workers (still alive), then follow the rate if it still reads faster
                 trial = runner.remeasure(trial, against=best)
-                if trial.batches_per_sec > best.batches_per_sec * (1 + self.limits.noise):
+                if self.faster_by_noise(trial, best):
                     best = trial
                     continue
             if runner.remaining <= 0:  # the trial was cut short: it proves nothing
@@ -368,7 +373,7 @@ class Search:
         return best
 
     def _measured(self) -> list[Trial]:
-        return [trial for trial in self.runner.trials.values() if trial.refused is None and trial.batches > 1]
+        return rated(self.runner.trials.values())
 
 
 def _bounds_text(bounds: Mapping[str, int]) -> str:

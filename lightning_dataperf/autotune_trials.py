@@ -7,8 +7,8 @@ slice of. Each batch goes through the :class:`~lightning_dataperf.autotune_consu
 uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker start-up
 (reported apart as ``startup_s``) and the batches the workers had queued by then (``workers x prefetch``),
 and is never above what the workers made inside the window (a full deep queue is consumed faster than it
-refills); the trial stops once its rate is known within ``Limits.precision`` (the standard error of rounds
-of ``num_workers`` batches), once it is decided against ``against``, or at its time or batch cap. Trial
+refills); the batches are consumed by :func:`~lightning_dataperf.autotune_drain.drain` until the rate is
+known, decided against ``against``, or at the trial's time or batch cap. Trial
 loaders draw from their own generator and are shut down at once (workers and pin thread); the search
 restores the global RNGs (:func:`~lightning_dataperf.seeding.rng_restored`).
 
@@ -36,25 +36,23 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
 from lightning_dataperf.autotune_bounds import Resources
 from lightning_dataperf.autotune_consumer import TransferPath
-from lightning_dataperf.autotune_measures import Drained, WorkerCpu, pooled_error
+from lightning_dataperf.autotune_drain import drain
+from lightning_dataperf.autotune_measures import pooled_error
 from lightning_dataperf.autotune_order import TrialOrder, coprime_stride
 from lightning_dataperf.autotune_records import (
     BUDGET_REFUSAL,
     DATASET_REFUSAL,
-    MIN_ROUNDS,
-    MIN_STEADY_BATCHES,
     Limits,
     Trial,
     TrialListener,
     cheapest_near,
     confirmation_candidates,
-    decided,
     made_rate,
     steady_rate,
 )
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
-from lightning_dataperf.loader_probe import TimedBatch, TimedCollate, TimedDataset
+from lightning_dataperf.loader_probe import TimedCollate, TimedDataset
 from lightning_dataperf.sharing import with_strategy
 
 __all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
@@ -115,13 +113,14 @@ class TrialRunner:
         sampler = TrialOrder(self.length, self.offset, self.stride) if self.length else None
         batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
         self.offset += self.batch_size
-        self._learn(batch)
+        self.learn_footprint(batch)
         consume = self.path.consumer()  # the step's own warm-up (CUDA context, cuDNN plans) before any trial
         for _ in range(2):
             consume(batch)
         consume.finish()
 
-    def _learn(self, batch: Any) -> None:
+    def learn_footprint(self, batch: Any) -> None:
+        """The memory guard learns a batch's bytes and tensors."""
         self.resources.learn(BatchFootprint.of(batch).bytes, sum(1 for _ in iter_tensors(batch)))
 
     # ------------------------------------------------------------------ bounds
@@ -134,9 +133,12 @@ class TrialRunner:
     def all_trials(self) -> list[Trial]:  # those measured another way (:attr:`earlier`) first
         return [*self.earlier, *self.trials.values()]
 
+    def _current(self, trial: Trial) -> bool:  # measured the way trials are measured now
+        return trial.sharing == _sent(trial.num_workers, self.sharing)
+
     def latest(self, trial: Trial) -> Trial:
         """The newest record of ``trial``'s configuration measured the same way (it may have been re-measured)."""
-        if trial.sharing == self.sharing or not trial.num_workers:
+        if self._current(trial):
             return self.trials.get(trial.config, trial)
         return next((kept for kept in reversed(self.earlier) if kept.measured_as == trial.measured_as), trial)
 
@@ -161,7 +163,7 @@ class TrialRunner:
         if key in self.trials:
             return self.trials[key]
         if (reason := self.resources.refusal(*key)) is not None:
-            sent = self.sharing if workers else None
+            sent = _sent(workers, self.sharing)
             trial = Trial(*key, memory_mb=self.resources.memory_mb(*key), refused=reason, sharing=sent)
         else:
             self.listener("start", key)
@@ -200,7 +202,7 @@ class TrialRunner:
                 precision=pooled_error(trial, again, count),
                 **{name: getattr(trial, name) for name in _LATEST_KNOWN if getattr(again, name) is None},
             )
-        if trial.sharing == self.sharing or not trial.num_workers:
+        if self._current(trial):
             self.trials[trial.config] = trial
         else:  # a trial measured before the search adopted another hand-over: it stays where it was
             self.earlier = [trial if kept.measured_as == trial.measured_as else kept for kept in self.earlier]
@@ -245,7 +247,7 @@ class TrialRunner:
         the kept workers of the previous measurement of the same configuration were reused (no start-up paid).
         """
         config = (workers, prefetch if workers else None, pin)
-        sharing = sharing if workers else None  # no workers: nothing is sent
+        sharing = _sent(workers, sharing)
         kept_as = (config, sharing)  # workers that send another way are not these workers
         reused = self._kept is not None and self._kept[0] == kept_as
         if reused:
@@ -259,7 +261,7 @@ class TrialRunner:
         in_flight = workers * (prefetch or 0)  # the batches the workers may hold made (queued, or in hand-over)
         skip = max(0, in_flight - 1)  # the burst: the batches after the first queued during start-up
         try:
-            drained = self._drain(iterator, started, workers, skip, in_flight, cap_scale, against)
+            drained = drain(self, iterator, started, workers, skip, in_flight, cap_scale, against)
         except BaseException:
             shutdown_loader_iterator(iterator)
             raise
@@ -302,100 +304,7 @@ class TrialRunner:
             sharing=sharing,
         )
 
-    def _drain(
-        self,
-        iterator: Iterator[Any],
-        started: float,
-        workers: int,
-        skip: int,
-        in_flight: int,
-        scale: float,
-        against: Trial | None,
-    ) -> Drained:
-        """Consume batches until the rate is known (or decided against ``against``): arrivals, start-up, what
-        the workers and the main thread did.
 
-        The trial's cap counts from the end of the burst (``skip`` batches after the first), and a trial
-        always sees one whole round after it, and the batches in flight after that (``workers x prefetch``:
-        the rate then also counts only the batches made inside the window,
-        :func:`~lightning_dataperf.autotune_records.made_rate`), unless the search's budget runs out: many
-        workers on few cores take seconds to start, and a trial cut short then measures only their
-        staggered arrival.
-        """
-        out = Drained()
-        arrivals, timings = out.arrivals, []
-        consume = self.path.consumer()
-        limits = self.limits
-        cap, batch_cap = limits.trial_cap * scale, limits.batch_budget * scale
-        workers_cpu = WorkerCpu() if workers else None
-        cpu_start = wall_start = main_cpu_start = None
-        last_report = started
-        round_size = max(1, workers)
-        waited = 0.0
-        while True:
-            asked = time.perf_counter()
-            try:
-                item = next(iterator)
-            except StopIteration:
-                out.exhausted = True
-                break
-            got = time.perf_counter()
-            batch = item.batch if type(item) is TimedBatch else item
-            if not arrivals:
-                out.startup = got - started
-                if self.resources.batch_bytes is None:
-                    self._learn(batch)
-            elif len(arrivals) > skip:  # steady: what the main thread waited, what the workers did
-                waited += got - asked
-                if type(item) is TimedBatch:
-                    timings.append(item.timing)
-            consume(batch)
-            now = time.perf_counter()
-            arrivals.append(now)
-            count = len(arrivals)
-            if count == skip + 1:
-                wall_start = now
-                if workers_cpu is not None:
-                    cpu_start = workers_cpu.seconds()
-                main_cpu_start = time.process_time()  # after the scan of the workers: not counted in the trial
-            if count > 1 and now - last_report > 0.25:
-                last_report = now
-                self.listener("progress", (count - 1) / (now - arrivals[0]))
-            if self.remaining <= 0:
-                break
-            if count < skip + 1 + round_size + in_flight or count < 3:
-                continue  # not one steady round yet, or not the batches in flight after it (see made_rate)
-            if now - arrivals[skip] > cap or count > batch_cap + skip + in_flight:
-                break
-            if (count - skip - 1) % round_size == 0:
-                rate, error, counted = steady_rate(arrivals, workers, skip)
-                enough_rounds = counted >= max(MIN_STEADY_BATCHES, MIN_ROUNDS * round_size)
-                known = error <= limits.precision / scale or decided(rate, error, against, limits.noise)
-                if enough_rounds and known:
-                    break
-        consume.finish()
-        end = time.perf_counter()
-        if arrivals:
-            arrivals[-1] = end  # the last batch is consumed once the device is done
-        else:
-            out.startup = end - started
-        if wall_start is not None and end > wall_start and len(arrivals) > skip + 1:
-            wall, steady = end - wall_start, len(arrivals) - skip - 1
-            out.wait_share = min(1.0, waited / wall)
-            out.main_s = max(0.0, wall - waited) / steady
-            tree_cpu = time.process_time() - (main_cpu_start or 0.0)
-            # an iterator that ran out has shut its workers down (their CPU time is gone with them)
-            gone = workers_cpu is not None and out.exhausted
-            if workers_cpu is not None and workers_cpu.readable and cpu_start is not None and not gone:
-                spent = workers_cpu.since(cpu_start)  # unreadable (no psutil): no busy share, not 0
-                out.busy = min(1.0, spent / (wall * workers))
-                tree_cpu += spent
-            if (workers_cpu is None or workers_cpu.readable) and not gone:
-                out.tree_cpu_s = tree_cpu / steady
-        if workers_cpu is not None:  # after the clock stopped: reading the workers' smaps took 0.3 s for 16
-            out.worker_mb = workers_cpu.unique_mb()
-        out.made_at = [timing.produced_at for timing in timings]  # for made_rate
-        if timings:
-            out.work_s = sum(timing.fetch_s + timing.collate_s for timing in timings) / len(timings)
-            out.cpu_s = sum(timing.work_cpu_s for timing in timings) / len(timings)
-        return out
+def _sent(workers: int, sharing: str | None) -> str | None:
+    """How a trial of ``workers`` sends its batches with ``sharing`` asked for: no workers, nothing is sent."""
+    return sharing if workers else None

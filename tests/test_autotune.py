@@ -275,7 +275,7 @@ def test_the_hand_over_is_tried_as_soon_as_idle_workers_make_much_more_than_arri
     runner.timing = {workers: (0.02, 0.001) for workers in range(1, 200)}
     runner.wait_share = 0.9
     search = _search_with(runner)
-    search.handover_reserve = 4.0
+    search.handover.reserve = 4.0
     best = search.climb_workers(runner.measure(1, 2, False))
     ((at, _, _),) = runner.shared
     assert 50.0 * at > 300.0 * 1.15 and max(trial.num_workers for trial in runner.earlier) == at  # none past it
@@ -1102,22 +1102,24 @@ def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatc
 
     from lightning_dataperf import autotune_trials
     from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_drain import drain
+    from lightning_dataperf.autotune_measures import WorkerCpu
     from lightning_dataperf.autotune_records import Limits
 
     read_at = []
-    unique_mb = autotune_trials.WorkerCpu.unique_mb
+    unique_mb = WorkerCpu.unique_mb
 
     def recorded(self):  # reading /proc/<pid>/smaps of every worker took 0.05-0.4 s on a 2-core VM
         read_at.append(time.perf_counter())
         return unique_mb(self)
 
-    monkeypatch.setattr(autotune_trials.WorkerCpu, "unique_mb", recorded)
+    monkeypatch.setattr(WorkerCpu, "unique_mb", recorded)
     limits = Limits(60.0, 24, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=30.0)
     runner = autotune_trials.TrialRunner(SlowSamples(4000), 4, {}, fake_hardware(), TransferPath(), limits)
     runner.learn_batch_size()
     iterator = iter(runner._loader(2, 2, False))
     try:
-        drained = runner._drain(iterator, time.perf_counter(), 2, 3, 4, 1.0, None)  # 2 workers x prefetch 2
+        drained = drain(runner, iterator, time.perf_counter(), 2, 3, 4, 1.0, None)  # 2 workers x prefetch 2
     finally:
         autotune_trials.shutdown_loader_iterator(iterator)
     assert read_at and drained.worker_mb is not None
