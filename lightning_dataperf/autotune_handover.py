@@ -91,14 +91,12 @@ class Handover:
         if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
             self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
             return None
-        if not search.better(trial, best) and search.faster_but_unsure(trial, best):  # the workers are alive still
-            trial = runner.remeasure(trial, against=best)
+        trial, faster = search.confirmed(trial, best)  # beyond noise, or still faster beyond it measured twice
         change = percent_change(trial, best)
         words = (
             f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {best.num_workers} workers"
         )
-        again = trial.measurements > 1 and search.faster_by_noise(trial, best)
-        if search.better(trial, best) or again:  # beyond noise, or still faster beyond the noise once measured twice
+        if faster:
             twice = ", measured twice" if trial.measurements > 1 else ""
             self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words}{twice})"
             runner.adopt(trial)

@@ -29,6 +29,7 @@ from lightning_dataperf.autotune_model import (
     main_thread_rate,
     next_workers,
     path_bound,
+    queue_bound,
     queue_starved,
     smallest_step,
     workers_needed,
@@ -106,6 +107,17 @@ class Search:
         repeat (not beyond the two rates' combined error)."""
         raw = self.faster_by_noise(trial, than)
         return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
+
+    def confirmed(self, trial: Trial, best: Trial) -> tuple[Trial, bool]:
+        """``trial`` (measured again where it was unsure) and whether it is faster than ``best``: beyond noise
+        at once, or faster by ``noise`` alone but not beyond its own error, then still so once measured again
+        with the same workers (alive still: no start-up)."""
+        if self.better(trial, best):
+            return trial, True
+        if self.faster_but_unsure(trial, best):
+            trial = self.runner.remeasure(trial, against=best)
+            return trial, self.faster_by_noise(trial, best)
+        return trial, False
 
     def _cpus_spent(self, best: Trial) -> float | None:
         """The CPU ceiling when ``best`` reached it within noise, else ``None``.
@@ -254,18 +266,12 @@ class Search:
                 names = {BUDGET_REFUSAL: "time budget", DATASET_REFUSAL: "dataset"}
                 self.stop(names.get(trial.refused, "memory guard"), f"{step} workers refused: {trial.refused}")
                 return best
-            if self.better(trial, best):
+            trial, faster = self.confirmed(trial, best)  # unsure (cut short by the trial cap): measured again
+            if faster:
                 best = trial
                 if handover_bound(best) and not self.handover.tried:  # adopted: the climb goes on from it
                     best = self.handover.attempt(self, best, stopped=False) or best
                 continue
-            if self.faster_but_unsure(trial, best):
-                # faster, but not beyond its own noise (cut short by the trial cap): measure it longer, with
-                # the same workers (still alive), then follow the rate if it still reads faster
-                trial = runner.remeasure(trial, against=best)
-                if self.faster_by_noise(trial, best):
-                    best = trial
-                    continue
             if runner.remaining <= 0:  # the trial was cut short: it proves nothing
                 self.stop("time budget", f"the time budget ran out measuring {step} workers")
                 return best
@@ -281,8 +287,25 @@ class Search:
                 if self.better(middle, best):
                     self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, middle)})")
                     return middle
+            if self.as_fast(trial, best) and (deeper := self._deeper_queue(trial, best)) is not None:
+                best = deeper  # more workers with a deeper queue gained: the climb goes on at that depth
+                continue
             self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, best)})")
             return best
+
+    def _deeper_queue(self, more: Trial, best: Trial) -> Trial | None:
+        """``more`` workers tied with ``best``: where mostly idle workers kept the main thread waiting
+        (:func:`~lightning_dataperf.autotune_model.queue_bound`), the same workers with a queue twice as deep,
+        kept if faster than ``best`` beyond noise; ``None`` otherwise (not tried: a prefetch that is yours,
+        the deepest queue, no budget, or a wait too short to hold a gain,
+        :func:`~lightning_dataperf.autotune_handover.gain_beyond_reach`)."""
+        depth = (more.prefetch_factor or 2) * 2
+        if "prefetch_factor" in self.fixed or depth > MAX_PREFETCH or not queue_bound(more):
+            return None
+        if self.runner.remaining <= 0 or gain_beyond_reach(best, self.limits.noise):
+            return None
+        trial, faster = self.confirmed(self.measure(more.num_workers, depth, more.pin_memory, against=best), best)
+        return trial if faster else None
 
     # ------------------------------------------------------------------ prefetch and pinning
     def tune_prefetch(self, best: Trial) -> Trial:

@@ -293,6 +293,28 @@ def test_no_deeper_queue_is_tried_where_the_main_thread_waited_too_little_to_sho
     assert search.tune_prefetch(dataclasses.replace(best, wait_share=0.5)).prefetch_factor > 2 and runner.measured
 
 
+def test_where_more_idle_workers_tie_the_climb_tries_them_with_a_deeper_queue():
+    # 20 ms a batch per worker, and the batches in flight (not the workers) bound the rate: 300 batches/s at
+    # prefetch 2, 600 at 4, then the main thread's 900 at 8 or deeper
+    def rate(workers, prefetch, pin):
+        return min(50.0 * workers, 150.0 * (prefetch or 2), 900.0)
+
+    def searched(busy, wait_share):
+        runner = FakeRunner(rate, busy=busy)
+        runner.timing = {workers: (0.02, 0.001) for workers in range(1, 200)}
+        runner.wait_share = wait_share
+        search = _search_with(runner)
+        return search.climb_workers(runner.measure(1, 2, False)), search, runner
+
+    best, search, runner = searched(busy=0.05, wait_share=0.9)
+    assert best.batches_per_sec == 900.0 and best.prefetch_factor == 8 and search.stop_reason == "gain"
+    depths = [prefetch for _, prefetch, _ in runner.measured]
+    assert depths == sorted(depths) and 16 in depths, "each depth tried where more workers tied at the one before"
+    for busy, wait_share in ((0.9, 0.9), (0.05, None), (0.05, 0.02)):  # busy workers; unknown wait; path-bound
+        best, search, runner = searched(busy, wait_share)
+        assert best.prefetch_factor == 2 and all(prefetch == 2 for _, prefetch, _ in runner.measured)
+
+
 def test_climb_stops_at_the_smallest_bound_and_names_it():
     runner = FakeRunner(lambda workers, prefetch, pin: 50.0 * workers, bounds={"file descriptors": 24, "dataset": 99})
     search = _search_with(runner)
