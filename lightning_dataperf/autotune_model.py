@@ -33,7 +33,6 @@ __all__ = [
     "next_workers",
     "path_bound",
     "predicted_rate",
-    "queue_bound",
     "queue_starved",
     "smallest_step",
     "workers_needed",
@@ -83,22 +82,6 @@ def handover_bound(trial: Trial) -> bool:
     if capacity is None or trial.worker_busy is None or trial.wait_share is None or path_bound(trial):
         return False
     return trial.worker_busy < IDLE_WORKERS and capacity > trial.batches_per_sec * (1 + HANDOVER_SHORTFALL)
-
-
-def queue_bound(more: Trial) -> bool:
-    """``more`` workers tied with fewer although mostly idle, and the main thread still waited for them: what
-    holds the batches back is how few each worker keeps in flight, not how many workers make them.
-
-    With many mostly idle workers on few CPUs a batch's arrival jitters (each worker is woken in turn), and
-    the main thread takes batches in order: with a shallow queue it waits on the one late worker while the
-    others sit on finished batches. A deeper queue lets more workers pay. Measured on the 2-core VM,
-    I/O-latency loader sending by file name: 47 workers at prefetch 2 read -0% against 33 (workers busy
-    3%, the main thread waiting), where the grid's best was 48-64 workers at prefetch 4-8 (+11-18%).
-    Unknown timing or CPU: ``False``.
-    """
-    if more.worker_busy is None or more.wait_share is None or not more.num_workers or path_bound(more):
-        return False
-    return more.worker_busy < IDLE_WORKERS
 
 
 def loader_headroom(trial: Trial) -> float | None:

@@ -293,26 +293,20 @@ def test_no_deeper_queue_is_tried_where_the_main_thread_waited_too_little_to_sho
     assert search.tune_prefetch(dataclasses.replace(best, wait_share=0.5)).prefetch_factor > 2 and runner.measured
 
 
-def test_where_more_idle_workers_tie_the_climb_tries_them_with_a_deeper_queue():
-    # 20 ms a batch per worker, and the batches in flight (not the workers) bound the rate: 300 batches/s at
-    # prefetch 2, 600 at 4, then the main thread's 900 at 8 or deeper
+def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
+    # mostly idle workers (the climb doubles them): the rate peaks at 48 workers, and 32 and 64 read the same
     def rate(workers, prefetch, pin):
-        return min(50.0 * workers, 150.0 * (prefetch or 2), 900.0)
+        return 10.0 * workers if workers <= 48 else 480.0 - 10.0 * (workers - 48)
 
-    def searched(busy, wait_share):
-        runner = FakeRunner(rate, busy=busy)
-        runner.timing = {workers: (0.02, 0.001) for workers in range(1, 200)}
-        runner.wait_share = wait_share
-        search = _search_with(runner)
-        return search.climb_workers(runner.measure(1, 2, False)), search, runner
-
-    best, search, runner = searched(busy=0.05, wait_share=0.9)
-    assert best.batches_per_sec == 900.0 and best.prefetch_factor == 8 and search.stop_reason == "gain"
-    depths = [prefetch for _, prefetch, _ in runner.measured]
-    assert depths == sorted(depths) and 16 in depths, "each depth tried where more workers tied at the one before"
-    for busy, wait_share in ((0.9, 0.9), (0.05, None), (0.05, 0.02)):  # busy workers; unknown wait; path-bound
-        best, search, runner = searched(busy, wait_share)
-        assert best.prefetch_factor == 2 and all(prefetch == 2 for _, prefetch, _ in runner.measured)
+    runner = FakeRunner(rate)
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(1, 2, False))
+    assert best.num_workers == 48 and search.stop_reason == "gain"
+    assert max(workers for workers, _, _ in runner.measured) == 64  # nothing past the bracket's top
+    assert [workers for workers, _, _ in runner.measured][-2:] == [48, 56]  # the middle, then the upper half's
+    flat = FakeRunner(lambda workers, prefetch, pin: min(10.0 * workers, 320.0))  # flat past 32: 48 ties too
+    best = _search_with(flat).climb_workers(flat.measure(1, 2, False))
+    assert best.num_workers == 32 and [workers for workers, _, _ in flat.measured][-2:] == [64, 48]
 
 
 def test_climb_stops_at_the_smallest_bound_and_names_it():
@@ -748,7 +742,8 @@ def test_fewer_workers_than_the_cpu_a_batch_costs_allows_are_not_tried():
     search = _search_with(runner, min_workers=1)
     start = runner.measure(15, 2, False)
     best = search.probe_fewer(search.climb_workers(start), start)
-    assert best.num_workers == 15 and runner.measured == [(15, 2, False), (22, 2, False)]
+    # (18: halfway, and a step above 15 itself, tried where 22 tied)
+    assert best.num_workers == 15 and runner.measured == [(15, 2, False), (22, 2, False), (18, 2, False)]
     assert "7 workers cannot be as fast" in search.stop_detail
     # mostly idle workers (a latency loader) could be over-provisioned: fewer are measured
     runner = FakeRunner(lambda workers, prefetch, pin: 36.0, busy=0.05)
