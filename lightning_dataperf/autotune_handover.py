@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from lightning_dataperf.autotune_model import loader_headroom
+from lightning_dataperf.autotune_model import SATURATED_WORKERS, loader_headroom
 from lightning_dataperf.autotune_records import Trial, percent_change
 from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
 
@@ -66,7 +66,8 @@ class Handover:
         ``stopped``: where the climb stopped (not after :data:`NO_TRIAL_AFTER`); ``False``: mid-climb, where
         :func:`~lightning_dataperf.autotune_model.handover_bound` says the hand-over binds (mostly idle
         workers made much more than arrived). Not tried without workers, where the process already sends
-        that way, or where no gain could be shown (:func:`gain_beyond_reach`, said in :attr:`detail`).
+        that way, where no gain could be shown (:func:`gain_beyond_reach`), or where the workers were busy
+        :data:`~lightning_dataperf.autotune_model.SATURATED_WORKERS` of their time (said in :attr:`detail`).
         Faster, but not beyond the noise of one trial each, it is measured once more with the same workers and
         kept if still faster beyond the noise (as the climb does: on 2 cores one such trial read +14%, 362.9
         against 318.5 batches/s at 37 workers, within its 14% gap, where the grid's best sent by file name).
@@ -80,6 +81,10 @@ class Handover:
             return None
         if beyond := gain_beyond_reach(best, search.limits.noise):
             self.detail = f"{FAST_HANDOVER} sharing not measured ({beyond})"
+            return None
+        if best.worker_busy is not None and best.worker_busy >= SATURATED_WORKERS:
+            busy = f"the workers were busy {100 * best.worker_busy:.0f}% of their time: they made what arrived"
+            self.detail = f"{FAST_HANDOVER} sharing not measured ({busy})"
             return None
         if not stopped:  # what the climb keeps for this trial is spent on it; what it leaves, the climb's
             runner.release(self.reserve)

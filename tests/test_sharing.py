@@ -133,6 +133,11 @@ def test_the_file_system_hand_over_is_adopted_only_when_it_measured_faster_where
     trial, words = _handover(runner, waited)
     assert trial is None and not runner.runs and words.startswith("file_system sharing not measured (the main thread")
     assert _handover(runner, dataclasses.replace(waited, wait_share=0.5))[0] is not None and runner.runs
+    # workers busy 98% of their time made what arrived: no other hand-over can deliver more; not measured, said
+    runner = SharingRunner(400.0)
+    trial, words = _handover(runner, dataclasses.replace(best, worker_busy=0.98))
+    assert trial is None and not runner.runs and "the workers were busy 98% of their time" in words
+    assert _handover(runner, dataclasses.replace(best, worker_busy=0.5))[0] is not None and runner.runs
 
 
 def test_trials_measured_another_way_are_kept_apart_and_re_measured_in_place(monkeypatch):
