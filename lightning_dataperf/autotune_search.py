@@ -276,9 +276,10 @@ class Search:
             if runner.remaining <= 0:  # the trial was cut short: it proves nothing
                 self.stop("time budget", f"the time budget ran out measuring {step} workers")
                 return best
-            if not self.as_fast(trial, best) and trial.measurements == 1:
-                # clearly slower with more workers: an artefact (start-up, memory) until seen twice; its
-                # workers are still alive, so the repeat pays no start-up
+            if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
+                # far slower with more workers: an artefact (start-up, memory) until seen twice; its workers are
+                # still alive, so the repeat pays no start-up. A smaller loss is taken as measured: the middle
+                # (below) tells where the rate turned
                 trial = runner.remeasure(trial, against=best)
                 if self.better(trial, best):
                     best = trial

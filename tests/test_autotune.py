@@ -337,6 +337,10 @@ def test_a_slow_trial_at_the_end_of_the_climb_is_measured_again_before_it_stops_
     runner = FakeRunner(rate)
     best = _search_with(runner).climb_workers(runner.measure(4, 2, False))
     assert (8, 2, False) in runner.remeasured and best.num_workers == 16
+    # a loss of 12% is taken as measured (more workers contend): not repeated, the middle is measured instead
+    runner = FakeRunner(lambda workers, prefetch, pin: 50.0 * workers if workers <= 16 else 800 - 6.25 * (workers - 16))
+    best = _search_with(runner).climb_workers(runner.measure(4, 2, False))
+    assert best.num_workers == 16 and not runner.remeasured and runner.measured[-2:] == [(32, 2, False), (24, 2, False)]
 
 
 def test_outliers_against_their_neighbours_are_repeated():
