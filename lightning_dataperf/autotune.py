@@ -298,7 +298,7 @@ def _climb(
         stop_detail=search.stop_detail,
         bounds=runner.worker_bounds(chosen.prefetch_factor, chosen.pin_memory),
         sharing_strategy=chosen.sharing,
-        sharing_detail=search.handover.detail,
+        sharing_detail=search.handover.said_of(chosen, runner.sharing),
     )
 
 

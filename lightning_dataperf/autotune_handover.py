@@ -60,6 +60,14 @@ class Handover:
         self.tried = False
         self.detail = ""
 
+    def said_of(self, chosen: Trial, adopted: str | None) -> str:
+        """:attr:`detail`, and where the search adopted the hand-over (``adopted``) but chose a trial measured
+        the default way (the policy's pick is the floor: only a faster one beyond noise replaces it), that it
+        was not kept."""
+        if adopted is None or chosen.sharing == adopted or not self.detail:
+            return self.detail
+        return f"{self.detail}; not kept: {chosen.num_workers} workers sending the default way were as fast"
+
     def attempt(self, search: Search, best: Trial, stopped: bool = True) -> Trial | None:
         """The ``file_system`` trial at ``best``'s settings, once per search; the faster trial, adopted, or ``None``.
 

@@ -138,6 +138,13 @@ def test_the_file_system_hand_over_is_adopted_only_when_it_measured_faster_where
     trial, words = _handover(runner, dataclasses.replace(best, worker_busy=0.98))
     assert trial is None and not runner.runs and "the workers were busy 98% of their time" in words
     assert _handover(runner, dataclasses.replace(best, worker_busy=0.5))[0] is not None and runner.runs
+    # adopted (+3%, measured twice), but the pick is the policy's trial measured the default way: said so
+    search = _search(SharingRunner(310.0, again=310.0), "gain")
+    adopted = search.handover.attempt(search, dataclasses.replace(best, precision=0.05))
+    assert adopted is not None and search.handover.said_of(adopted, FAST_HANDOVER) == search.handover.detail
+    not_kept = "; not kept: 42 workers sending the default way were as fast"
+    assert search.handover.said_of(best, FAST_HANDOVER).endswith(not_kept)
+    assert search.handover.said_of(best, None) == search.handover.detail
 
 
 def test_trials_measured_another_way_are_kept_apart_and_re_measured_in_place(monkeypatch):
