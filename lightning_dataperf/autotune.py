@@ -11,7 +11,8 @@ hardware policy's recommendation the search
    (:meth:`~lightning_dataperf.autotune_bounds.Resources.worker_bounds`: ``/dev/shm``, memory per worker,
    file descriptors, the rank's CPUs over a worker's busy share at the most workers measured, the
    dataset), nor past the rate the CPUs can make (the CPUs over the whole path's CPU time per batch, read
-   from the OS at two worker counts); a start
+   from the OS at two worker counts); a step that gains nothing brackets the peak, and the count halfway
+   is measured (where it is itself a step, or the step lost), the bracket halved again while it gains; a start
    the training path already limits (its main thread hardly waited for batches) does not climb, and
    tries the fewer workers its rate needs instead. After the climb it probes downwards too (fewer
    workers than the start, and 0 when allowed) where the cost model says the main thread or the path
@@ -19,15 +20,16 @@ hardware policy's recommendation the search
 2. doubles ``prefetch_factor`` only when the workers could make more than they delivered, then tries
    the other ``pin_memory`` where the path allows both (the side stream wants pinned batches from the
    loader: only ``True``);
-3. repeats a trial clearly slower than its neighbours or than the best it would end the climb against,
-   and one faster but not beyond its own noise; a repeat of the configuration just measured continues
-   with its workers (kept alive, no start-up);
+3. repeats a trial far slower than its neighbours or than the best it would end the climb against (below
+   80% of it: an artefact until seen twice), and one faster but not beyond its own noise; a repeat of the
+   configuration just measured continues with its workers (kept alive, no start-up);
 4. measures the best so far once more with its workers sending their batches by shared-memory file name
    (``torch.multiprocessing``'s ``file_system`` strategy, set in the workers by
    :class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor
    (:mod:`~lightning_dataperf.autotune_handover`): as soon as mostly idle workers made much more than
    arrived, or where the climb stops (more workers gave nothing, the CPUs or a bound), not where the main
-   thread's wait could not hold a gain beyond noise; a share of the budget is kept for it
+   thread's wait could not hold a gain beyond noise nor where the workers were busy 90% of their time or
+   more (they made what arrived); a share of the budget is kept for it
    (:data:`SHARING_TRIALS` trial caps, at most :data:`SHARING_SHARE`). Faster beyond noise, every later
    trial sends that way (``AutotuneResult.sharing_strategy``), and mid-climb or after a stop for lack of
    gain the climb goes on from there: the hand-over, not the workers, had been the limit.

@@ -47,7 +47,7 @@ HANDOVER_SHORTFALL = 0.15
 #: Busy share under which workers are mostly idle (waiting on I/O, or on their full queue).
 IDLE_WORKERS = 0.5
 #: Busy share at and above which the workers themselves made what arrived: no hand-over can deliver more
-#: (measured: five ``file_system`` trials of the H200 JPEG rows, workers busy 98-100%, read -11% to +3%).
+#: (measured: four ``file_system`` trials of the H200 JPEG rows, workers busy 91-100%, read -11% to +3%).
 SATURATED_WORKERS = 0.9
 #: Spare capacity the cost model adds to the workers a rate needs.
 HEADROOM = 0.15
