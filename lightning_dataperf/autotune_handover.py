@@ -66,6 +66,8 @@ class Handover:
         was not kept."""
         if adopted is None or chosen.sharing == adopted or not self.detail:
             return self.detail
+        if not chosen.num_workers:  # nothing is sent: the main thread loads
+            return f"{self.detail}; not kept: loading in the main thread (0 workers) was as fast"
         return f"{self.detail}; not kept: {chosen.num_workers} workers sending the default way were as fast"
 
     def attempt(self, search: Search, best: Trial, stopped: bool = True) -> Trial | None:

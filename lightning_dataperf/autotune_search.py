@@ -51,7 +51,8 @@ Config = tuple[int, int | None, bool]
 
 #: Most doublings of ``prefetch_factor`` tried.
 MAX_PREFETCH = 16
-#: A trial slower than this share of both its neighbours in worker count is measured again.
+#: A trial slower than this share of both its neighbours in worker count is measured again, and so is a step up
+#: in the climb slower than this share of the best (an artefact until seen twice; a smaller loss is taken as measured).
 OUTLIER_SHARE = 0.8
 #: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
 #: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
@@ -110,12 +111,14 @@ class Search:
     def confirmed(self, trial: Trial, best: Trial) -> tuple[Trial, bool]:
         """``trial`` (measured again where it was unsure) and whether it is faster than ``best``: beyond noise
         at once, or faster by ``noise`` alone but not beyond its own error, then still so once measured again
-        with the same workers (alive still: no start-up)."""
+        with the same workers (alive still: no start-up). A repeat that measured nothing (the budget ran out, or
+        it was cut before one steady round: :meth:`TrialRunner.remeasure` returns the trial itself) confirms
+        nothing."""
         if self.better(trial, best):
             return trial, True
         if self.faster_but_unsure(trial, best):
-            trial = self.runner.remeasure(trial, against=best)
-            return trial, self.faster_by_noise(trial, best)
+            again = self.runner.remeasure(trial, against=best)
+            return again, again is not trial and self.faster_by_noise(again, best)
         return trial, False
 
     def _cpus_spent(self, best: Trial) -> float | None:
@@ -152,7 +155,8 @@ class Search:
 
     # ------------------------------------------------------------------ workers
     def climb_workers(self, best: Trial) -> Trial:
-        """Up while the gain holds; if the first step up gains nothing, down while fewer are as fast.
+        """Up while the gain holds; if neither the first step up nor a count between gains, down while fewer
+        are as fast.
 
         A start the training path already limits (its main thread hardly waited for batches) does not
         climb: more workers cannot feed it faster. The cost model says how many workers that rate needs,
@@ -291,21 +295,31 @@ class Search:
 
     def _middle(self, best: Trial, more: Trial) -> Trial | None:
         """The count halfway between ``best`` and ``more`` (which gained nothing over it), measured where worth a
-        trial; the trial if faster than ``best`` beyond noise, else ``None``.
+        trial; the trial if faster than ``best`` (:meth:`confirmed`), else ``None``.
 
         Worth it where ``more`` lost beyond noise (at least 3 workers apart: the rate fell somewhere between),
         or tied but the middle is itself a step (:func:`~lightning_dataperf.autotune_model.smallest_step`,
         20% above ``best``): past a rising rate, two equal readings bracket the peak. Measured on the 2-core VM,
         I/O-latency loader sending by file name: the climb's step 48 -> 81 workers read -1%, where the grid's
-        best was 64 (+18% over 48 in the grid's own trials, +13% in the head-to-head pairs).
+        best was 64 (+16-30% over 48 in the grid's own trials, +13% in the head-to-head pairs).
+
+        Not past what the climb itself would not pass: a bound (from every trial so far, ``more``'s included),
+        a ``best`` the training path or the CPUs already limit. A middle cut short (refused, or rough: no
+        steady round) proves nothing.
         """
         middle = (best.num_workers + more.num_workers) // 2
         lost = not self.as_fast(more, best) and more.num_workers - best.num_workers >= 3
         if not (lost or middle >= smallest_step(best.num_workers)) or middle <= best.num_workers:
             return None
-        if self.runner.remaining <= 0:
+        bounds = self.runner.worker_bounds(best.prefetch_factor, best.pin_memory)
+        if middle > min(bounds.values(), default=math.inf) or self.runner.remaining <= 0:
             return None
-        trial, faster = self.confirmed(self.measure(middle, best.prefetch_factor, best.pin_memory, best), best)
+        if path_bound(best) or self._cpus_spent(best) is not None:
+            return None
+        trial = self.measure(middle, best.prefetch_factor, best.pin_memory, best)
+        if trial.refused is not None or trial.rough:
+            return None
+        trial, faster = self.confirmed(trial, best)
         return trial if faster else None
 
     # ------------------------------------------------------------------ prefetch and pinning

@@ -304,6 +304,19 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     assert best.num_workers == 48 and search.stop_reason == "gain"
     assert max(workers for workers, _, _ in runner.measured) == 64  # nothing past the bracket's top
     assert [workers for workers, _, _ in runner.measured][-2:] == [48, 56]  # the middle, then the upper half's
+    # the peak at 56: the bracket is halved twice (48, then 56), and once more above it (60)
+    runner = FakeRunner(lambda workers, prefetch, pin: 10.0 * workers if workers <= 56 else 560 - 30.0 * (workers - 56))
+    best = _search_with(runner).climb_workers(runner.measure(1, 2, False))
+    assert best.num_workers == 56 and [workers for workers, _, _ in runner.measured][-4:] == [64, 48, 56, 60]
+    # no middle past a bound the step's own trial set (here: 40 workers), nor one cut short
+    capped = FakeRunner(rate)
+    capped.worker_bounds = lambda prefetch, pin: {"memory": 40} if (64, 2, False) in capped.trials else {}
+    best = _search_with(capped).climb_workers(capped.measure(1, 2, False))
+    assert best.num_workers == 32 and (48, 2, False) not in capped.measured
+    rough = FakeRunner(rate)
+    measure = rough.measure
+    rough.measure = lambda w, p, pin, against=None: dataclasses.replace(measure(w, p, pin), rough=w == 48)
+    assert _search_with(rough).climb_workers(rough.measure(1, 2, False)).num_workers == 32
     flat = FakeRunner(lambda workers, prefetch, pin: min(10.0 * workers, 320.0))  # flat past 32: 48 ties too
     best = _search_with(flat).climb_workers(flat.measure(1, 2, False))
     assert best.num_workers == 32 and [workers for workers, _, _ in flat.measured][-2:] == [64, 48]
