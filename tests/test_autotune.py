@@ -641,12 +641,14 @@ def test_first_epoch_start_up_excludes_the_search_and_the_verdict_quotes_it(tmp_
     from lightning_dataperf import DataPerfCallback
 
     monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
-    # precision no trial reaches, no batch cap: trials end at their time cap or once decided, so the search
-    # takes long enough (about its 2.5 s budget) to tell apart from the start-up
+    # precision no trial reaches, no batch cap, and enough samples that no trial's slice of the dataset runs
+    # out: trials end at their time cap or once decided, so the search takes long enough (about its 2.5 s
+    # budget) to tell apart from the start-up (256 samples let trials end on their data, searches of 0.8 s)
     options = dict(time_budget=2.5, batch_budget=100_000, precision=1e-4, progress=False, force=True)
-    datamodule = IndexData(length=256, seed=3, autotune=True, autotune_options=options, verbose=False)
+    datamodule = IndexData(length=16_384, seed=3, autotune=True, autotune_options=options, verbose=False)
     perf = DataPerfCallback(print_summary=False, telemetry=False)
-    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[perf], **trainer_kwargs(tmp_path))
+    kwargs = trainer_kwargs(tmp_path, limit_train_batches=16)
+    trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[perf], **kwargs)
     trainer.fit(RecordingModel(), datamodule=datamodule)
     result = datamodule.autotune_result
     first = perf.summaries[0]
