@@ -313,6 +313,15 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     capped.worker_bounds = lambda prefetch, pin: {"memory": 40} if (64, 2, False) in capped.trials else {}
     best = _search_with(capped).climb_workers(capped.measure(1, 2, False))
     assert best.num_workers == 32 and (48, 2, False) not in capped.measured
+    # a middle faster by the noise but not beyond the two trials' error is measured again, and kept still so
+    unsure = FakeRunner(lambda w, p, pin: 333.0 if w == 48 else min(10.0 * w, 320.0))
+    best = _search_with(unsure).climb_workers(unsure.measure(1, 2, False))
+    assert best.num_workers == 48 and best.measurements == 2 and unsure.remeasured == [(48, 2, False)]
+    # a step that lost, one step above the best (15 -> 18, capped by a bound): the middle is tried all the same
+    rates = {15: 36.0, 16: 40.0, 18: 28.0}
+    lost = FakeRunner(lambda w, p, pin: rates.get(w, 10.0), bounds={"memory": 18}, busy=0.9)
+    best = _search_with(lost).climb_workers(lost.measure(15, 2, False))
+    assert best.num_workers == 16 and [w for w, _, _ in lost.measured] == [15, 18, 16]  # not 17: within one step
     rough = FakeRunner(rate)
     measure = rough.measure
     rough.measure = lambda w, p, pin, against=None: dataclasses.replace(measure(w, p, pin), rough=w == 48)
