@@ -92,6 +92,7 @@ from lightning_dataperf.autotune_trials import (
     Trial,
     TrialRunner,
     confirmation_candidates,
+    repeat_outliers,
 )
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.loaders import LoaderSettings
@@ -282,7 +283,7 @@ def _climb(
         best = search.probe_fewer(best, baseline)
         best = search.tune_prefetch(best)
         best = search.tune_pin(best)
-        search.repeat_outliers()
+        repeat_outliers(runner)
     chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
     baseline = runner.latest(baseline)
     measured = rated(runner.all_trials())

@@ -26,6 +26,7 @@ __all__ = [
     "FD_SHARE",
     "MIN_ROUNDS",
     "MIN_STEADY_BATCHES",
+    "OUTLIER_SHARE",
     "Limits",
     "Trial",
     "TrialListener",
@@ -42,6 +43,10 @@ __all__ = [
 #: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
 #: configuration within noise of the best, and one unlucky measurement must not rule it out.
 CONFIRM_BAND = 0.7
+#: A trial slower than this share of both its neighbours in worker count is measured again
+#: (:func:`~lightning_dataperf.autotune_trials.repeat_outliers`), and so is a step up in the climb slower than
+#: this share of the best: an artefact (start-up, memory) until seen twice; a smaller loss is taken as measured.
+OUTLIER_SHARE = 0.8
 #: Fewest rounds of ``num_workers`` batches a trial's rate is computed from.
 MIN_ROUNDS = 3
 #: Fewest steady batches a trial's rate is computed from.

@@ -37,6 +37,7 @@ from lightning_dataperf.autotune_records import (
     BUDGET_REFUSAL,
     DATASET_REFUSAL,
     DECIDED_GAP,
+    OUTLIER_SHARE,
     Limits,
     Trial,
     margin,
@@ -51,9 +52,6 @@ Config = tuple[int, int | None, bool]
 
 #: Most doublings of ``prefetch_factor`` tried.
 MAX_PREFETCH = 16
-#: A trial slower than this share of both its neighbours in worker count is measured again, and so is a step up
-#: in the climb slower than this share of the best (an artefact until seen twice; a smaller loss is taken as measured).
-OUTLIER_SHARE = 0.8
 #: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
 #: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
 #: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
@@ -346,22 +344,6 @@ class Search:
             return best
         trial = self.measure(best.num_workers, best.prefetch_factor, not best.pin_memory, against=best)
         return trial if self.better(trial, best) else best
-
-    # ------------------------------------------------------------------ honest numbers
-    def repeat_outliers(self) -> None:
-        """Measure again any trial much slower than both neighbours in worker count (a peak is real, a dip suspect)."""
-        runner = self.runner
-        groups: dict[tuple[int | None, bool], list[Trial]] = {}
-        for trial in self._measured():
-            if trial.num_workers:
-                groups.setdefault((trial.prefetch_factor, trial.pin_memory), []).append(trial)
-        for trials in groups.values():
-            trials.sort(key=lambda trial: trial.num_workers)
-            for left, middle, right in zip(trials, trials[1:], trials[2:], strict=False):
-                low = min(left.batches_per_sec, right.batches_per_sec)
-                outlier = middle.batches_per_sec < OUTLIER_SHARE * low  # a dip (start-up, memory artefacts)
-                if outlier and middle.measurements == 1 and runner.remaining > 0:
-                    runner.remeasure(runner.trials[middle.config])
 
     # ------------------------------------------------------------------ downwards
     def probe_fewer(self, best: Trial, start: Trial) -> Trial:

@@ -42,12 +42,14 @@ from lightning_dataperf.autotune_order import TrialOrder, coprime_stride
 from lightning_dataperf.autotune_records import (
     BUDGET_REFUSAL,
     DATASET_REFUSAL,
+    OUTLIER_SHARE,
     Limits,
     Trial,
     TrialListener,
     cheapest_near,
     confirmation_candidates,
     made_rate,
+    rated,
     steady_rate,
 )
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
@@ -55,7 +57,15 @@ from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.loader_probe import TimedCollate, TimedDataset
 from lightning_dataperf.sharing import with_strategy
 
-__all__ = ["Limits", "Trial", "TrialRunner", "cheapest_near", "confirmation_candidates", "steady_rate"]
+__all__ = [
+    "Limits",
+    "Trial",
+    "TrialRunner",
+    "cheapest_near",
+    "confirmation_candidates",
+    "repeat_outliers",
+    "steady_rate",
+]
 
 #: What a repeat's record takes from the latest measurement, or the earlier one where the repeat could not read it.
 _LATEST_KNOWN = ("worker_busy", "worker_mb", "wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")
@@ -303,6 +313,22 @@ class TrialRunner:
             rough=rough,
             sharing=sharing,
         )
+
+
+def repeat_outliers(runner: TrialRunner) -> None:
+    """Measure again any trial much slower than both neighbours in worker count (a peak is real, a dip suspect:
+    below :data:`~lightning_dataperf.autotune_records.OUTLIER_SHARE` of the slower neighbour), while budget is left."""
+    groups: dict[tuple[int | None, bool], list[Trial]] = {}
+    for trial in rated(runner.trials.values()):
+        if trial.num_workers:
+            groups.setdefault((trial.prefetch_factor, trial.pin_memory), []).append(trial)
+    for trials in groups.values():
+        trials.sort(key=lambda trial: trial.num_workers)
+        for left, middle, right in zip(trials, trials[1:], trials[2:], strict=False):
+            low = min(left.batches_per_sec, right.batches_per_sec)
+            outlier = middle.batches_per_sec < OUTLIER_SHARE * low  # a dip (start-up, memory artefacts)
+            if outlier and middle.measurements == 1 and runner.remaining > 0:
+                runner.remeasure(runner.trials[middle.config])
 
 
 def _sent(workers: int, sharing: str | None) -> str | None:

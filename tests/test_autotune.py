@@ -370,7 +370,9 @@ def test_outliers_against_their_neighbours_are_repeated():
     runner = FakeRunner(lambda workers, prefetch, pin: rates[workers])
     for workers in rates:
         runner.measure(workers, 2, False)
-    _search_with(runner).repeat_outliers()
+    from lightning_dataperf.autotune_trials import repeat_outliers
+
+    repeat_outliers(runner)
     assert runner.remeasured == [(4, 2, False)]
 
 
