@@ -303,19 +303,20 @@ class Search:
 
         Not past what the climb itself would not pass: a bound (from every trial so far, ``more``'s included),
         a ``best`` the training path or the CPUs already limit. A middle cut short (refused, or rough: no
-        steady round) proves nothing.
+        steady round) proves nothing; one the budget left no time for makes the stop ``"time budget"``.
         """
         middle = (best.num_workers + more.num_workers) // 2
         lost = not self.as_fast(more, best) and more.num_workers - best.num_workers >= 3
         if not (lost or middle >= smallest_step(best.num_workers)) or middle <= best.num_workers:
             return None
         bounds = self.runner.worker_bounds(best.prefetch_factor, best.pin_memory)
-        if middle > min(bounds.values(), default=math.inf) or self.runner.remaining <= 0:
+        if middle > min(bounds.values(), default=math.inf) or path_bound(best) or self._cpus_spent(best) is not None:
             return None
-        if path_bound(best) or self._cpus_spent(best) is not None:
-            return None
-        trial = self.measure(middle, best.prefetch_factor, best.pin_memory, best)
-        if trial.refused is not None or trial.rough:
+        trial = self.measure(middle, best.prefetch_factor, best.pin_memory, best) if self.runner.remaining > 0 else None
+        if trial is None or trial.refused is not None or trial.rough:
+            if self.runner.remaining <= 0:  # the peak lies inside the bracket, unmeasured: say so, not "gain"
+                between = f"{best.num_workers} (best) and {more.num_workers} ({percent_change(more, best)})"
+                self.stop("time budget", f"the time budget ran out before {middle} workers, between {between}")
             return None
         trial, faster = self.confirmed(trial, best)
         return trial if faster else None

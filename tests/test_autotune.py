@@ -322,6 +322,19 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     lost = FakeRunner(lambda w, p, pin: rates.get(w, 10.0), bounds={"memory": 18}, busy=0.9)
     best = _search_with(lost).climb_workers(lost.measure(15, 2, False))
     assert best.num_workers == 16 and [w for w, _, _ in lost.measured] == [15, 18, 16]  # not 17: within one step
+    # the budget ran out with the first middle: the next is not measured, and the stop says the budget, not the gain
+    spent = FakeRunner(rate)
+    measure_spent = spent.measure
+
+    def measure_until_48(workers, prefetch, pin, against=None):
+        trial = measure_spent(workers, prefetch, pin)
+        spent.remaining = 0.0 if workers == 48 else spent.remaining
+        return trial
+
+    spent.measure = measure_until_48
+    search = _search_with(spent)
+    assert search.climb_workers(spent.measure(1, 2, False)).num_workers == 48 and (56, 2, False) not in spent.trials
+    assert search.stop_reason == "time budget" and "before 56 workers, between 48 (best) and 64" in search.stop_detail
     rough = FakeRunner(rate)
     measure = rough.measure
     rough.measure = lambda w, p, pin, against=None: dataclasses.replace(measure(w, p, pin), rough=w == 48)
