@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from lightning_dataperf.autotune_measures import open_files
 from lightning_dataperf.autotune_records import CPU_OVERSUBSCRIPTION, FD_SHARE, Trial
 from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.preflight import open_file_limit, pinned_bytes
 
-__all__ = ["Resources"]
+__all__ = ["Resources", "bounds_text", "tightest"]
 
 _MB = 2**20
 #: The smallest busy share the CPU-share bound divides by (a worker that hardly computes still has a process).
@@ -138,3 +138,13 @@ def _busy_share(trials: list[Trial]) -> float | None:
         if most * by_count[most] <= fewer * by_count[fewer] * (1 + CPU_PLATEAU):  # the workers' CPU stopped growing
             share = max(by_count.values())
     return max(share, MIN_BUSY)
+
+
+def tightest(bounds: Mapping[str, int]) -> tuple[str, float]:
+    """The bound that allows the fewest workers and its count; ``("", inf)`` without bounds."""
+    return min(bounds.items(), key=lambda item: item[1]) if bounds else ("", math.inf)
+
+
+def bounds_text(bounds: Mapping[str, int]) -> str:
+    """Every bound, tightest first: ``"CPU share 42, memory 130"``."""
+    return ", ".join(f"{name} {value}" for name, value in sorted(bounds.items(), key=lambda item: item[1]))

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_dataperf.autotune_bounds import bounds_text, tightest
 from lightning_dataperf.autotune_handover import Handover, gain_beyond_reach
 from lightning_dataperf.autotune_model import (
     cpu_ceiling,
@@ -243,9 +244,9 @@ class Search:
         runner, cpus = self.runner, self.cpus
         while True:
             bounds = runner.worker_bounds(best.prefetch_factor, best.pin_memory)
-            name, limit = min(bounds.items(), key=lambda item: item[1]) if bounds else ("", math.inf)
+            name, limit = tightest(bounds)
             if best.num_workers >= limit:
-                self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)})")
+                self.stop(name, f"stopped at the {name} bound: {limit} workers ({bounds_text(bounds)})")
                 return best
             if runner.remaining <= 0:
                 held = " (the rest is kept to re-measure a close call and for the hand-over's trial)"
@@ -261,7 +262,7 @@ class Search:
             step = next_workers(best, int(min(limit, 1 << 20)), cpus)
             if best.num_workers and step == limit and step < smallest_step(best.num_workers):
                 # the bound leaves less than one step: a trial could not tell a gain of a few workers from noise
-                self.stop(name, f"stopped at the {name} bound: {limit} workers ({_bounds_text(bounds)}), "
+                self.stop(name, f"stopped at the {name} bound: {limit} workers ({bounds_text(bounds)}), "
                           f"less than one step above {best.num_workers}")  # fmt: skip
                 return best
             trial = self.measure(step, best.prefetch_factor, best.pin_memory, against=best)
@@ -309,8 +310,8 @@ class Search:
         lost = not self.as_fast(more, best) and more.num_workers - best.num_workers >= 3
         if not (lost or middle >= smallest_step(best.num_workers)) or middle <= best.num_workers:
             return None
-        bounds = self.runner.worker_bounds(best.prefetch_factor, best.pin_memory)
-        if middle > min(bounds.values(), default=math.inf) or path_bound(best) or self._cpus_spent(best) is not None:
+        _, limit = tightest(self.runner.worker_bounds(best.prefetch_factor, best.pin_memory))
+        if middle > limit or path_bound(best) or self._cpus_spent(best) is not None:
             return None
         trial = self.measure(middle, best.prefetch_factor, best.pin_memory, best) if self.runner.remaining > 0 else None
         if trial is None or trial.refused is not None or trial.rough:
@@ -395,7 +396,3 @@ class Search:
 
     def _measured(self) -> list[Trial]:
         return rated(self.runner.trials.values())
-
-
-def _bounds_text(bounds: Mapping[str, int]) -> str:
-    return ", ".join(f"{name} {value}" for name, value in sorted(bounds.items(), key=lambda item: item[1]))
