@@ -245,8 +245,9 @@ class Search:
         while True:
             bounds = runner.worker_bounds(best.prefetch_factor, best.pin_memory)
             name, limit = tightest(bounds)
-            if best.num_workers >= limit:
-                self.stop(name, f"stopped at the {name} bound: {limit} workers ({bounds_text(bounds)})")
+            if best.num_workers >= limit:  # above it: the bound was read from ``best``'s own trial, after it
+                after = f"; {best.num_workers} were measured before it" if best.num_workers > limit else ""
+                self.stop(name, f"stopped at the {name} bound: {limit} workers ({bounds_text(bounds)}){after}")
                 return best
             if runner.remaining <= 0:
                 held = " (the rest is kept to re-measure a close call and for the hand-over's trial)"

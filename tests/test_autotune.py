@@ -617,6 +617,20 @@ def test_a_busy_step_bounds_the_rate_on_the_host():
     assert 0 < runner.measure(0, None, False).batches_per_sec <= 50.0 * 1.02
 
 
+def test_a_bound_read_from_the_best_trial_itself_is_said_as_such():
+    # 2-core VM, I/O-latency loader: 77 workers measured fastest, and their CPU time together had not grown
+    # over 52's, so the CPU-share bound read from them fell to 67, below the best measured
+    runner = FakeRunner(lambda workers, prefetch, pin: 10.0 * workers, bounds={"CPU share": 67, "memory": 1081})
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(52, 2, False))
+    assert best.num_workers == 67 and search.stop_reason == "CPU share"
+    assert search.stop_detail.endswith("(CPU share 67, memory 1081)")  # the climb reached the bound itself
+    search = _search_with(runner)
+    runner.measure(77, 2, False)
+    best = search.climb_workers(runner.trials[(77, 2, False)])
+    assert best.num_workers == 77 and search.stop_detail.endswith("; 77 were measured before it")
+
+
 def test_summary_line_quotes_the_measurement_and_the_stop():
     result = AutotuneResult(
         settings=__import__("lightning_dataperf").LoaderSettings(16, True, True, 2),
