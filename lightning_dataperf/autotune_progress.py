@@ -2,7 +2,8 @@
 
 A search takes seconds to tens of seconds before the first epoch; without a sign of life it looks like a
 hang. :func:`make_progress` turns the ``progress`` option into a listener the trial runner calls with
-``("start", config)``, ``("progress", batches_per_sec_so_far)``, ``("done", trial)`` and, at the end,
+``("start", config)``, ``("progress", batches_per_sec_so_far)``, ``("done", trial)`` (or ``("nothing", trial)``:
+a repeat of ``trial`` that measured nothing, cut by the budget before one steady round) and, at the end,
 :meth:`SearchProgress.close`:
 
 * ``"bar"``: a tqdm bar on stderr (what the Trainer's ``TQDMProgressBar`` uses): trial k of ~n, the
@@ -54,6 +55,8 @@ class SearchProgress:
             self.running(value)
         elif event == "done":
             self.finished(value)
+        elif event == "nothing":
+            self.measured_nothing(value)
         elif event == "estimate":
             self.estimate = max(self.index + 1, int(value))
 
@@ -64,6 +67,9 @@ class SearchProgress:
         pass
 
     def finished(self, trial: Any) -> None:
+        pass
+
+    def measured_nothing(self, trial: Any) -> None:
         pass
 
     def close(self, result: Any = None) -> None:
@@ -79,6 +85,13 @@ class LogProgress(SearchProgress):
             f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: "
             f"{trial.batches_per_sec:.1f} batches/s (start-up {trial.startup_s:.2f} s, trial {trial.seconds:.1f} s"
             f"{again})\n"
+        )
+        self.stream.flush()
+
+    def measured_nothing(self, trial: Any) -> None:
+        self.stream.write(
+            f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: measured nothing more (the "
+            f"time budget ran out before one steady round); kept at {trial.batches_per_sec:.1f} batches/s\n"
         )
         self.stream.flush()
 
@@ -107,6 +120,10 @@ class BarProgress(SearchProgress):
 
     def finished(self, trial: Any) -> None:
         self.bar.set_postfix_str(f"{_trial_text(trial)}: {trial.batches_per_sec:.1f} batches/s", refresh=False)
+        self.bar.update(1)
+
+    def measured_nothing(self, trial: Any) -> None:
+        self.bar.set_postfix_str(f"{_trial_text(trial)}: measured nothing more", refresh=False)
         self.bar.update(1)
 
     def close(self, result: Any = None) -> None:

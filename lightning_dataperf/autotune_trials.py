@@ -194,6 +194,7 @@ class TrialRunner:
         if trial.refused is not None or self.remaining <= 0:
             return trial
         self.listener("start", trial.config)
+        before = trial
         again = self.run(*trial.config, cap_scale=cap_scale, against=against, sharing=trial.sharing)
         # a repeat the budget cut before one steady round is not averaged in: its rate includes the burst of
         # queued batches, or a few staggered arrivals (measured on the H200: one such repeat took 18 workers'
@@ -216,7 +217,7 @@ class TrialRunner:
             self.trials[trial.config] = trial
         else:  # a trial measured before the search adopted another hand-over: it stays where it was
             self.earlier = [trial if kept.measured_as == trial.measured_as else kept for kept in self.earlier]
-        self.listener("done", trial)
+        self.listener("done" if trial is not before else "nothing", trial)  # "nothing": the repeat measured nothing
         return trial
 
     def close(self) -> None:

@@ -938,6 +938,29 @@ def test_a_close_call_counts_as_measured_again_only_when_it_was():
     assert choose(search, policy, 0.02).num_workers == 4
 
 
+def test_a_repeat_that_measured_nothing_is_said_so_not_shown_as_a_new_trial(monkeypatch):
+    import io
+
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_progress import LogProgress
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    # the H200 side-stream row: 22 workers' repeat was cut by the budget, and the log showed trial 4 twice
+    stream = io.StringIO()
+    limits = Limits(100.0, 60, 0.03, 0.5, None, 0)
+    runner = TrialRunner(SlowSamples(100), 4, {}, fake_hardware(), TransferPath(), limits, listener=LogProgress(stream))
+    first = Trial(22, 2, True, 48.3, batches=137, precision=0.05)
+    runner.trials[first.config] = first
+    cut = Trial(22, 2, True, 60.0, batches=3, rough=True)  # the burst's rate: not averaged in
+    monkeypatch.setattr(runner, "run", lambda *config, **options: cut)
+    assert runner.remeasure(first) is first
+    assert stream.getvalue() == (
+        "DataPerf autotune: trial 1/~8 workers=22 prefetch=2 pin=yes: measured nothing more (the time budget ran "
+        "out before one steady round); kept at 48.3 batches/s\n"
+    )
+
+
 def test_a_rough_first_measurement_is_replaced_by_a_steady_repeat(monkeypatch):
     from lightning_dataperf.autotune_consumer import TransferPath
     from lightning_dataperf.autotune_records import Limits
