@@ -70,7 +70,7 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
 
     chosen, refined = floor, set()
     for round_index in range(refine + 1):
-        measured = search._measured()
+        measured = search.measured()
         if not measured:
             return runner.latest(floor)
         top = max(measured, key=lambda trial: trial.batches_per_sec)
@@ -99,5 +99,5 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         return chosen  # the floor was one side of the close call, and measured slower
     if search.better(chosen, floor) or (cheaper(chosen) < cheaper(floor) and search.as_fast(chosen, floor)):
         return chosen
-    faster = [trial for trial in search._measured() if search.better(trial, floor) and search.as_fast(trial, top)]
+    faster = [trial for trial in search.measured() if search.better(trial, floor) and search.as_fast(trial, top)]
     return min(faster, key=cheaper) if faster else floor

@@ -3,7 +3,8 @@
 :class:`Search` drives a :class:`~lightning_dataperf.autotune_trials.TrialRunner`. The cost model
 (:mod:`~lightning_dataperf.autotune_model`) predicts from each trial the worker count the fastest
 possible rate needs, instead of doubling blindly, and where the CPUs are spent; a start that the
-training path already limits (its main thread hardly waited) does not climb at all. Two rates count as
+training path already limits (its main thread hardly waited) does not climb at all; the probes below the
+start are :class:`~lightning_dataperf.autotune_fewer.FewerWorkers`'s. Two rates count as
 different only beyond :func:`~lightning_dataperf.autotune_records.margin` (noise, or twice their
 combined standard error): when two configurations are within noise, either is fine.
 
@@ -17,28 +18,25 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from lightning_dataperf.autotune_bounds import bounds_text, tightest
+from lightning_dataperf.autotune_fewer import MODEL_SLACK, FewerWorkers
 from lightning_dataperf.autotune_handover import Handover, gain_beyond_reach
 from lightning_dataperf.autotune_model import (
     cpu_ceiling,
-    fewer_capacity,
     handover_bound,
-    main_thread_rate,
     next_workers,
     path_bound,
     queue_starved,
     smallest_step,
-    workers_needed,
 )
 from lightning_dataperf.autotune_records import (
     BUDGET_REFUSAL,
     DATASET_REFUSAL,
-    DECIDED_GAP,
     OUTLIER_SHARE,
+    TIE_BAND,
     Limits,
     Trial,
     margin,
@@ -53,13 +51,6 @@ Config = tuple[int, int | None, bool]
 
 #: Most doublings of ``prefetch_factor`` tried.
 MAX_PREFETCH = 16
-#: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
-#: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
-#: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
-TIE_BAND = DECIDED_GAP
-#: 0 workers are tried when the main thread alone is predicted within this share of the best rate (the
-#: prediction counts the hand-over of batches from workers, which loading in the main thread does not pay).
-MODEL_SLACK = 0.1
 
 
 class Search:
@@ -77,6 +68,7 @@ class Search:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
         self.stop_reason, self.stop_detail = "", ""
         self.handover = Handover(handover_reserve)  # the one trial of another hand-over, its budget, its result
+        self.fewer = FewerWorkers(self)  # the probes down
 
     def config(self, workers: int, prefetch: int | None, pin: bool) -> Config:
         workers = self.fixed.get("num_workers", workers)
@@ -138,7 +130,7 @@ class Search:
         else:
             others = [
                 trial
-                for trial in self._measured()
+                for trial in self.measured()
                 if trial.tree_cpu_s and trial.num_workers and trial.num_workers != best.num_workers
                 and (trial.prefetch_factor, trial.pin_memory) == (best.prefetch_factor, best.pin_memory)
             ]  # fmt: skip
@@ -167,7 +159,7 @@ class Search:
             self.stop("fixed", f"num_workers={best.num_workers} is yours")
             return best
         if path_bound(best):
-            return self._fewer_predicted(best)
+            return self.fewer.predicted(best)
         start = best
         with self.runner.reserved(self.handover.reserve):
             best = self._ascend(best)
@@ -178,65 +170,7 @@ class Search:
             return self._ascend(faster)
         if best.config != start.config or self.stop_reason != "gain":
             return best
-        lower = self._fewer(start.num_workers)
-        if lower is None or self.runner.remaining <= 0 or self._too_few(lower, start):
-            return best
-        trial = self.measure(lower, start.prefetch_factor, start.pin_memory, against=start)
-        if not self.as_fast(trial, start):
-            return best
-        self.stop_reason = ""
-        return self._descend(trial, start)
-
-    def _fewer_predicted(self, best: Trial) -> Trial:
-        waited = f"the main thread waited for batches {100 * (best.wait_share or 0):.0f}% of the time"
-        self.stop("path", f"the training path is the limit at {best.num_workers} workers ({waited}); more cannot help")
-        need = workers_needed(best, self.limits.min_workers)
-        tried = best
-        for lower in dict.fromkeys(value for value in (need, 0 if need <= 1 else None) if value is not None):
-            if lower >= tried.num_workers or lower < self.limits.min_workers or self.runner.remaining <= 0:
-                continue
-            trial = self.measure(lower, best.prefetch_factor, best.pin_memory, against=best)
-            if not self.as_fast(trial, best):
-                break
-            tried = trial
-        if tried is not best:
-            self.stop_detail += f"; {tried.num_workers} workers were as fast"
-        return tried
-
-    def _fewer(self, workers: int) -> int | None:
-        minimum = self.limits.min_workers
-        if workers <= minimum:
-            return None
-        return max(minimum, workers // 2)
-
-    def _too_few(self, workers: int, best: Trial, stopping: bool = False) -> bool:
-        """``workers`` cannot be as fast as ``best``: what a batch cost the measured workers in CPU says they
-        could make at most less than the tie band allows (:func:`~lightning_dataperf.autotune_model.fewer_capacity`,
-        the most of any trial: the optimistic bound). No trial is spent on it; ``stop_detail`` says it
-        (``stopping``: the way down ends here, ``stop_reason`` ``"fewer"``)."""
-        if not workers:
-            return False
-        capacity = max((fewer_capacity(trial, workers) for trial in self._measured()), default=math.inf)
-        if capacity >= best.batches_per_sec * (1 - max(TIE_BAND, self.limits.noise)):
-            return False
-        if stopping:
-            self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers})")
-        self.stop_detail += f"; {workers} workers cannot be as fast (the CPU per batch allows {capacity:.1f}/s)"
-        return True
-
-    def _descend(self, best: Trial, above: Trial) -> Trial:
-        while (lower := self._fewer(best.num_workers)) is not None and self.runner.remaining > 0:
-            if self._too_few(lower, best, stopping=True):
-                return best
-            trial = self.measure(lower, best.prefetch_factor or above.prefetch_factor, best.pin_memory, against=best)
-            if not self.as_fast(trial, best):
-                self.stop(
-                    "fewer", f"{lower} workers lost {percent_change(trial, best)}; {above.num_workers} gained nothing"
-                )
-                return best
-            best = trial
-        self.stop("fewer", f"fewer workers were as fast (down to {best.num_workers}, {above.num_workers} no faster)")
-        return best
+        return self.fewer.below_start(start, best)
 
     def _ascend(self, best: Trial) -> Trial:
         """Up while the gain holds. A step that gains nothing over ``best`` brackets the peak where a count
@@ -350,50 +284,10 @@ class Search:
 
     # ------------------------------------------------------------------ downwards
     def probe_fewer(self, best: Trial, start: Trial) -> Trial:
-        """After the climb, fewer workers than the start (and 0 when allowed) where they may be as fast.
+        """After the climb, fewer workers than ``start`` where the model says they may be as fast
+        (:meth:`~lightning_dataperf.autotune_fewer.FewerWorkers.after_climb`)."""
+        return self.fewer.after_climb(best, start)
 
-        Tried when the cost model says the main thread or the path limits
-        (:func:`~lightning_dataperf.autotune_model.main_thread_rate`:
-        loading in the main thread would still reach the best rate; or the main thread hardly waited).
-        Not after a climb whose first step up gained beyond noise: the rate was still rising at the start, and
-        with diminishing returns per worker, fewer workers lose at least as much per worker as the step gained
-        (measured on the H200 side-stream row: 15 -> 18 workers gained 5%, and the probe of 7 that an earlier
-        rule made there read 17 batches/s against 36). A climb whose first step gained nothing already goes down
-        (:meth:`climb_workers`). Within noise is a tie, resolved towards fewer workers; a count that loses beyond
-        noise ends the way down (0 workers, tried only where the model predicts it, is measured regardless: it
-        has no hand-over to pay), and so does a count too few for the CPU a batch costs (:meth:`_too_few`).
-        """
-        if "num_workers" in self.fixed:
-            return best
-        minimum = self.limits.min_workers
-        main_rate = main_thread_rate(best)
-        zero = minimum == 0 and main_rate >= (1 - MODEL_SLACK) * best.batches_per_sec
-        if not (zero or path_bound(best)):
-            return best
-        counts = []
-        if path_bound(best):
-            counts.append(workers_needed(best, max(1, minimum)))
-            lower = start.num_workers
-            while (lower := lower // 2) >= max(1, minimum):
-                counts.append(lower)
-        if zero:
-            counts.append(0)
-        why = "the main thread limits" if zero else "the training path limits"
-        before, lost = best, False
-        for workers in sorted({count for count in counts if count < start.num_workers}, reverse=True):
-            if self.runner.remaining <= 0 or (lost and workers) or self._too_few(workers, best):
-                lost = lost or workers > 0
-                continue
-            trial = self.measure(workers, best.prefetch_factor or start.prefetch_factor, best.pin_memory, against=best)
-            if self.as_fast(trial, best):  # a tie goes to fewer workers
-                best = trial
-            else:
-                lost = True
-        if best is not before:
-            self.stop_detail += (
-                f"; fewer were as fast ({why}): {best.num_workers} workers {percent_change(best, before)}"
-            )
-        return best
-
-    def _measured(self) -> list[Trial]:
+    def measured(self) -> list[Trial]:
+        """The trials measured the current way that have a rate."""
         return rated(self.runner.trials.values())
