@@ -23,7 +23,7 @@ would have; ``tests/test_datamodule.py`` checks the resumed order end to end.
 assigns ``parallel_devices`` to a strategy that has that attribute, which is how a single-device
 strategy given no device learns it (``SingleDeviceStrategy`` keeps its own in ``_root_device``).
 :func:`shutdown_loader_iterator` stops a DataLoader iterator's workers now, through PyTorch's
-``_shutdown_workers``. ``tests/test_lightning_hooks.py`` checks both.
+``_shutdown_workers``, and says which (``_workers``' pids). ``tests/test_lightning_hooks.py`` checks both.
 """
 
 from __future__ import annotations
@@ -130,11 +130,15 @@ class ProcessDataloaderHook:
             self._strategy = self._ours = None
 
 
-def shutdown_loader_iterator(iterator: Any) -> None:
-    """Stop a DataLoader iterator's workers and pin thread now, not at garbage collection."""
+def shutdown_loader_iterator(iterator: Any) -> tuple[int, ...]:
+    """Stop a DataLoader iterator's workers and pin thread now, not at garbage collection; the process ids of
+    the workers it stopped (PyTorch's ``_workers``; none for an iterator without workers)."""
     stop = getattr(iterator, "_shutdown_workers", None)
-    if callable(stop):
-        stop()
+    if not callable(stop):
+        return ()
+    pids = tuple(pid for worker in getattr(iterator, "_workers", ()) if (pid := getattr(worker, "pid", None)))
+    stop()
+    return pids
 
 
 def global_step_reader(trainer: pl.Trainer) -> Callable[[], int]:

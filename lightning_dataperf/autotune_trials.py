@@ -55,7 +55,7 @@ from lightning_dataperf.autotune_records import (
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
 from lightning_dataperf.loader_probe import TimedCollate, TimedDataset
-from lightning_dataperf.sharing import with_strategy
+from lightning_dataperf.sharing import reclaim_segments, with_strategy
 
 __all__ = [
     "Limits",
@@ -224,7 +224,7 @@ class TrialRunner:
         """Shut down the workers kept from the last trial."""
         kept, self._kept = self._kept, None
         if kept is not None:
-            shutdown_loader_iterator(kept[1])
+            _stop(kept[1])
             gc.collect()
 
     def _loader(self, workers: int, prefetch: int | None, pin: bool, sharing: str | None = None) -> DataLoader:
@@ -274,10 +274,10 @@ class TrialRunner:
         try:
             drained = drain(self, iterator, started, workers, skip, in_flight, cap_scale, against)
         except BaseException:
-            shutdown_loader_iterator(iterator)
+            _stop(iterator)
             raise
         if drained.exhausted:
-            shutdown_loader_iterator(iterator)
+            _stop(iterator)
             gc.collect()
         else:
             self._kept = (kept_as, iterator)
@@ -330,6 +330,12 @@ def repeat_outliers(runner: TrialRunner) -> None:
             outlier = middle.batches_per_sec < OUTLIER_SHARE * low  # a dip (start-up, memory artefacts)
             if outlier and middle.measurements == 1 and runner.remaining > 0:
                 runner.remeasure(runner.trials[middle.config])
+
+
+def _stop(iterator: Iterator[Any]) -> None:
+    """Stop a trial loader's workers, and remove the batches they had sent by file name that no trial received
+    (:func:`~lightning_dataperf.sharing.reclaim_segments`: they would stay in ``/dev/shm`` until the process ends)."""
+    reclaim_segments(shutdown_loader_iterator(iterator))
 
 
 def _sent(workers: int, sharing: str | None) -> str | None:

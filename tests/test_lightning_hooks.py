@@ -89,9 +89,10 @@ def test_loader_iterators_shut_their_workers_down_on_request():
     next(iterator)
     workers = list(iterator._workers)
     assert workers and all(worker.is_alive() for worker in workers)
-    shutdown_loader_iterator(iterator)
+    stopped = shutdown_loader_iterator(iterator)
     assert not any(worker.is_alive() for worker in workers), "PyTorch's _shutdown_workers no longer stops them"
-    shutdown_loader_iterator(iter(range(3)))  # not a loader iterator: nothing to stop, no error
+    assert stopped == tuple(worker.pid for worker in workers) and len(set(stopped)) == 2  # whose batches to reclaim
+    assert shutdown_loader_iterator(iter(range(3))) == ()  # not a loader iterator: nothing to stop, no error
 
 
 def test_a_constructed_loader_refuses_a_new_dataset_except_through_the_hook():

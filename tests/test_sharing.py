@@ -230,3 +230,83 @@ def test_the_shared_memory_manager_is_not_taken_for_a_loader_worker(monkeypatch)
     finally:
         child.kill()
         child.wait()
+
+
+_STOPPED_LOADER = """
+import gc, os, sys
+import torch
+from torch.utils.data import DataLoader
+from lightning_dataperf import ShareBy
+from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
+from lightning_dataperf.sharing import reclaim_segments
+
+def ours():  # the workers' files (this process's manager client, made once, is its own)
+    own = f"torch_{os.getpid()}_"
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("torch_") and not name.startswith(own))
+
+before = ours()
+loader = DataLoader([torch.full((64,), float(i)) for i in range(512)], batch_size=4, num_workers=2, prefetch_factor=4,
+                    worker_init_fn=ShareBy("file_system"))
+iterator = iter(loader)
+held = [next(iterator) for _ in range(3)]  # received, still used
+pids = shutdown_loader_iterator(iterator)
+del iterator
+gc.collect()
+left = [name for name in ours() if name not in before]
+assert any(name.startswith(tuple(f"torch_{pid}_" for pid in pids)) for name in left), left  # PyTorch leaves them
+removed = reclaim_segments(pids)
+assert removed > 0
+after = [name for name in ours() if name not in before]
+assert len(after) == len(left) - removed and len(after) <= 3, (left, after)  # at most the held batches' files
+assert [batch[0, 0].item() for batch in held] == [0.0, 4.0, 8.0]
+del held
+gc.collect()  # freeing a held batch whose file was removed would abort the process
+assert [name for name in ours() if name not in before] == []
+print("reclaimed", removed)
+"""
+
+
+def test_a_stopped_file_system_loaders_unreceived_batches_are_removed_and_held_ones_kept():
+    import subprocess
+    import sys
+
+    # a separate process: if a held batch's file were removed, freeing the batch would abort it
+    command = [sys.executable, "-c", _STOPPED_LOADER]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("reclaimed ")
+
+
+def test_reclaim_touches_only_the_stopped_workers_unmapped_files(tmp_path, monkeypatch):
+    from lightning_dataperf import sharing
+
+    for name in ("torch_101_7_1", "torch_101_8_2", "torch_1010_9_1", "torch_202_1_1", "other_101_1"):
+        (tmp_path / name).write_bytes(b"x")
+    monkeypatch.setattr(sharing, "_mapped_names", lambda shm_dir: {"torch_101_8_2"})  # a batch still held here
+    assert sharing.reclaim_segments([101], shm_dir=str(tmp_path)) == 1
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "other_101_1", "torch_1010_9_1", "torch_101_8_2", "torch_202_1_1"
+    ]  # fmt: skip
+    monkeypatch.setattr(sharing, "_mapped_names", lambda shm_dir: None)  # cannot tell what is held: nothing removed
+    assert sharing.reclaim_segments([202], shm_dir=str(tmp_path)) == 0 and (tmp_path / "torch_202_1_1").exists()
+    assert sharing.reclaim_segments([], shm_dir=str(tmp_path)) == 0
+
+
+def test_a_trial_sending_by_file_name_leaves_nothing_in_dev_shm():
+    import os
+
+    from lightning_dataperf.autotune_records import Limits
+
+    def files() -> set[str]:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("torch_")}
+
+    before = files()
+    limits = Limits(30.0, 40, 0.03, 0.5, None, 0)
+    samples = [torch.full((16,), float(index)) for index in range(4096)]
+    runner = TrialRunner(samples, 8, {}, fake_hardware(), TransferPath(), limits)
+    runner.learn_batch_size()
+    trial = runner.run(4, 4, False, sharing=FAST_HANDOVER)  # stopped with batches in flight, its workers kept
+    runner.close()
+    assert trial.batches >= 2 and trial.sharing == FAST_HANDOVER
+    own = f"torch_{os.getpid()}_"  # this process's manager client, made once
+    assert {name for name in files() - before if not name.startswith(own)} == set()
