@@ -23,20 +23,19 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import inspect
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import resume_position
+from lightning_dataperf.datamodule_hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
 from lightning_dataperf.hardware import Hardware, probe_hardware
 from lightning_dataperf.jpeg_batches import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.loaders import POLICY_FIELDS, LoaderPlan, LoaderSettings
@@ -49,15 +48,9 @@ from lightning_dataperf.sampler import (
     make_resumable,
 )
 from lightning_dataperf.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
-from lightning_dataperf.sharing import with_strategy
-from lightning_dataperf.tags import Stage
+from lightning_dataperf.sharing import ShareBy, with_strategy
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
-
-#: The DataModule hooks that build loaders, per stage.
-LOADER_HOOKS = {f"{stage.value}_dataloader": stage.value for stage in Stage}
-_INSIDE_HOOK = threading.local()
-_DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
 
 
 class TunedDataModule(pl.LightningDataModule):
@@ -129,13 +122,18 @@ class TunedDataModule(pl.LightningDataModule):
         self._hardware: Hardware | None = None
         self._settings: LoaderSettings | None = None
         self._reported: set[str] = set()
+        self._sharing: list[ShareBy] = []  # what the loaders it made send by file name with (see teardown)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name, stage in LOADER_HOOKS.items():
-            hook = cls.__dict__.get(name)
-            if callable(hook) and not getattr(hook, "_dataperf_tuned", False):
-                setattr(cls, name, _tuned(hook, stage))
+        wrap_hooks(cls)
+
+    @override
+    def teardown(self, stage: str) -> None:
+        """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
+        nobody received (:meth:`~lightning_dataperf.sharing.ShareBy.reclaim`; a loader stopped before its end
+        leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
+        reclaim_sharing(self)
 
     # ------------------------------------------------------------------ settings
     @property
@@ -203,6 +201,7 @@ class TunedDataModule(pl.LightningDataModule):
             tuned = self.autotune_result if stage == "train" else None  # autotune measures the training loader
             if tuned is not None and tuned.sharing_strategy is not None:  # the workers send the faster way
                 updates = with_strategy(updates, tuned.sharing_strategy)
+                self._sharing.append(updates["worker_init_fn"])  # its workers' unreceived batches: at teardown
                 plan.notes.append(f"hand-over: {tuned.sharing_detail} (autotune), so the workers send that way")
         return plan, updates
 
@@ -306,11 +305,8 @@ class TunedDataModule(pl.LightningDataModule):
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
         from lightning_dataperf.autotune_lightning import autotune_for_datamodule
 
-        _INSIDE_HOOK.bypass = True  # the search's own trial loaders are built as they are
-        try:
+        with loaders_built_as_they_are():  # the search's own trial loaders
             self.autotune_result = autotune_for_datamodule(self, explicit)
-        finally:
-            _INSIDE_HOOK.bypass = False
         self._settings = self.autotune_result.settings
 
     # ------------------------------------------------------------------ reporting
@@ -336,46 +332,3 @@ class TunedDataModule(pl.LightningDataModule):
 @rank_zero_only
 def _print_on_rank_zero(text: str) -> None:
     print(text, flush=True)
-
-
-def _tuned(hook: Callable[..., Any], stage: str) -> Callable[..., Any]:
-    @functools.wraps(hook)
-    def tuned_hook(self: TunedDataModule, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_INSIDE_HOOK, "active", False):
-            return hook(self, *args, **kwargs)
-        plans: list[LoaderPlan] = []
-        with _tuning_new_loaders(self, stage, plans):
-            result = hook(self, *args, **kwargs)
-        result = self._decode_on_gpu(result, plans)
-        self._report(stage, plans)
-        return result
-
-    tuned_hook._dataperf_tuned = True  # type: ignore[attr-defined]
-    return tuned_hook
-
-
-@contextlib.contextmanager
-def _tuning_new_loaders(module: TunedDataModule, stage: str, plans: list[LoaderPlan]) -> Iterator[None]:
-    """Within the block, each ``DataLoader.__init__`` call gets the module's plan for unset arguments."""
-    original_init = DataLoader.__init__
-
-    def init(loader: DataLoader, *args: Any, **kwargs: Any) -> None:
-        if getattr(_INSIDE_HOOK, "bypass", False):
-            return original_init(loader, *args, **kwargs)
-        bound = _DATALOADER_SIGNATURE.bind_partial(loader, *args, **kwargs)
-        explicit = {name: value for name, value in bound.arguments.items() if name != "self"}
-        extra = explicit.pop("kwargs", {})
-        plan, updates = module._plan(stage, explicit)
-        plans.append(plan)
-        final = {**explicit, **extra, **updates}
-        final = {name: value for name, value in final.items() if value is not None or name not in updates}
-        original_init(loader, **final)
-        module._finish(stage, loader, plan)
-
-    _INSIDE_HOOK.active = True
-    DataLoader.__init__ = init  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        DataLoader.__init__ = original_init  # type: ignore[method-assign]
-        _INSIDE_HOOK.active = False

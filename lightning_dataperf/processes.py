@@ -20,6 +20,9 @@ __all__ = ["child_pids", "is_shm_manager", "loader_worker_processes", "major_fau
 #: PyTorch's shared-memory manager (``file_system`` sharing, see :mod:`~lightning_dataperf.sharing`) is a child
 #: process of the one that started it, not a worker; its name as ``/proc`` cuts it (15 characters).
 _SHM_MANAGER = "torch_shm_manag"
+#: The ``multiprocessing`` resource tracker (started once a spawn or forkserver context makes a lock or shared
+#: memory, then alive as long as the process): a sleeping child that is not a worker either.
+_RESOURCE_TRACKER = "multiprocessing.resource_tracker"
 
 
 def is_shm_manager(process: psutil.Process) -> bool:
@@ -63,7 +66,7 @@ def loader_worker_processes(main: psutil.Process | None = None) -> list[psutil.P
     for pid in child_pids(main.pid):
         try:
             child = _process(pid)
-            if _local_rank(child) != own_rank or is_shm_manager(child):
+            if _local_rank(child) != own_rank or is_shm_manager(child) or _helper(child):
                 continue
         except psutil.Error:
             continue
@@ -72,7 +75,7 @@ def loader_worker_processes(main: psutil.Process | None = None) -> list[psutil.P
     return workers
 
 
-_PROCESSES: dict[int, tuple[psutil.Process, str | None]] = {}
+_PROCESSES: dict[int, tuple[psutil.Process, str | None, bool]] = {}
 
 
 def _process(pid: int) -> psutil.Process:
@@ -85,14 +88,23 @@ def _process(pid: int) -> psutil.Process:
         rank = process.environ().get("LOCAL_RANK")
     except psutil.Error:
         rank = os.environ.get("LOCAL_RANK")
+    try:
+        helper = any(_RESOURCE_TRACKER in part for part in process.cmdline())
+    except psutil.Error:
+        helper = False
     if len(_PROCESSES) > 4096:
         _PROCESSES.clear()
-    _PROCESSES[pid] = (process, rank)
+    _PROCESSES[pid] = (process, rank, helper)
     return process
 
 
 def _local_rank(process: psutil.Process) -> str | None:
     return _PROCESSES[process.pid][1]
+
+
+def _helper(process: psutil.Process) -> bool:
+    """Whether ``process`` is ``multiprocessing``'s resource tracker (read once per process, with its rank)."""
+    return _PROCESSES[process.pid][2]
 
 
 def major_faults(pid: int) -> int | None:

@@ -15,8 +15,9 @@ A ``file_system`` loader stopped before its end (``limit_train_batches``, the sa
 with persistent workers) leaves the batches its workers had sent and nobody received in ``/dev/shm`` until the
 process exits (PyTorch's manager removes them then): measured in a ``Trainer`` on 2 cores, 4 workers x
 prefetch 4, 16 files a fit with persistent workers and 32 without (two epochs cut by ``limit_train_batches``).
-Autotune's own trial loaders remove theirs (:func:`reclaim_segments`); for many fits in one process (a sweep in
-a notebook), the batch's size times that count stays in ``/dev/shm`` per fit.
+Autotune's own trial loaders remove theirs (:func:`reclaim_segments`), and so does
+:class:`~lightning_dataperf.datamodule.TunedDataModule` at teardown for the loaders it made send that way
+(:meth:`ShareBy.reclaim`); call that yourself for your own ``ShareBy("file_system")`` loaders.
 
 Example::
 
@@ -28,13 +29,23 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.context
 import os
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch.multiprocessing
 
-__all__ = ["FAST_HANDOVER", "ShareBy", "process_strategy", "reclaim_segments", "start_shm_manager", "with_strategy"]
+__all__ = [
+    "FAST_HANDOVER",
+    "ShareBy",
+    "process_strategy",
+    "reclaim_segments",
+    "start_shm_manager",
+    "with_strategy",
+]
 
 #: The strategy autotune tries against the default: a shared-memory file name per tensor, no connection.
 FAST_HANDOVER = "file_system"
@@ -74,11 +85,18 @@ class ShareBy:
         inner: the loader's own ``worker_init_fn``, called afterwards with the worker id.
 
     Made in the training process, a ``file_system`` one starts that process's shared-memory manager
-    (:func:`start_shm_manager`), so the workers forked later share it.
+    (:func:`start_shm_manager`), so the workers forked later share it, and its workers note their pids (a
+    line each in a temporary file, removed with this object), so that :meth:`reclaim` can remove what they
+    sent and nobody received once the loader stopped early
+    (:class:`~lightning_dataperf.datamodule.TunedDataModule` calls it at teardown).
 
     Example::
 
-        loader = DataLoader(dataset, batch_size=16, num_workers=42, worker_init_fn=ShareBy("file_system", my_init))
+        share = ShareBy("file_system", my_init)
+        loader = DataLoader(dataset, batch_size=16, num_workers=42, worker_init_fn=share)
+        ...                      # iterate, stop early
+        del iterator             # the workers are stopped
+        share.reclaim()          # their unreceived batches leave /dev/shm
     """
 
     def __init__(self, strategy: str, inner: Callable[[int], Any] | None = None) -> None:
@@ -86,13 +104,46 @@ class ShareBy:
         if strategy not in known:
             raise ValueError(f"ShareBy({strategy!r}): this platform's sharing strategies are {known}.")
         self.strategy, self.inner = strategy, inner
+        self._pid_file: str | None = None  # each worker appends its pid (any start method; no lock to share)
         if strategy == FAST_HANDOVER:
             start_shm_manager()
+            handle, self._pid_file = tempfile.mkstemp(prefix="lightning_dataperf_workers_", suffix=".pids")
+            os.close(handle)
+            weakref.finalize(self, _remove_owned, self._pid_file, os.getpid())
 
     def __call__(self, worker_id: int) -> None:
         torch.multiprocessing.set_sharing_strategy(self.strategy)
+        if self._pid_file is not None:
+            with contextlib.suppress(OSError):  # gone (its ShareBy was collected): nothing to note
+                handle = os.open(self._pid_file, os.O_WRONLY | os.O_APPEND)  # one short append: atomic
+                try:
+                    os.write(handle, f"{os.getpid()}\n".encode())
+                finally:
+                    os.close(handle)
         if self.inner is not None:
             self.inner(worker_id)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if multiprocessing.context.get_spawning_popen() is None:  # pickled, not for a worker: the pids stay here
+            state["_pid_file"] = None
+        return state
+
+    def worker_pids(self) -> tuple[int, ...]:
+        """The pids of the workers started with this ``worker_init_fn``, in order."""
+        if self._pid_file is None:
+            return ()
+        try:
+            with open(self._pid_file, encoding="ascii") as noted:
+                return tuple(dict.fromkeys(int(line) for line in noted if line.strip().isdigit()))
+        except OSError:
+            return ()
+
+    def reclaim(self) -> int:
+        """Remove the ``file_system`` batches that this ``worker_init_fn``'s exited workers sent and this process
+        never received (:func:`reclaim_segments`); how many. Workers still alive are left alone. Call it once the
+        loader's iterator is stopped, where no other process received its batches (a training loader)."""
+        return reclaim_segments(pid for pid in self.worker_pids() if not _alive(pid))
 
     def __repr__(self) -> str:
         return f"ShareBy({self.strategy!r}, inner={self.inner!r})"
@@ -151,3 +202,20 @@ def _mapped_names(shm_dir: str) -> set[str] | None:
             return {line[line.index(prefix) + len(prefix) :].split()[0] for line in maps if prefix in line}
     except (OSError, IndexError):
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (the pid was reused): not ours to judge
+        return True
+    return True
+
+
+def _remove_owned(path: str, owner: int) -> None:
+    """Remove ``path`` from the process that made it (a forked worker's copy of a ShareBy never removes it)."""
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

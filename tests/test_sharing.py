@@ -48,6 +48,32 @@ def test_share_by_sets_the_strategy_in_the_workers_only_and_keeps_their_init_and
     assert process_strategy() == before  # the training process is unchanged
 
 
+def test_share_by_notes_its_workers_under_any_start_method_and_pickles_without_them():
+    import pickle
+
+    for context in ("fork", "spawn"):
+        share = ShareBy(FAST_HANDOVER)
+        samples = [torch.full((4,), float(index)) for index in range(16)]
+        loader = DataLoader(samples, batch_size=4, num_workers=2, multiprocessing_context=context, worker_init_fn=share)
+        assert torch.cat(list(loader))[:, 0].tolist() == [float(index) for index in range(16)]
+        assert len(set(share.worker_pids())) == 2, context
+    copy = pickle.loads(pickle.dumps(share))  # outside a worker's start: the pids stay with the original
+    assert copy.strategy == FAST_HANDOVER and copy.worker_pids() == () and copy.reclaim() == 0
+    assert ShareBy("file_descriptor").worker_pids() == ()
+
+
+def test_the_resource_tracker_a_spawned_loader_leaves_is_not_taken_for_a_worker():
+    from lightning_dataperf import processes
+
+    # the spawn context starts multiprocessing's resource tracker, a child alive as long as the process
+    list(DataLoader(list(range(8)), batch_size=4, num_workers=1, multiprocessing_context="spawn"))
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker._pid
+    assert tracker is not None and tracker in processes.child_pids(__import__("os").getpid())
+    assert tracker not in [worker.pid for worker in processes.loader_worker_processes()]
+
+
 def test_share_by_names_the_strategies_it_accepts():
     with pytest.raises(ValueError, match="sharing strategies are"):
         ShareBy("file_sytem")
@@ -205,6 +231,34 @@ def test_tuned_datamodule_applies_the_measured_hand_over_and_the_batches_are_the
     )
     (plan,) = module.loader_plans["train"]
     assert any("file_system sharing measured +30%" in note for note in plan.notes)
+
+
+class TearingDownData(IndexData):
+    def teardown(self, stage):  # the user's own, without super()
+        self.torn_down = stage
+
+
+@pytest.mark.parametrize("module_class", [IndexData, TearingDownData])
+def test_a_fit_cut_short_leaves_nothing_of_the_file_system_hand_over_in_dev_shm(tmp_path, monkeypatch, module_class):
+    import os
+
+    settings = dataclasses.replace(recommend_loader_settings(fake_hardware()), num_workers=2, prefetch_factor=4)
+    result = AutotuneResult(
+        settings=settings, trials=(), search_seconds=1.0, baseline_batches_per_sec=1.0, best_batches_per_sec=1.3,
+        chosen_batches_per_sec=1.0, sharing_strategy=FAST_HANDOVER, sharing_detail="file_system sharing measured +30%",
+    )  # fmt: skip
+    monkeypatch.setattr(
+        "lightning_dataperf.autotune_lightning.autotune_for_datamodule", lambda module, explicit: result
+    )
+    module = module_class(length=4000, seed=5, workers=2, autotune=True, verbose=False)
+    trainer = pl.Trainer(max_epochs=2, limit_train_batches=3, logger=False, **trainer_kwargs(tmp_path))
+    trainer.fit(RecordingModel(), datamodule=module)
+    (share,) = module._sharing
+    pids = share.worker_pids()
+    assert len(pids) == 2 * (1 if settings.persistent_workers else 2)  # each epoch cut short: batches in flight
+    left = [name for name in os.listdir("/dev/shm") if name.startswith(tuple(f"torch_{pid}_" for pid in pids))]
+    assert left == []  # PyTorch leaves them until the process exits (16 a fit, 4 workers x prefetch 4)
+    assert getattr(module, "torn_down", "fit") == "fit"  # the user's teardown still ran
 
 
 def test_the_shared_memory_manager_is_not_taken_for_a_loader_worker(monkeypatch):
