@@ -95,6 +95,9 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
     floor = runner.latest(floor)
     if floor.refused is not None or floor.batches < 2 or chosen.measured_as == floor.measured_as:
         return chosen
+    same_cost = (chosen.num_workers, chosen.pin_memory) == (floor.num_workers, floor.pin_memory)
+    if same_cost and search.as_fast(floor, chosen):  # only the queue's depth or the way sent apart: the faster
+        return chosen if chosen.batches_per_sec > floor.batches_per_sec else floor
     if {floor.measured_as, chosen.measured_as} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
         return chosen  # the floor was one side of the close call, and measured slower
     if search.better(chosen, floor) or (cheaper(chosen) < cheaper(floor) and search.as_fast(chosen, floor)):

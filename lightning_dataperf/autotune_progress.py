@@ -70,7 +70,8 @@ class SearchProgress:
         pass
 
     def measured_nothing(self, trial: Any) -> None:
-        pass
+        """A repeat of ``trial`` that measured nothing (by default: as :meth:`finished`, the trial unchanged)."""
+        self.finished(trial)
 
     def close(self, result: Any = None) -> None:
         pass

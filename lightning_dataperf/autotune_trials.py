@@ -333,8 +333,9 @@ def repeat_outliers(runner: TrialRunner) -> None:
 
 
 def _stop(iterator: Iterator[Any]) -> None:
-    """Stop a trial loader's workers, and remove the batches they had sent by file name that no trial received
-    (:func:`~lightning_dataperf.sharing.reclaim_segments`: they would stay in ``/dev/shm`` until the process ends)."""
+    """Stop a trial loader's workers, and remove the batches the exited ones had sent by file name that no trial
+    received (:func:`~lightning_dataperf.sharing.reclaim_segments`: they would stay in ``/dev/shm`` until the
+    process ends)."""
     reclaim_segments(shutdown_loader_iterator(iterator))
 
 

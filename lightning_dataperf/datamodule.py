@@ -329,6 +329,9 @@ class TunedDataModule(pl.LightningDataModule):
                 logger.experiment.add_text(f"DataPerf/loader_settings_{stage}", f"```\n{text}\n```")
 
 
+TunedDataModule.teardown._dataperf_reclaims = True  # type: ignore[attr-defined]  # it reclaims itself
+
+
 @rank_zero_only
 def _print_on_rank_zero(text: str) -> None:
     print(text, flush=True)

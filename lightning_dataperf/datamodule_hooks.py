@@ -44,7 +44,7 @@ def wrap_hooks(cls: type[TunedDataModule]) -> None:
         hook = cls.__dict__.get(name)
         if callable(hook) and not getattr(hook, "_dataperf_tuned", False):
             setattr(cls, name, _tuned(hook, stage))
-    teardown = cls.__dict__.get("teardown")
+    teardown = getattr(cls, "teardown", None)  # as resolved: a mixin's before TunedDataModule's counts too
     if callable(teardown) and not getattr(teardown, "_dataperf_reclaims", False):
         cls.teardown = _reclaiming(teardown)  # type: ignore[method-assign]
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.context
 import os
+import sys
 import tempfile
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -114,10 +115,12 @@ class ShareBy:
     def __call__(self, worker_id: int) -> None:
         torch.multiprocessing.set_sharing_strategy(self.strategy)
         if self._pid_file is not None:
+            parent = multiprocessing.parent_process()  # the process that started this worker, whatever the method
+            line = f"{os.getpid()} {parent.pid if parent is not None else os.getppid()}\n"
             with contextlib.suppress(OSError):  # gone (its ShareBy was collected): nothing to note
                 handle = os.open(self._pid_file, os.O_WRONLY | os.O_APPEND)  # one short append: atomic
                 try:
-                    os.write(handle, f"{os.getpid()}\n".encode())
+                    os.write(handle, line.encode())
                 finally:
                     os.close(handle)
         if self.inner is not None:
@@ -130,20 +133,24 @@ class ShareBy:
         return state
 
     def worker_pids(self) -> tuple[int, ...]:
-        """The pids of the workers started with this ``worker_init_fn``, in order."""
+        """The pids of the workers this process started with this ``worker_init_fn``, in order (a copy made
+        before other processes started, a DDP rank's say, is shared: their workers are theirs, not listed)."""
         if self._pid_file is None:
             return ()
+        me = os.getpid()
         try:
             with open(self._pid_file, encoding="ascii") as noted:
-                return tuple(dict.fromkeys(int(line) for line in noted if line.strip().isdigit()))
+                pairs = [line.split() for line in noted]
         except OSError:
             return ()
+        ours = (int(pair[0]) for pair in pairs if len(pair) == 2 and pair[0].isdigit() and pair[1] == str(me))
+        return tuple(dict.fromkeys(ours))
 
     def reclaim(self) -> int:
-        """Remove the ``file_system`` batches that this ``worker_init_fn``'s exited workers sent and this process
-        never received (:func:`reclaim_segments`); how many. Workers still alive are left alone. Call it once the
-        loader's iterator is stopped, where no other process received its batches (a training loader)."""
-        return reclaim_segments(pid for pid in self.worker_pids() if not _alive(pid))
+        """Remove the ``file_system`` batches that the exited workers this process started with this
+        ``worker_init_fn`` sent and no process received (:func:`reclaim_segments`); how many. Call it once the
+        loader's iterator is stopped (after ``trainer.fit``)."""
+        return reclaim_segments(self.worker_pids())
 
     def __repr__(self) -> str:
         return f"ShareBy({self.strategy!r}, inner={self.inner!r})"
@@ -158,32 +165,34 @@ def with_strategy(loader_kwargs: Mapping[str, Any], strategy: str | None) -> dic
 
 
 def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
-    """Remove the ``file_system`` shared-memory files that the exited workers ``pids`` made and this process
-    does not map; how many. Call it once those workers are stopped, for a loader whose batches no other
-    process received (autotune's trial loaders).
+    """Remove the ``file_system`` shared-memory files that the exited processes ``pids`` (a stopped loader's
+    workers) made and no process of this user maps; how many (Linux; elsewhere nothing).
 
     A loader stopped before its end leaves the batches its workers had sent but the training process never
     received: sent by file name, each stays in ``/dev/shm`` until the process's ``torch_shm_manager`` exits
     with the process (measured on 2 cores: 15 files a stop of a 16-worker loader, and 10,695 files after 80
-    trials of 64-77 workers). A file this process maps (a batch it received and still holds) is kept: removing
-    its name makes PyTorch abort when the batch is freed ("could not unlink the shared memory file").
-    PyTorch names a segment ``torch_<pid of its maker>_...``.
+    trials of 64-77 workers). A file some process maps (a batch received and still held, here or in another
+    rank) is kept: removing its name makes PyTorch abort when the batch is freed ("could not unlink the
+    shared memory file"); so are the files of a maker still alive. PyTorch names a segment
+    ``torch_<pid of its maker>_...``.
 
     Example::
 
         reclaim_segments(shutdown_loader_iterator(iterator))
     """
     prefixes = tuple(f"torch_{pid}_" for pid in pids)
-    if not prefixes:
+    if not prefixes or not sys.platform.startswith("linux"):
         return 0
     try:
         names = [name for name in os.listdir(shm_dir) if name.startswith(prefixes)]
     except OSError:
         return 0
+    gone = {maker for maker in {_maker(name) for name in names} if not _alive(maker)}
+    names = [name for name in names if _maker(name) in gone]
     if not names:
         return 0
-    held = _mapped_names(shm_dir)
-    if held is None:  # cannot tell which this process still holds: remove nothing
+    held = _mapped_torch_files()
+    if held is None:  # cannot tell which files are still held: remove nothing
         return 0
     removed = 0
     for name in names:
@@ -194,14 +203,30 @@ def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
     return removed
 
 
-def _mapped_names(shm_dir: str) -> set[str] | None:
-    """The names of the files under ``shm_dir`` this process maps (``/proc/self/maps``); ``None`` unreadable."""
-    prefix = shm_dir.rstrip("/") + "/"
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            return {line[line.index(prefix) + len(prefix) :].split()[0] for line in maps if prefix in line}
-    except (OSError, IndexError):
-        return None
+def _maker(name: str) -> int:
+    """The pid in a PyTorch segment's name, ``torch_<pid>_<random>_<counter>``."""
+    return int(name.split("_", 2)[1])
+
+
+def _mapped_torch_files() -> set[str] | None:
+    """The names of the ``torch_*`` files mapped by any process of this user (``/proc/<pid>/maps``), whatever the
+    path they are mapped by (``/dev/shm`` may be a link); ``None`` when this process's own map is unreadable."""
+    me, uid, names = os.getpid(), os.getuid(), set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)
+                    if len(fields) == 6 and "torch_" in fields[5]:
+                        names.add(fields[5].split()[0].rsplit("/", 1)[-1])
+        except OSError:  # gone, or not readable
+            if int(entry.name) == me:
+                return None
+    return names
 
 
 def _alive(pid: int) -> bool:

@@ -895,6 +895,9 @@ def test_a_close_call_that_differs_only_in_the_queues_depth_goes_to_the_faster_u
     runner, search, policy = measured({(1, 2): 11.5, (43, 2): 511.8, (66, 4): 563.7})
     choose(search, policy, 0.02)
     assert (43, 2, False) in runner.remeasured
+    # the policy's pick itself the shallower queue: the faster still wins, unmeasured
+    runner, search, _ = measured({(1, 2): 11.5, (66, 2): 511.8, (66, 4): 563.7})
+    assert choose(search, runner.trials[(66, 2, False)], 0.02).config == (66, 4, False) and runner.remeasured == []
 
 
 def test_a_close_call_the_budget_left_no_time_to_measure_again_goes_to_fewer():
