@@ -17,7 +17,8 @@ process exits (PyTorch's manager removes them then): measured in a ``Trainer`` o
 prefetch 4, 16 files a fit with persistent workers and 32 without (two epochs cut by ``limit_train_batches``).
 Autotune's own trial loaders remove theirs (:func:`reclaim_segments`), and so does
 :class:`~lightning_dataperf.datamodule.TunedDataModule` at teardown for the loaders it made send that way
-(:meth:`ShareBy.reclaim`); call that yourself for your own ``ShareBy("file_system")`` loaders.
+(:meth:`ShareBy.reclaim`); call that yourself for your own ``ShareBy("file_system")`` loaders. Not inside a
+container (a nested pid namespace): there a file's name cannot say whose it is, and they stay.
 
 Example::
 
@@ -174,14 +175,16 @@ def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
     trials of 64-77 workers). A file some process maps (a batch received and still held, here or in another
     rank) is kept: removing its name makes PyTorch abort when the batch is freed ("could not unlink the
     shared memory file"); so are the files of a maker still alive. PyTorch names a segment
-    ``torch_<pid of its maker>_...``.
+    ``torch_<pid of its maker>_...``, a pid as the maker's namespace numbers it: inside a container nothing is
+    removed (another one sharing ``/dev/shm`` numbers its own workers alike, unseen), and on the host a file
+    whose pid a container's process also has is kept.
 
     Example::
 
         reclaim_segments(shutdown_loader_iterator(iterator))
     """
     prefixes = tuple(f"torch_{pid}_" for pid in pids)
-    if not prefixes or not sys.platform.startswith("linux"):
+    if not prefixes or not sys.platform.startswith("linux") or _nested_pid_namespace():
         return 0
     try:
         names = [name for name in os.listdir(shm_dir) if name.startswith(prefixes)]
@@ -191,12 +194,13 @@ def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
     names = [name for name in names if _maker(name) in gone]
     if not names:
         return 0
-    held = _mapped_torch_files()
-    if held is None:  # cannot tell which files are still held: remove nothing
+    seen = _torch_files_in_use()
+    if seen is None:  # cannot tell which files are still held: remove nothing
         return 0
+    held, elsewhere = seen
     removed = 0
     for name in names:
-        if name not in held:
+        if name not in held and _maker(name) not in elsewhere:
             with contextlib.suppress(OSError):  # gone already, or not ours to remove
                 os.unlink(os.path.join(shm_dir, name))
                 removed += 1
@@ -208,25 +212,45 @@ def _maker(name: str) -> int:
     return int(name.split("_", 2)[1])
 
 
-def _mapped_torch_files() -> set[str] | None:
+def _nested_pid_namespace() -> bool:
+    """Whether this process runs in a pid namespace below the host's (a container): there, another namespace
+    sharing ``/dev/shm`` (``docker --ipc=host``) numbers its workers from the same small pids and cannot be seen,
+    so a file's name cannot say whose it is. Unknown (no ``NSpid`` line): ``True``."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        pass
+    return True
+
+
+def _torch_files_in_use() -> tuple[set[str], set[int]] | None:
     """The names of the ``torch_*`` files mapped by any process of this user (``/proc/<pid>/maps``), whatever the
-    path they are mapped by (``/dev/shm`` may be a link); ``None`` when this process's own map is unreadable."""
-    me, uid, names = os.getpid(), os.getuid(), set()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if entry.stat().st_uid != uid:
+    path they are mapped by (``/dev/shm`` may be a link), and the pids that processes in containers below this
+    namespace have there (a file named after one may be theirs); ``None`` when this process's map is unreadable."""
+    me, uid, names, inner = os.getpid(), os.getuid(), set(), set()
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
                 continue
-            with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    fields = line.split(maxsplit=5)
-                    if len(fields) == 6 and "torch_" in fields[5]:
-                        names.add(fields[5].split()[0].rsplit("/", 1)[-1])
-        except OSError:  # gone, or not readable
-            if int(entry.name) == me:
-                return None
-    return names
+            try:
+                with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as status:
+                    nspid = next((line.split()[1:] for line in status if line.startswith("NSpid:")), [])
+                if len(nspid) > 1:  # in a container: its own numbering
+                    inner.update(int(pid) for pid in nspid[1:] if pid.isdigit())
+                if entry.stat().st_uid != uid:
+                    continue
+                with open(f"/proc/{entry.name}/maps", encoding="utf-8", errors="replace") as maps:
+                    for line in maps:
+                        fields = line.split(maxsplit=5)
+                        if len(fields) == 6 and "torch_" in fields[5]:
+                            names.add(fields[5].split()[0].rsplit("/", 1)[-1])
+            except OSError:  # gone, or not readable
+                if int(entry.name) == me:
+                    return None
+    return names, inner
 
 
 def _alive(pid: int) -> bool:
