@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -122,7 +123,7 @@ class TunedDataModule(pl.LightningDataModule):
         self._hardware: Hardware | None = None
         self._settings: LoaderSettings | None = None
         self._reported: set[str] = set()
-        self._sharing: list[ShareBy] = []  # what the loaders it made send by file name with (see teardown)
+        self._sharing: weakref.WeakSet[ShareBy] = weakref.WeakSet()  # how its loaders send by file name (teardown)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -201,7 +202,7 @@ class TunedDataModule(pl.LightningDataModule):
             tuned = self.autotune_result if stage == "train" else None  # autotune measures the training loader
             if tuned is not None and tuned.sharing_strategy is not None:  # the workers send the faster way
                 updates = with_strategy(updates, tuned.sharing_strategy)
-                self._sharing.append(updates["worker_init_fn"])  # its workers' unreceived batches: at teardown
+                self._sharing.add(updates["worker_init_fn"])  # its workers' unreceived batches: at teardown
                 plan.notes.append(f"hand-over: {tuned.sharing_detail} (autotune), so the workers send that way")
         return plan, updates
 

@@ -52,7 +52,7 @@ def wrap_hooks(cls: type[TunedDataModule]) -> None:
 def reclaim_sharing(module: TunedDataModule) -> None:
     """Remove what the workers of the loaders ``module`` made send by file name had sent and nobody received
     (:meth:`~lightning_dataperf.sharing.ShareBy.reclaim`: only workers that have exited)."""
-    for share in getattr(module, "_sharing", ()):
+    for share in list(getattr(module, "_sharing", ())):  # those still alive (a collected one reclaimed itself)
         share.reclaim()
 
 

@@ -111,7 +111,7 @@ class ShareBy:
             start_shm_manager()
             handle, self._pid_file = tempfile.mkstemp(prefix="lightning_dataperf_workers_", suffix=".pids")
             os.close(handle)
-            weakref.finalize(self, _remove_owned, self._pid_file, os.getpid())
+            weakref.finalize(self, _release, self._pid_file, os.getpid())  # its loaders are gone: reclaim, remove
 
     def __call__(self, worker_id: int) -> None:
         torch.multiprocessing.set_sharing_strategy(self.strategy)
@@ -136,16 +136,7 @@ class ShareBy:
     def worker_pids(self) -> tuple[int, ...]:
         """The pids of the workers this process started with this ``worker_init_fn``, in order (a copy made
         before other processes started, a DDP rank's say, is shared: their workers are theirs, not listed)."""
-        if self._pid_file is None:
-            return ()
-        me = os.getpid()
-        try:
-            with open(self._pid_file, encoding="ascii") as noted:
-                pairs = [line.split() for line in noted]
-        except OSError:
-            return ()
-        ours = (int(pair[0]) for pair in pairs if len(pair) == 2 and pair[0].isdigit() and pair[1] == str(me))
-        return tuple(dict.fromkeys(ours))
+        return () if self._pid_file is None else _noted_pids(self._pid_file, os.getpid())
 
     def reclaim(self) -> int:
         """Remove the ``file_system`` batches that the exited workers this process started with this
@@ -263,8 +254,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _remove_owned(path: str, owner: int) -> None:
-    """Remove ``path`` from the process that made it (a forked worker's copy of a ShareBy never removes it)."""
-    if os.getpid() == owner:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+def _noted_pids(path: str, parent: int) -> tuple[int, ...]:
+    """The worker pids noted in a :class:`ShareBy`'s pid file whose parent is ``parent``, in order."""
+    try:
+        with open(path, encoding="ascii") as noted:
+            pairs = [line.split() for line in noted]
+    except (OSError, ValueError):
+        return ()
+    ours = (int(pair[0]) for pair in pairs if len(pair) == 2 and pair[0].isdigit() and pair[1] == str(parent))
+    return tuple(dict.fromkeys(ours))
+
+
+def _release(path: str, owner: int) -> None:
+    """A :class:`ShareBy` collected (its loaders and their workers gone): what they left is reclaimed and its pid
+    file removed, in the process that made it only (a forked worker's copy does nothing)."""
+    if os.getpid() != owner:
+        return
+    with contextlib.suppress(Exception):  # a finalizer must not raise
+        reclaim_segments(_noted_pids(path, owner))
+    with contextlib.suppress(OSError):
+        os.unlink(path)

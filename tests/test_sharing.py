@@ -402,6 +402,30 @@ def test_a_stopped_file_system_loaders_unreceived_batches_are_removed_and_held_o
     assert done.stdout.startswith("reclaimed ")
 
 
+@needs_host_namespace
+def test_a_share_by_collected_with_its_loader_reclaims_and_removes_its_pid_file():
+    import gc
+    import os
+
+    from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
+
+    share = ShareBy(FAST_HANDOVER)
+    loader = DataLoader([torch.full((8,), 1.0)] * 256, batch_size=4, num_workers=2, prefetch_factor=4,
+                        worker_init_fn=share)  # fmt: skip
+    iterator = iter(loader)
+    assert next(iterator).shape == (4, 8)
+    pids, pid_file = shutdown_loader_iterator(iterator), share._pid_file
+    assert set(share.worker_pids()) == set(pids) and os.path.exists(pid_file)
+
+    def left():
+        return [name for name in os.listdir("/dev/shm") if name.startswith(tuple(f"torch_{pid}_" for pid in pids))]
+
+    assert left(), "PyTorch no longer leaves a stopped file_system loader's batches in /dev/shm"
+    del iterator, loader, share  # e.g. reload_dataloaders_every_n_epochs: the old loader goes
+    gc.collect()
+    assert left() == [] and not os.path.exists(pid_file)
+
+
 def test_reclaim_touches_only_the_stopped_workers_unmapped_files(tmp_path, monkeypatch):
     from lightning_dataperf import sharing
 
