@@ -77,7 +77,7 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         contenders = [trial for trial in measured if search.as_fast(trial, top)]
         chosen = min(contenders, key=cheaper)
         slower = chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
-        if slower and (chosen.num_workers, chosen.pin_memory) == (top.num_workers, top.pin_memory):
+        if slower and _same_cost(chosen, top):
             chosen = top  # only the queue's depth or the way sent differs: nothing a re-measurement could save
         close = slower and chosen.measured_as != top.measured_as
         if not close:
@@ -95,8 +95,7 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
     floor = runner.latest(floor)
     if floor.refused is not None or floor.batches < 2 or chosen.measured_as == floor.measured_as:
         return chosen
-    same_cost = (chosen.num_workers, chosen.pin_memory) == (floor.num_workers, floor.pin_memory)
-    if same_cost and search.as_fast(floor, chosen):  # only the queue's depth or the way sent apart: the faster
+    if _same_cost(chosen, floor) and search.as_fast(floor, chosen):  # only the queue's depth or the way sent apart
         return chosen if chosen.batches_per_sec > floor.batches_per_sec else floor
     if {floor.measured_as, chosen.measured_as} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
         return chosen  # the floor was one side of the close call, and measured slower
@@ -104,3 +103,8 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         return chosen
     faster = [trial for trial in search.measured() if search.better(trial, floor) and search.as_fast(trial, top)]
     return min(faster, key=cheaper) if faster else floor
+
+
+def _same_cost(first: Trial, second: Trial) -> bool:
+    """The same workers and pinning: only the queue's depth (memory the guard allowed) or the way sent apart."""
+    return (first.num_workers, first.pin_memory) == (second.num_workers, second.pin_memory)

@@ -181,17 +181,18 @@ def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
         names = [name for name in os.listdir(shm_dir) if name.startswith(prefixes)]
     except OSError:
         return 0
-    gone = {maker for maker in {_maker(name) for name in names} if not _alive(maker)}
-    names = [name for name in names if _maker(name) in gone]
-    if not names:
+    makers = {name: _maker(name) for name in names}
+    gone = {maker for maker in set(makers.values()) if not _alive(maker)}
+    makers = {name: maker for name, maker in makers.items() if maker in gone}
+    if not makers:
         return 0
     seen = _torch_files_in_use()
     if seen is None:  # cannot tell which files are still held: remove nothing
         return 0
     held, elsewhere = seen
     removed = 0
-    for name in names:
-        if name not in held and _maker(name) not in elsewhere:
+    for name, maker in makers.items():
+        if name not in held and maker not in elsewhere:
             with contextlib.suppress(OSError):  # gone already, or not ours to remove
                 os.unlink(os.path.join(shm_dir, name))
                 removed += 1
@@ -208,13 +209,16 @@ def _nested_pid_namespace() -> bool:
     sharing ``/dev/shm`` (``docker --ipc=host``) numbers its workers from the same small pids and cannot be seen,
     so a file's name cannot say whose it is. Unknown (no ``NSpid`` line): ``True``."""
     try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) > 2
+        return len(_nspid("self")) != 1
     except OSError:
-        pass
-    return True
+        return True
+
+
+def _nspid(pid: str) -> list[str]:
+    """A process's pid in each pid namespace it is in, outermost first (``/proc/<pid>/status``'s ``NSpid``;
+    empty without that line)."""
+    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+        return next((line.split()[1:] for line in status if line.startswith("NSpid:")), [])
 
 
 def _torch_files_in_use() -> tuple[set[str], set[int]] | None:
@@ -227,8 +231,7 @@ def _torch_files_in_use() -> tuple[set[str], set[int]] | None:
             if not entry.name.isdigit():
                 continue
             try:
-                with open(f"/proc/{entry.name}/status", encoding="ascii", errors="replace") as status:
-                    nspid = next((line.split()[1:] for line in status if line.startswith("NSpid:")), [])
+                nspid = _nspid(entry.name)
                 if len(nspid) > 1:  # in a container: its own numbering
                     inner.update(int(pid) for pid in nspid[1:] if pid.isdigit())
                 if entry.stat().st_uid != uid:
