@@ -10,16 +10,23 @@ ratio well above 1 means the trials differ by more than they say: "beyond noise"
 
     python benchmarks/trial_noise.py --workload tiny --workers 1 2 3 --trials 12
     python benchmarks/trial_noise.py --workload io --workers 52 77 --sharing file_system --trials 8
+    python benchmarks/trial_noise.py --workload jpeg --configs 15p 18p 24u 32u --trials 8   # H200, ResNet-18
+
+A configuration is ``--workers`` at ``--prefetch`` unpinned, or ``--configs`` written ``<workers>[x<prefetch>]<p|u>``
+(``p`` pinned, ``u`` not). The table also ranks the configurations by their mean rate: where they sit within
+each other's spread (a plateau), one trial each cannot order them.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
+from collections.abc import Callable
 
 from _common import print_table, write_json
-from autotune import DecodedImages, SleepySamples, TinySamples
+from autotune import DecodedImages, JpegImages, SleepySamples, TinySamples, resnet_path
 
 from lightning_dataperf import probe_hardware
 from lightning_dataperf.autotune_consumer import TransferPath
@@ -33,46 +40,81 @@ WORKLOADS = {
     "io": (SleepySamples, 16, TransferPath()),
 }
 
+Config = tuple[int, int, bool]
+
+
+def parse_config(text: str, prefetch: int) -> Config:
+    """``"24x4u"`` -> ``(24, 4, False)``; ``"15p"`` -> ``(15, prefetch, True)``."""
+    match = re.fullmatch(r"(\d+)(?:x(\d+))?([pu])", text)
+    if match is None:
+        raise SystemExit(f"--configs {text!r}: write <workers>[x<prefetch>]<p|u>, e.g. 15p or 24x4u")
+    return int(match[1]), int(match[2] or prefetch), match[3] == "p"
+
+
+def label(config: Config) -> str:
+    workers, prefetch, pin = config
+    return f"{workers}x{prefetch}{'p' if pin else 'u'}"
+
+
+def workload(name: str) -> tuple[Callable[[], object], int, TransferPath]:
+    if name != "jpeg":
+        return WORKLOADS[name]
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--workload jpeg needs CUDA and torchvision (the H200 row of benchmarks/autotune.py)")
+    images = JpegImages()  # made once: the same blobs for every trial
+    return (lambda: images), 128, resnet_path(torch.device("cuda", 0), side_stream=False)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="tiny")
+    parser.add_argument("--workload", choices=[*sorted(WORKLOADS), "jpeg"], default="tiny")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--prefetch", type=int, default=2)
+    parser.add_argument("--configs", nargs="+", default=None, help="instead of --workers: e.g. 15p 18p 24x4u")
     parser.add_argument("--sharing", default=None, help="the workers' sharing strategy (default: the process's)")
     parser.add_argument("--trials", type=int, default=8, help="trials of each configuration")
     parser.add_argument("--budget", type=float, default=30.0, help="the search budget whose trial caps are used")
     parser.add_argument("--name", default="trial_noise")
     args = parser.parse_args()
-    dataset_factory, batch_size, path = WORKLOADS[args.workload]
+    dataset_factory, batch_size, path = workload(args.workload)
+    configs = [parse_config(text, args.prefetch) for text in args.configs or []]
+    configs = configs or [(workers, args.prefetch, False) for workers in args.workers]
     hardware = probe_hardware()
     limits = Limits(1e9, 400, 0.03, 0.5, None, 0, trial_seconds=max(1.0, args.budget / 15))
-    rates: dict[int, list[float]] = {workers: [] for workers in args.workers}
-    errors: dict[int, list[float]] = {workers: [] for workers in args.workers}
+    rates: dict[Config, list[float]] = {config: [] for config in configs}
+    errors: dict[Config, list[float]] = {config: [] for config in configs}
     for index in range(args.trials):
-        for workers in args.workers if index % 2 == 0 else list(reversed(args.workers)):
+        for config in configs if index % 2 == 0 else list(reversed(configs)):
             runner = TrialRunner(dataset_factory(), batch_size, {}, hardware, path, limits)
             runner.learn_batch_size()
             try:
-                trial = runner.run(workers, args.prefetch, False, sharing=args.sharing)
+                trial = runner.run(*config, sharing=args.sharing)
             finally:
                 runner.close()
-            rates[workers].append(trial.batches_per_sec)
-            errors[workers].append(trial.precision if trial.precision is not None else float("nan"))
-            print(f"  {workers} workers, trial {index + 1}: {trial.batches_per_sec:.1f} batches/s, reported error "
-                  f"{100 * errors[workers][-1]:.1f}%, {trial.batches} batches", flush=True)  # fmt: skip
+            rates[config].append(trial.batches_per_sec)
+            errors[config].append(trial.precision if trial.precision is not None else float("nan"))
+            print(f"  {label(config)}, trial {index + 1}: {trial.batches_per_sec:.1f} batches/s, reported error "
+                  f"{100 * errors[config][-1]:.1f}%, {trial.batches} batches", flush=True)  # fmt: skip
     rows, summary = [], {}
-    for workers in args.workers:
-        mean = statistics.fmean(rates[workers])
-        spread = statistics.stdev(rates[workers]) / mean if len(rates[workers]) > 1 else float("nan")
-        reported = statistics.fmean(error for error in errors[workers] if not math.isnan(error))
-        summary[workers] = {"mean": mean, "spread": spread, "reported": reported, "rates": rates[workers]}
-        rows.append([workers, len(rates[workers]), f"{mean:.1f}", f"{100 * reported:.1f}%", f"{100 * spread:.1f}%",
-                     f"{spread / reported:.1f}x"])  # fmt: skip
+    top = max(statistics.fmean(values) for values in rates.values())
+    for config in sorted(configs, key=lambda item: statistics.fmean(rates[item]), reverse=True):
+        mean = statistics.fmean(rates[config])
+        spread = statistics.stdev(rates[config]) / mean if len(rates[config]) > 1 else float("nan")
+        reported = statistics.fmean(error for error in errors[config] if not math.isnan(error))
+        of_top = mean / top
+        mean_error = spread / math.sqrt(len(rates[config]))  # the mean's own standard error, from the spread
+        summary[label(config)] = {
+            "mean": mean, "spread": spread, "reported": reported, "rates": rates[config], "of_top": of_top,
+        }  # fmt: skip
+        rows.append([label(config), len(rates[config]), f"{mean:.1f}", f"{100 * of_top:.1f}% ± {200 * mean_error:.1f}",
+                     f"{100 * reported:.1f}%", f"{100 * spread:.1f}%", f"{spread / reported:.1f}x"])  # fmt: skip
     table = print_table(
-        ["workers", "trials", "mean batches/s", "reported error (mean)", "spread between trials", "spread / reported"],
+        ["config", "trials", "mean batches/s", "of the fastest mean ± 2 SE (its own)", "reported error (mean)",
+         "spread between trials", "spread / reported"],
         rows,
-    )
+    )  # fmt: skip
     write_json(args.name, {"args": vars(args), "table": table, "summary": summary})
 
 
