@@ -21,8 +21,9 @@ hardware policy's recommendation the search
    the other ``pin_memory`` where the path allows both (the side stream wants pinned batches from the
    loader: only ``True``);
 3. repeats a trial far slower than its neighbours or than the best it would end the climb against (below
-   80% of it: an artefact until seen twice), and one faster but not beyond its own noise; a repeat of the
-   configuration just measured continues with its workers (kept alive, no start-up);
+   80% of it: an artefact until seen twice), and one faster but not beyond its own noise (still ahead, but
+   within noise, the best it is compared with is measured again too, and the means decide); a repeat of
+   the configuration just measured continues with its workers (kept alive, no start-up);
 4. measures the best so far once more with its workers sending their batches by shared-memory file name
    (``torch.multiprocessing``'s ``file_system`` strategy, set in the workers by
    :class:`~lightning_dataperf.sharing.ShareBy`) instead of a connection per tensor

@@ -13,6 +13,11 @@
   workers and pinning (only the queue's depth, a little memory the guard allowed, or the way the workers
   send differs), the faster is taken as measured: there is no worker or pinned buffer to save, and on the
   2-core VM re-measuring such a call (66 workers, prefetch 2 against 4, 9% apart) took 9.6 s of a 28-s search;
+* a costlier contender (more workers, or the other pinning) that read within ``noise`` of the cheapest, or
+  faster, each measured once, is raced against it once the same way (:func:`_unresolved_rival`): one
+  short trial each cannot order settings 5-10% apart, and without the race the tie always went to the
+  cheaper (on the H200, JPEG -> ResNet-18, stock copy: 18 workers 7.5% above the policy's 15 over ten
+  trials each, where one trial of each read 15 1% ahead);
 * the policy's pick (measured first) is the floor: it is replaced by a configuration faster beyond
   noise, by a cheaper one as fast, or, when it was one of a re-measured close call, by the faster mean.
   Between two settings as fast with the same workers, the policy's pinning counts as the cheaper (then
@@ -80,6 +85,8 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         if slower and _same_cost(chosen, top):
             chosen = top  # only the queue's depth or the way sent differs: nothing a re-measurement could save
         close = slower and chosen.measured_as != top.measured_as
+        if not close and round_index == 0 and (rival := _unresolved_rival(search, chosen, contenders)) is not None:
+            top, close = rival, True  # one look each cannot order them: race the two once
         if not close:
             refined.clear()  # decided: the usual rules below
             break
@@ -103,6 +110,25 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         return chosen
     faster = [trial for trial in search.measured() if search.better(trial, floor) and search.as_fast(trial, top)]
     return min(faster, key=cheaper) if faster else floor
+
+
+def _unresolved_rival(search: Search, chosen: Trial, contenders: list[Trial]) -> Trial | None:
+    """The fastest contender that costs more than ``chosen`` (more workers, or the other pinning) and read within
+    ``noise`` of it or faster, both measured once: one trial each cannot tell which is faster.
+
+    Measured on the H200 (JPEG -> ResNet-18, stock copy; ``benchmarks/trial_noise.py``, ten fresh trials of
+    each): 18 workers pinned made 38.0 batches/s and the policy's 15 35.2 (7.5% apart), where single trials
+    of 3-4 s have a 5-8% standard error; in a search 18 read 1% below 15, the climb stopped there, and the pick
+    re-measured 89% of the grid's best.
+    """
+    least = chosen.batches_per_sec * (1 - search.limits.noise)
+    rivals = [
+        trial
+        for trial in contenders
+        if trial.measured_as != chosen.measured_as and not _same_cost(trial, chosen)
+        and trial.measurements == 1 == chosen.measurements and trial.batches_per_sec >= least
+    ]  # fmt: skip
+    return max(rivals, key=lambda trial: trial.batches_per_sec, default=None)
 
 
 def _same_cost(first: Trial, second: Trial) -> bool:

@@ -107,12 +107,15 @@ class Handover:
             self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
             return None
         trial, faster = search.confirmed(trial, best)  # beyond noise, or still faster beyond it measured twice
-        change = percent_change(trial, best)
+        reference = runner.latest(best)  # measured again too where the repeat stayed ahead within noise
+        change = percent_change(trial, reference)
         words = (
-            f"{trial.batches_per_sec:.1f} against {best.batches_per_sec:.1f} batches/s at {best.num_workers} workers"
+            f"{trial.batches_per_sec:.1f} against {reference.batches_per_sec:.1f} batches/s at {best.num_workers} "
+            "workers"
         )
         if faster:
             twice = ", measured twice" if trial.measurements > 1 else ""
+            twice += " each" if reference.measurements > best.measurements else ""
             self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words}{twice})"
             runner.adopt(trial)
             return trial

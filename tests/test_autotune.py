@@ -900,6 +900,64 @@ def test_a_close_call_that_differs_only_in_the_queues_depth_goes_to_the_faster_u
     assert choose(search, runner.trials[(66, 2, False)], 0.02).config == (66, 4, False) and runner.remeasured == []
 
 
+def test_a_costlier_rival_one_look_cannot_order_is_raced_once():
+    from lightning_dataperf.autotune_choice import choose
+
+    # the H200 stock row (session 14): one trial each read 15 workers 41.4 and 18 workers 40.9 batches/s
+    # (6% errors); ten fresh trials each put 18 at 38.0 and 15 at 35.2. Measured again, the means decide.
+    looks = {15: [41.4, 35.2], 18: [40.9, 38.0], 7: [20.0]}
+
+    def measured(rates, remaining=100.0):
+        # each look the next rate listed, the last one from then on
+        runner = FakeRunner(
+            lambda workers, prefetch, pin: rates[workers].pop(0) if len(rates[workers]) > 1 else rates[workers][0]
+        )
+        for workers in rates:
+            trial = runner.measure(workers, 2, True)
+            runner.trials[trial.config] = dataclasses.replace(trial, precision=0.06)
+        runner.remaining = remaining
+        return runner, _search_with(runner), runner.trials[(15, 2, True)]
+
+    runner, search, policy = measured({key: list(value) for key, value in looks.items()})
+    assert choose(search, policy, 0.02).num_workers == 18
+    assert runner.remeasured[:2] in ([(15, 2, True), (18, 2, True)], [(18, 2, True), (15, 2, True)])
+    assert min(runner.scales) >= 2.0
+    # the same looks again on re-measurement: 15 stays (a tie goes to fewer workers)
+    runner, search, policy = measured({15: [41.4, 41.4], 18: [40.9, 40.9]})
+    assert choose(search, policy, 0.02).num_workers == 15 and len(runner.remeasured) == 2
+    # no time left for it: one look each, the tie goes to fewer workers
+    runner, search, policy = measured({key: list(value) for key, value in looks.items()}, remaining=0.0)
+    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == []
+    # a costlier one that read beyond noise below (5%) is not raced; nor one measured twice already
+    runner, search, policy = measured({15: [41.4], 18: [39.3]})
+    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == []
+    runner, search, policy = measured({15: [41.4], 18: [40.9]})
+    runner.trials[(18, 2, True)] = dataclasses.replace(runner.trials[(18, 2, True)], measurements=2)
+    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == []
+
+
+def test_a_repeat_still_ahead_within_noise_has_the_best_measured_again_too():
+    # the 2-core io row (session 15): 64 workers read 697 batches/s once the default way (the grid: 551-579);
+    # sent by file name they read 729, then 705 measured twice: +1% against the one high look, not kept
+    def confirmed(best_looks, repeat):
+        default = iter(best_looks)
+        runner = FakeRunner(lambda workers, prefetch, pin: next(default), sharing_rate=lambda *config: repeat)
+        search = _search_with(runner)
+        best = runner.measure(64, 2, False)
+        runner.trials[best.config] = best = dataclasses.replace(best, precision=0.05)
+        trial = Trial(64, 2, False, 729.2, batches=20, precision=0.05, sharing="file_system")
+        runner.earlier.append(trial)
+        return runner, search.confirmed(trial, best)
+
+    runner, (again, faster) = confirmed([697.2, 570.0], 705.1)
+    assert faster and again.batches_per_sec == 705.1
+    assert runner.remeasured == [(64, 2, False), (64, 2, False)]  # the new trial, then the best
+    runner, (again, faster) = confirmed([697.2, 690.0], 705.1)  # the best holds: within noise, not faster
+    assert not faster and len(runner.remeasured) == 2
+    runner, (again, faster) = confirmed([697.2], 680.0)  # the repeat fell behind: the best is not measured again
+    assert not faster and runner.remeasured == [(64, 2, False)]
+
+
 def test_a_close_call_the_budget_left_no_time_to_measure_again_goes_to_fewer():
     from lightning_dataperf.autotune_choice import choose
 
