@@ -25,6 +25,7 @@ from lightning_dataperf.autotune_records import Trial
 __all__ = [
     "CONTENTION_SLACK",
     "HEADROOM",
+    "IDLE_WORKERS",
     "MAX_JUMP",
     "PATH_BOUND",
     "SATURATED_WORKERS",

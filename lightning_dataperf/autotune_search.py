@@ -99,7 +99,7 @@ class Search:
         raw = self.faster_by_noise(trial, than)
         return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
 
-    def confirmed(self, trial: Trial, best: Trial) -> tuple[Trial, bool]:
+    def confirmed(self, trial: Trial, best: Trial, race: bool = False) -> tuple[Trial, bool]:
         """``trial`` (measured again where it was unsure) and whether it is faster than ``best``: beyond noise
         at once, or faster by ``noise`` alone but not beyond its own error, then still so once measured again
         with the same workers (alive still: no start-up). Still ahead but by less than ``noise`` then, ``best``
@@ -107,15 +107,21 @@ class Search:
         64 workers read 697 batches/s the default way once, where the grid's trials read 551-579 and 679-735
         sent by file name; the hand-over trial read +5%, then +1% measured twice, and was not kept. A repeat
         that measured nothing (the budget ran out, or it was cut before one steady round:
-        :meth:`TrialRunner.remeasure` returns the trial itself) confirms nothing."""
+        :meth:`TrialRunner.remeasure` returns the trial itself) confirms nothing.
+
+        ``race``: also where ``trial`` read within noise *below* ``best`` (each measured once), both are measured
+        again and the means decide (the hand-over's trial where the workers were mostly idle: see
+        :meth:`~lightning_dataperf.autotune_handover.Handover.attempt`)."""
         if self.better(trial, best):
             return trial, True
-        if not self.faster_but_unsure(trial, best):
+        tied = race and trial.measurements == 1 and self.as_fast(trial, best) and self.runner.remaining > 0
+        if not (self.faster_but_unsure(trial, best) or tied):
             return trial, False
         again = self.runner.remeasure(trial, against=best)
         if again is trial or self.faster_by_noise(again, best):
             return again, again is not trial
-        if best.measurements == 1 and again.batches_per_sec > best.batches_per_sec and self.runner.remaining > 0:
+        ahead = again.batches_per_sec > best.batches_per_sec or (race and self.as_fast(again, best))
+        if best.measurements == 1 and ahead and self.runner.remaining > 0:
             # still ahead, within noise: ``best``'s one look may have read high; measured again too, the means decide
             reference = self.runner.remeasure(best)
             return again, reference is not best and self.faster_by_noise(again, reference)

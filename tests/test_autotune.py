@@ -313,8 +313,13 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     capped.worker_bounds = lambda prefetch, pin: {"memory": 40} if (64, 2, False) in capped.trials else {}
     best = _search_with(capped).climb_workers(capped.measure(1, 2, False))
     assert best.num_workers == 32 and (48, 2, False) not in capped.measured
+
     # a middle faster by the noise but not beyond the two trials' error is measured again, and kept still so
-    unsure = FakeRunner(lambda w, p, pin: 333.0 if w == 48 else min(10.0 * w, 320.0))
+    def unsure_rate(w, p, pin):
+        return 333.0 if w == 48 else min(10.0 * w, 320.0)
+
+    # (the hand-over sending by file name reads half: not a tie, so not measured again)
+    unsure = FakeRunner(unsure_rate, sharing_rate=lambda *config: 0.5 * unsure_rate(*config))
     best = _search_with(unsure).climb_workers(unsure.measure(1, 2, False))
     assert best.num_workers == 48 and best.measurements == 2 and unsure.remeasured == [(48, 2, False)]
     # a step that lost, one step above the best (15 -> 18, capped by a bound): the middle is tried all the same
@@ -372,8 +377,12 @@ def test_a_slow_trial_at_the_end_of_the_climb_is_measured_again_before_it_stops_
     runner = FakeRunner(rate)
     best = _search_with(runner).climb_workers(runner.measure(4, 2, False))
     assert (8, 2, False) in runner.remeasured and best.num_workers == 16
+
     # a loss of 12% is taken as measured (more workers contend): not repeated, the middle is measured instead
-    runner = FakeRunner(lambda workers, prefetch, pin: 50.0 * workers if workers <= 16 else 800 - 6.25 * (workers - 16))
+    def contended(workers, prefetch, pin):
+        return 50.0 * workers if workers <= 16 else 800 - 6.25 * (workers - 16)
+
+    runner = FakeRunner(contended, sharing_rate=lambda *config: 0.5 * contended(*config))  # no hand-over tie
     best = _search_with(runner).climb_workers(runner.measure(4, 2, False))
     assert best.num_workers == 16 and not runner.remeasured and runner.measured[-2:] == [(32, 2, False), (24, 2, False)]
 
