@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -48,21 +49,51 @@ def trainer_kwargs(tmp_path, **overrides):
     return kwargs
 
 
-def run_two_ranks(script: str, out_dir: Path, *args: str) -> None:
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0) -> None:
+    """``script`` as two ranks under ``torch.distributed.run``, on this host's loopback only.
+
+    The ranks meet at ``127.0.0.1`` on a free port (not ``--standalone``'s ``localhost``, which a host may resolve
+    to IPv6 first) and gloo talks over the loopback interface (no host name to resolve). A run past ``timeout``
+    fails with what the ranks had printed by then.
+    """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("CUDA_VISIBLE_DEVICES", None)
+    if "lo" in {name for _, name in socket.if_nameindex()}:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        "--nnodes=1",
         "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
         str(HERE / script),
         str(out_dir),
         *args,
     ]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # SIGTERM: the launcher stops its ranks (each in its own session) before it exits; SIGKILL would leave them
+            process.terminate()
+            try:
+                stdout, stderr = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            printed = stdout[-3000:] + stderr[-3000:]
+            raise AssertionError(
+                f"{script} {' '.join(args)}: two ranks still running after {timeout:.0f} s\n{printed}"
+            ) from None
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
 
 
 def fake_hardware(**overrides) -> Hardware:
