@@ -73,7 +73,7 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
     def cheaper(trial: Trial) -> tuple[int, bool, float]:  # fewer workers, the policy's pinning, less memory
         return trial.num_workers, trial.pin_memory != floor.pin_memory, trial.memory_mb
 
-    chosen, refined = floor, set()
+    chosen, refined, raced = floor, set(), False
     for round_index in range(refine + 1):
         measured = search.measured()
         if not measured:
@@ -86,11 +86,11 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
             chosen = top  # only the queue's depth or the way sent differs: nothing a re-measurement could save
         close = slower and chosen.measured_as != top.measured_as
         if not close and round_index == 0 and (rival := _unresolved_rival(search, chosen, contenders)) is not None:
-            top, close = rival, True  # one look each cannot order them: race the two once
+            top, close, raced = rival, True, True  # one look each cannot order them: race the two, one round
         if not close:
             refined.clear()  # decided: the usual rules below
             break
-        if round_index == refine or runner.remaining <= 0:
+        if round_index == refine or runner.remaining <= 0 or (raced and round_index > 0):
             if {chosen.measured_as, top.measured_as} <= refined:  # both re-measured, within noise: the means decide
                 least = top.batches_per_sec * (1 - choose_within)
                 chosen = min((trial for trial in measured if trial.batches_per_sec >= least), key=cheaper)

@@ -114,7 +114,8 @@ class Handover:
         # beyond noise, or still faster beyond it measured twice; where the workers were mostly idle (not what
         # limits: the hand-over may be) a reading within noise either side is raced too
         idle = best.worker_busy is not None and best.worker_busy < IDLE_WORKERS
-        trial, faster = search.confirmed(trial, best, race=idle)
+        before = runner.latest(best)
+        trial, faster = search.confirmed(trial, before, race=idle)
         reference = runner.latest(best)  # measured again too where the repeat stayed ahead within noise
         change = percent_change(trial, reference)
         words = (
@@ -123,11 +124,11 @@ class Handover:
         )
         if faster:
             twice = ", measured twice" if trial.measurements > 1 else ""
-            twice += " each" if reference.measurements > best.measurements else ""
+            twice += " each" if reference is not before else ""
             self.detail = f"{FAST_HANDOVER} sharing measured {change} ({words}{twice})"
             runner.adopt(trial)
             return trial
-        unsure = trial.batches_per_sec > best.batches_per_sec  # faster, but a short trial's noise is wider
+        unsure = trial.batches_per_sec > reference.batches_per_sec  # faster, but a short trial's noise is wider
         self.detail = (
             f"{FAST_HANDOVER} sharing {'not faster beyond noise' if unsure else 'gave nothing'} ({change}: {words})"
         )

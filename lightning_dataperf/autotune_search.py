@@ -112,6 +112,7 @@ class Search:
         ``race``: also where ``trial`` read within noise *below* ``best`` (each measured once), both are measured
         again and the means decide (the hand-over's trial where the workers were mostly idle: see
         :meth:`~lightning_dataperf.autotune_handover.Handover.attempt`)."""
+        best = self.runner.latest(best)  # measured again since the caller read it, perhaps (by this method)
         if self.better(trial, best):
             return trial, True
         tied = race and trial.measurements == 1 and self.as_fast(trial, best) and self.runner.remaining > 0
@@ -178,7 +179,9 @@ class Search:
         start = best
         with self.runner.reserved(self.handover.reserve):
             best = self._ascend(best)
-        if (faster := self.handover.attempt(self, best)) is not None:
+        faster = self.handover.attempt(self, best)
+        best = self.runner.latest(best)  # the hand-over's race may have measured it again
+        if faster is not None:
             if self.stop_reason != "gain":  # a bound or the CPUs stopped the climb: it cannot go on
                 return faster
             self.stop_reason = self.stop_detail = ""  # the hand-over limited the gain: climb on from it
@@ -224,8 +227,9 @@ class Search:
             if faster:
                 best = trial
                 if handover_bound(best) and not self.handover.tried:  # adopted: the climb goes on from it
-                    best = self.handover.attempt(self, best, stopped=False) or best
+                    best = self.handover.attempt(self, best, stopped=False) or runner.latest(best)
                 continue
+            best = runner.latest(best)  # the confirmation may have measured it again
             if runner.remaining <= 0:  # the trial was cut short: it proves nothing
                 self.stop("time budget", f"the time budget ran out measuring {step} workers")
                 return best
@@ -239,6 +243,7 @@ class Search:
                     continue
             while (middle := self._middle(best, trial)) is not None:
                 best = middle  # the peak lies below ``step``: halve the bracket again above the new best
+            best = runner.latest(best)
             self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, best)})")
             return best
 

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -49,18 +50,12 @@ def trainer_kwargs(tmp_path, **overrides):
     return kwargs
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0) -> None:
     """``script`` as two ranks under ``torch.distributed.run``, on this host's loopback only.
 
-    The ranks meet at ``127.0.0.1`` on a free port (not ``--standalone``'s ``localhost``, which a host may resolve
-    to IPv6 first) and gloo talks over the loopback interface (no host name to resolve). A run past ``timeout``
-    fails with what the ranks had printed by then.
+    The ranks meet at ``127.0.0.1`` (not ``--standalone``'s ``localhost``, which a host may resolve to IPv6 first)
+    and gloo talks over the loopback interface (no host name to resolve). A run past ``timeout`` fails with what
+    the ranks had printed by then.
     """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -72,8 +67,10 @@ def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0
         "torch.distributed.run",
         "--nnodes=1",
         "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",  # the agent's store takes a free port itself: no port to race for
+        f"--rdzv-id={uuid.uuid4().hex}",
+        "--local-addr=127.0.0.1",
         str(HERE / script),
         str(out_dir),
         *args,
@@ -85,7 +82,7 @@ def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0
             # SIGTERM: the launcher stops its ranks (each in its own session) before it exits; SIGKILL would leave them
             process.terminate()
             try:
-                stdout, stderr = process.communicate(timeout=30)
+                stdout, stderr = process.communicate(timeout=45)  # past the launcher's own 30-s shutdown
             except subprocess.TimeoutExpired:
                 process.kill()
                 stdout, stderr = process.communicate()
