@@ -16,7 +16,7 @@
 * a costlier contender (more workers, or the other pinning) that read within ``noise`` of the cheapest, or
   faster, each measured once, is raced against it once the same way (:func:`_unresolved_rival`): one
   short trial each cannot order settings 5-10% apart, and without the race the tie always went to the
-  cheaper (on the H200, JPEG -> ResNet-18, stock copy: 18 workers 7.5% above the policy's 15 over ten
+  cheaper (on the H200, JPEG -> ResNet-18, stock copy: 18 workers 8% above the policy's 15 over ten
   trials each, where one trial of each read 15 1% ahead);
 * the policy's pick (measured first) is the floor: it is replaced by a configuration faster beyond
   noise, by a cheaper one as fast, or, when it was one of a re-measured close call, by the faster mean.
@@ -117,7 +117,7 @@ def _unresolved_rival(search: Search, chosen: Trial, contenders: list[Trial]) ->
     ``noise`` of it or faster, both measured once: one trial each cannot tell which is faster.
 
     Measured on the H200 (JPEG -> ResNet-18, stock copy; ``benchmarks/trial_noise.py``, ten fresh trials of
-    each): 18 workers pinned made 38.0 batches/s and the policy's 15 35.2 (7.5% apart), where single trials
+    each): 18 workers pinned made 38.0 batches/s and the policy's 15 35.2 (8% apart), where single trials
     of 3-4 s have a 5-8% standard error; in a search 18 read 1% below 15, the climb stopped there, and the pick
     re-measured 89% of the grid's best.
     """
