@@ -14,7 +14,7 @@
   send differs), the faster is taken as measured: there is no worker or pinned buffer to save, and on the
   2-core VM re-measuring such a call (66 workers, prefetch 2 against 4, 9% apart) took 9.6 s of a 28-s search;
 * a costlier contender (more workers, or the other pinning) that read within ``noise`` of the cheapest, or
-  faster, each measured once, is raced against it once the same way (:func:`_unresolved_rival`): one
+  faster, each measured once, is raced against it the same way, one round (:func:`_unresolved_rival`): one
   short trial each cannot order settings 5-10% apart, and without the race the tie always went to the
   cheaper (on the H200, JPEG -> ResNet-18, stock copy: 18 workers 8% above the policy's 15 over ten
   trials each, where one trial of each read 15 1% ahead);
