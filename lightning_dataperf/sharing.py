@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch.multiprocessing
+from psutil import pid_exists
 
 __all__ = [
     "FAST_HANDOVER",
@@ -182,7 +183,7 @@ def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
     except OSError:
         return 0
     makers = {name: _maker(name) for name in names}
-    gone = {maker for maker in set(makers.values()) if not _alive(maker)}
+    gone = {maker for maker in set(makers.values()) if not pid_exists(maker)}  # another user's counts as alive
     makers = {name: maker for name, maker in makers.items() if maker in gone}
     if not makers:
         return 0
@@ -245,16 +246,6 @@ def _torch_files_in_use() -> tuple[set[str], set[int]] | None:
                 if int(entry.name) == me:
                     return None
     return names, inner
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process (the pid was reused): not ours to judge
-        return True
-    return True
 
 
 def _noted_pids(path: str, parent: int) -> tuple[int, ...]:

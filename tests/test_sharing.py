@@ -463,7 +463,7 @@ def test_reclaim_touches_only_the_stopped_workers_unmapped_files(tmp_path, monke
     for name in ("torch_101_7_1", "torch_101_8_2", "torch_1010_9_1", "torch_202_1_1", "torch_303_1_1", "other_101_1"):
         (tmp_path / name).write_bytes(b"x")
     monkeypatch.setattr(sharing, "_nested_pid_namespace", lambda: False)
-    monkeypatch.setattr(sharing, "_alive", lambda pid: pid == 303)  # 303 still runs: its files are in use
+    monkeypatch.setattr(sharing, "pid_exists", lambda pid: pid == 303)  # 303 still runs: its files are in use
     monkeypatch.setattr(sharing, "_torch_files_in_use", lambda: ({"torch_101_8_2"}, set()))  # a batch still held
     assert sharing.reclaim_segments([101, 303], shm_dir=str(tmp_path)) == 1
     assert sorted(path.name for path in tmp_path.iterdir()) == [
