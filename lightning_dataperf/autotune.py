@@ -280,9 +280,9 @@ def _climb(
     # the policy's pick (what the memory guard lets through): the first trial, the floor
     baseline = best = runner.measure(*runner.resources.affordable(start))
     with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
-        best = runner.latest(search.climb_workers(best))  # each step may have measured the best again
-        best = runner.latest(search.probe_fewer(best, baseline))
-        best = runner.latest(search.tune_prefetch(best))
+        best = search.climb_workers(best)  # as last measured (the climb's confirmations may measure it again)
+        best = search.probe_fewer(best, baseline)
+        best = search.tune_prefetch(best)
         best = search.tune_pin(best)
         repeat_outliers(runner)
     chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
