@@ -23,22 +23,15 @@ import argparse
 import math
 import re
 import statistics
-from collections.abc import Callable
 
+import torch
 from _common import print_table, write_json
-from autotune import DecodedImages, JpegImages, SleepySamples, TinySamples, resnet_path
+from autotune import workloads
 
 from lightning_dataperf import probe_hardware
 from lightning_dataperf.autotune_consumer import TransferPath
 from lightning_dataperf.autotune_records import Limits
 from lightning_dataperf.autotune_trials import TrialRunner
-
-#: ``(dataset factory, batch size, path)`` of ``benchmarks/autotune.py``'s CPU workloads.
-WORKLOADS = {
-    "tiny": (TinySamples, 64, TransferPath(host_step_seconds=0.002)),
-    "cpu": (DecodedImages, 32, TransferPath()),
-    "io": (SleepySamples, 16, TransferPath()),
-}
 
 Config = tuple[int, int, bool]
 
@@ -56,20 +49,20 @@ def label(config: Config) -> str:
     return f"{workers}x{prefetch}{'p' if pin else 'u'}"
 
 
-def workload(name: str) -> tuple[Callable[[], object], int, TransferPath]:
-    if name != "jpeg":
-        return WORKLOADS[name]
-    import torch
-
-    if not torch.cuda.is_available():
+def workload(name: str) -> tuple[object, int, TransferPath]:
+    """``(dataset, batch size, path)`` of ``benchmarks/autotune.py``'s workload ``name`` (jpeg: the stock copy).
+    The dataset is made once (the same JPEG blobs for every trial; the others hold no state)."""
+    device = torch.device("cuda", 0) if name == "jpeg" and torch.cuda.is_available() else None  # the rest: host
+    plans = workloads([name], device, ["stock"])
+    if not plans:
         raise SystemExit("--workload jpeg needs CUDA and torchvision (the H200 row of benchmarks/autotune.py)")
-    images = JpegImages()  # made once: the same blobs for every trial
-    return (lambda: images), 128, resnet_path(torch.device("cuda", 0), side_stream=False)
+    _, _, factory, batch_size, make_path = plans[0]
+    return factory(), batch_size, make_path()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=[*sorted(WORKLOADS), "jpeg"], default="tiny")
+    parser.add_argument("--workload", choices=["cpu", "io", "jpeg", "tiny"], default="tiny")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--prefetch", type=int, default=2)
     parser.add_argument("--configs", nargs="+", default=None, help="instead of --workers: e.g. 15p 18p 24x4u")
@@ -78,7 +71,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=30.0, help="the search budget whose trial caps are used")
     parser.add_argument("--name", default="trial_noise")
     args = parser.parse_args()
-    dataset_factory, batch_size, path = workload(args.workload)
+    dataset, batch_size, path = workload(args.workload)
     configs = [parse_config(text, args.prefetch) for text in args.configs or []]
     configs = configs or [(workers, args.prefetch, False) for workers in args.workers]
     hardware = probe_hardware()
@@ -87,7 +80,7 @@ def main() -> None:
     errors: dict[Config, list[float]] = {config: [] for config in configs}
     for index in range(args.trials):
         for config in configs if index % 2 == 0 else list(reversed(configs)):
-            runner = TrialRunner(dataset_factory(), batch_size, {}, hardware, path, limits)
+            runner = TrialRunner(dataset, batch_size, {}, hardware, path, limits)
             runner.learn_batch_size()
             try:
                 trial = runner.run(*config, sharing=args.sharing)
