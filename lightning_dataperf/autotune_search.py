@@ -188,7 +188,7 @@ class Search:
             return self._ascend(faster)
         if best.config != start.config or self.stop_reason != "gain":
             return best
-        return self.fewer.below_start(start, best)
+        return self.fewer.below_start(best, best)  # ``start`` as last measured (a confirmation may have re-measured it)
 
     def _ascend(self, best: Trial) -> Trial:
         """Up while the gain holds. A step that gains nothing over ``best`` brackets the peak where a count

@@ -1393,3 +1393,16 @@ def test_a_trial_with_fewer_than_two_batches_says_whether_the_budget_or_the_data
     runner.deadline = 0.0  # a deadline long past: the budget ran out before a second batch
     assert runner.run(0, None, False).refused == BUDGET_REFUSAL
     runner.close()
+
+
+def test_the_way_down_compares_with_the_start_as_measured_again_not_its_first_look():
+    # 16 workers read 100, then 110 when 32's repeat (104, 101) stayed ahead within noise: 16 is 105 over two
+    # looks, the middle (24) gains nothing, and the way down starts. 8 workers read 98.5: as fast as 16's first
+    # look (100), but 6% below 16 as measured twice: 8 is not taken
+    looks = {16: [100.0, 110.0], 32: [104.0, 101.0], 24: [103.5, 101.5], 8: [98.5], 4: [50.0]}
+    runner = AveragingRunner(looks)
+    search = _search_with(runner)
+    best = search.climb_workers(runner.measure(16, 2, False))
+    assert best.num_workers == 16 and (best.batches_per_sec, best.measurements) == (105.0, 2)
+    assert (8, 2, False) in runner.trials  # the way down was measured, and lost
+    assert search.stop_reason == "gain"
