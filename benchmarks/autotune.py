@@ -7,8 +7,10 @@ Every measurement runs the batches through the workload's training path (the sam
 **The grid**: the full cross-product ``num_workers`` x ``prefetch_factor`` x ``pin_memory`` a user
 would run (:func:`grid`): workers from (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32) up to ``max(8, 2 x CPUs)``
 for a loader that computes and on to 48 and 64 for the I/O-latency one (``--grid-workers`` to choose them),
-prefetch (2, 4, 8) (``--grid-prefetch``), pin both ways for the stock CUDA copy, pinned only for the
-side stream, and left out on a CPU-only run (nothing is copied; the script says so); with
+prefetch (2, 4, 8) (``--grid-prefetch``), pin both ways on a CUDA path, the side stream's too (autotune
+searches it pinned only, where the side stream need not pin in the main thread; a user's grid does not
+know that: each point's seconds are in the JSON, so the pinned half's cost is there too), and left out on a
+CPU-only run (nothing is copied; the script says so); with
 ``--grid-sharing default file_system`` each point also with its workers sending by file name (the
 hand-over autotune measures where its climb stops).
 
@@ -230,9 +232,9 @@ def grid(
     Workers: :data:`WORKER_AXIS` up to ``max(8, 2 x cpus)`` for a loader that computes (past twice the
     CPUs only memory and main-thread CPU are spent), the whole axis and :data:`LATENCY_AXIS` (to 64) for
     an I/O-latency loader,
-    or ``workers`` when given. Pin: both where the path copies to CUDA with the stock copy, pinned only
-    for the side stream, and left out on a CPU-only run (``pins == (False,)``: nothing is copied, so
-    pinning would only cost the pin thread).
+    or ``workers`` when given. Pin: both where the path copies to CUDA (the stock copy or the side stream),
+    left out on a CPU-only run (``pins == (False,)``: nothing is copied, so pinning would only cost the pin
+    thread).
     """
     if workers:
         counts = sorted(set(workers))
@@ -255,19 +257,24 @@ def _config(settings: Any, pins: tuple[bool, ...]) -> Config:
 def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path: TransferPath, args: Any) -> dict:
     hardware = probe_hardware()
     cpus = hardware.cpus_per_rank
-    pins = path.pin_choices()
+    pins = path.pin_choices()  # what autotune searches (pinned only for the side stream)
+    grid_pins = (True, False) if path.cuda else (False,)  # what a user's grid runs
     runner = make_runner(dataset, batch_size, path, hardware, trial_limits(args))
     grid_started = time.perf_counter()
     rates: dict[Config, float] = {}
-    if pins == (False,):
+    seconds: dict[Config, float] = {}
+    if not path.cuda:
         print(f"  {name}/{label}: CPU-only path, pin_memory left out of the grid (nothing is copied)", flush=True)
-    points = grid(cpus, pins, latency=name == "io", workers=args.grid_workers, prefetches=tuple(args.grid_prefetch))
+    points = grid(cpus, grid_pins, name == "io", workers=args.grid_workers, prefetches=tuple(args.grid_prefetch))
     # each point both ways one after the other: the VM's drift over the grid does not favour one way
     points = list(dict.fromkeys(with_sharing(config, way) for config in points for way in args.grid_sharing))
     for config in points:
+        started = time.perf_counter()
         rates[config] = measure(runner, config)
-        print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s", flush=True)
+        seconds[config] = time.perf_counter() - started
+        print(f"  {name}/{label} grid {config}: {rates[config]:.1f} batches/s ({seconds[config]:.1f} s)", flush=True)
     grid_s = time.perf_counter() - grid_started
+    searched_s = sum(spent for config, spent in seconds.items() if config[2] in pins)  # the points autotune could pick
     best_config = max(rates, key=rates.get)
     accelerator = "cuda" if path.cuda else "cpu"
     policy = _config(recommend_loader_settings(hardware, accelerator=accelerator), pins)
@@ -330,10 +337,11 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         row_name = f"{row} + {config[3]} sharing" if len(config) > 3 else row  # type: ignore[misc]
         rows.append([name, label, row_name, *config[:3], f"{rate:,.0f}", known, f"{100 * low:.0f}-{100 * high:.0f}%"])
     share = 100 * tuned.search_seconds / grid_s
+    subset = f"; {100 * tuned.search_seconds / searched_s:.0f}% of its pinned half" if pins != grid_pins else ""
     summary = (
         f"{name}/{label}: autotune {tuned.search_seconds:.1f} s ({len(tuned.trials)} trials, "
         f"{sum(trial.measurements for trial in tuned.trials)} measurements) vs grid {grid_s:.1f} s "
-        f"({len(rates)} points, sharing {'+'.join(args.grid_sharing)}, same trial rule): {share:.0f}%; "
+        f"({len(rates)} points, sharing {'+'.join(args.grid_sharing)}, same trial rule): {share:.0f}%{subset}; "
         f"grid best {reference} (of its top "
         f"{len(contenders)}, re-measured; single-measurement best {best_config}); head-to-head pairs "
         f"{head_to_head}; autotune/grid best {rows[1][-2]} (2 SE; {rows[1][-1]}), policy/grid best "
@@ -348,6 +356,8 @@ def run_workload(name: str, label: str, dataset: Dataset, batch_size: int, path:
         "grid_s": grid_s,
         "grid_points": len(rates),
         "grid": {str(config): rate for config, rate in rates.items()},
+        "grid_seconds": {str(config): spent for config, spent in seconds.items()},
+        "grid_searched_s": searched_s,
         "grid_best_single": str(best_config),
         "grid_contenders": {str(config): per_config[config] for config in contenders},
         "head_to_head_pairs": head_to_head,
