@@ -1406,3 +1406,35 @@ def test_the_way_down_compares_with_the_start_as_measured_again_not_its_first_lo
     assert best.num_workers == 16 and (best.batches_per_sec, best.measurements) == (105.0, 2)
     assert (8, 2, False) in runner.trials  # the way down was measured, and lost
     assert search.stop_reason == "gain"
+
+
+def _looked(runner, workers, precision, looks=1):
+    trial = dataclasses.replace(runner.measure(workers, 2, False), precision=precision)
+    runner.trials[trial.config] = trial
+    for _ in range(looks - 1):
+        trial = runner.remeasure(trial)
+    return trial
+
+
+def test_a_gain_the_climb_confirmed_is_not_lost_to_the_floors_one_look():
+    from lightning_dataperf.autotune_choice import choose
+
+    # the H200 side stream: 18 workers read 39.3 and 41.1 (6% error), the policy's 15 read 36.0 once (3%): +12%,
+    # within the two rates' combined error (13%). The floor is measured again (35.0): the means decide, 18
+    runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
+    search = _search_with(runner)
+    policy, eighteen = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
+    assert eighteen.batches_per_sec == pytest.approx(40.2) and not search.better(eighteen, policy)
+    assert choose(search, policy, 0.02).num_workers == 18
+    assert runner.remeasured[-1] == (15, 2, False)
+    # the floor's second look (44.0) brings its mean to 40.0: within 2% of 18's, the policy's 15 stays
+    runner = AveragingRunner({15: [36.0, 44.0], 18: [39.3, 41.1]})
+    search = _search_with(runner)
+    policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
+    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured[-1] == (15, 2, False)
+    # no time left for the look: the floor stays, nothing measured
+    runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
+    search = _search_with(runner)
+    policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
+    runner.remaining = 0.0
+    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == [(18, 2, False)]
