@@ -24,7 +24,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +40,7 @@ from torch.utils.data import DataLoader
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy, probe_hardware, recommend_loader_settings
 from lightning_dataperf.findings import Diagnosis
 from lightning_dataperf.stats import EpochSummary
-from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep
+from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, loopback_ranks
 
 CUDA_ROWS = {"pageable", "jpeg"}
 #: Where more workers were said to give nothing, a gain below this counts as "as said".
@@ -263,9 +262,7 @@ def straggler_rank(out_dir: str, slow_ms: float) -> None:
 
 def two_ranks(slow_ms: float) -> dict:
     out_dir = tempfile.mkdtemp(prefix="verdicts_ddp_")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__]
-    command += ["--rank-out", out_dir, "--slow-ms", str(slow_ms)]
+    command, env = loopback_ranks(__file__, "--rank-out", out_dir, "--slow-ms", str(slow_ms), pythonpath=str(ROOT))
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
     if done.returncode:
         raise RuntimeError(f"two gloo ranks failed: {done.stdout[-1500:]}{done.stderr[-1500:]}")

@@ -1,22 +1,65 @@
-"""Ground-truth workloads for checking timing accuracy on a GPU (used by tests and benchmarks).
+"""Ground-truth workloads for checking timing accuracy on a GPU, and a two-rank launch on the loopback (used by
+tests and benchmarks).
 
 Example::
 
     cycles = calibrate_cuda_sleep()
     model = GpuSleepModel(gpu_ms=15.0, cycles_per_ms=cycles)   # each step keeps the GPU busy 15 ms
+    command, env = loopback_ranks("check_ranks.py", "--out", "/tmp/ranks")
+    subprocess.run(command, env=env, check=True)
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import statistics
+import sys
 import time
+import uuid
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["GpuSleepModel", "SleepCollate", "SleepingLoaderDataset", "calibrate_cuda_sleep", "sleeping_loader"]
+__all__ = [
+    "GpuSleepModel",
+    "SleepCollate",
+    "SleepingLoaderDataset",
+    "calibrate_cuda_sleep",
+    "loopback_ranks",
+    "sleeping_loader",
+]
+
+
+def loopback_ranks(script: str, *args: str, ranks: int = 2, pythonpath: str = "") -> tuple[list[str], dict[str, str]]:
+    """The ``torch.distributed.run`` command and environment that start ``script`` as ``ranks`` CPU (gloo) ranks
+    on this host's loopback only.
+
+    The ranks meet at ``127.0.0.1`` (not ``--standalone``'s ``localhost``, which a host may resolve to IPv6
+    first), the agent's store takes a free port itself (no port to race for), and gloo talks over the loopback
+    interface (no host name to resolve). ``pythonpath`` goes before the inherited ``PYTHONPATH``; no CUDA device
+    is visible to the ranks.
+    """
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, os.environ.get("PYTHONPATH", "")]))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    if "lo" in {name for _, name in socket.if_nameindex()}:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc_per_node={ranks}",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        f"--rdzv-id={uuid.uuid4().hex}",
+        "--local-addr=127.0.0.1",
+        script,
+        *args,
+    ]
+    return command, env
 
 
 def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) -> float:

@@ -8,11 +8,8 @@ from __future__ import annotations
 import io
 import os
 import random
-import socket
 import subprocess
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -23,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import TunedDataModule
 from lightning_dataperf.hardware import Hardware
-from lightning_dataperf.testing import SleepCollate, SleepingLoaderDataset
+from lightning_dataperf.testing import SleepCollate, SleepingLoaderDataset, loopback_ranks
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -51,30 +48,10 @@ def trainer_kwargs(tmp_path, **overrides):
 
 
 def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0) -> None:
-    """``script`` as two ranks under ``torch.distributed.run``, on this host's loopback only.
-
-    The ranks meet at ``127.0.0.1`` (not ``--standalone``'s ``localhost``, which a host may resolve to IPv6 first)
-    and gloo talks over the loopback interface (no host name to resolve). A run past ``timeout`` fails with what
-    the ranks had printed by then.
-    """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    if "lo" in {name for _, name in socket.if_nameindex()}:
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        "--nproc_per_node=2",
-        "--rdzv-backend=c10d",
-        "--rdzv-endpoint=127.0.0.1:0",  # the agent's store takes a free port itself: no port to race for
-        f"--rdzv-id={uuid.uuid4().hex}",
-        "--local-addr=127.0.0.1",
-        str(HERE / script),
-        str(out_dir),
-        *args,
-    ]
+    """``script`` as two ranks under ``torch.distributed.run``, on this host's loopback only
+    (:func:`~lightning_dataperf.testing.loopback_ranks`). A run past ``timeout`` fails with what the ranks had
+    printed by then."""
+    command, env = loopback_ranks(str(HERE / script), str(out_dir), *args, pythonpath=str(HERE.parent))
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
