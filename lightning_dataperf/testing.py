@@ -34,15 +34,17 @@ __all__ = [
 
 
 def loopback_ranks(script: str, *args: str, ranks: int = 2, pythonpath: str = "") -> tuple[list[str], dict[str, str]]:
-    """The ``torch.distributed.run`` command and environment that start ``script`` as ``ranks`` CPU (gloo) ranks
-    on this host's loopback only.
+    """The ``torch.distributed.run`` command and environment that start ``script`` as ``ranks`` ranks on this
+    host's loopback only.
 
     The ranks meet at ``127.0.0.1`` (not ``--standalone``'s ``localhost``, which a host may resolve to IPv6
     first), the agent's store takes a free port itself (no port to race for), and gloo talks over the loopback
-    interface (no host name to resolve). ``pythonpath`` goes before the inherited ``PYTHONPATH``; no CUDA device
-    is visible to the ranks.
+    interface (no host name to resolve). ``pythonpath`` goes before the inherited ``PYTHONPATH``. The inherited
+    ``CUDA_VISIBLE_DEVICES`` is removed: on a GPU host each rank sees every device and picks its own by
+    ``LOCAL_RANK`` (NCCL ranks); a script that trains on the CPU uses gloo and no device.
     """
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([pythonpath, os.environ.get("PYTHONPATH", "")]))
+    paths = [path for path in (pythonpath, os.environ.get("PYTHONPATH", "")) if path]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if "lo" in {name for _, name in socket.if_nameindex()}:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -1432,9 +1432,48 @@ def test_a_gain_the_climb_confirmed_is_not_lost_to_the_floors_one_look():
     search = _search_with(runner)
     policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
     assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured[-1] == (15, 2, False)
+    # a repeat that measured nothing (cut before one steady round: the trial itself comes back): the floor stays
+    runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
+    search = _search_with(runner)
+    policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
+    averaged = runner.remeasure
+    runner.remeasure = lambda trial, cap_scale=1.0, against=None: trial if trial.num_workers == 15 else averaged(trial)
+    assert choose(search, policy, 0.02).num_workers == 15
+    # a cheaper pick as fast as the floor is taken as it is: the floor is not measured again for it
+    runner = AveragingRunner({15: [36.0, 35.0], 8: [39.3, 41.1]})
+    search = _search_with(runner)
+    policy, _ = _looked(runner, 15, 0.03), _looked(runner, 8, 0.06, looks=2)
+    assert choose(search, policy, 0.02).num_workers == 8 and runner.remeasured == [(8, 2, False)]
     # no time left for the look: the floor stays, nothing measured
     runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
     search = _search_with(runner)
     policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
     runner.remaining = 0.0
     assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == [(18, 2, False)]
+
+
+class PinnedLooks(AveragingRunner):
+    """Looks keyed by (workers, pin)."""
+
+    def _look(self, workers, prefetch, pin):
+        values = self.looks[(workers, pin)]
+        return values.pop(0) if len(values) > 1 else values[0]
+
+
+def test_the_other_pinning_at_the_floors_workers_must_still_beat_it_by_the_noise():
+    from lightning_dataperf.autotune_choice import choose
+
+    def pick(floor_looks):
+        runner = PinnedLooks({(15, False): floor_looks, (15, True): [37.0, 38.0]})
+        search = _search_with(runner)
+        policy = dataclasses.replace(runner.measure(15, 2, False), precision=0.03)
+        runner.trials[policy.config] = policy
+        pinned = dataclasses.replace(runner.measure(15, 2, True), precision=0.08)
+        runner.trials[pinned.config] = pinned
+        runner.remeasure(pinned)  # 37.5 over two looks
+        return choose(search, policy, 0.02), runner
+
+    chosen, runner = pick([33.0, 40.0])  # the floor's mean 36.5: pinned +2.7%, within the noise (3%)
+    assert not chosen.pin_memory and runner.remeasured[-1] == (15, 2, False)
+    chosen, _ = pick([33.0, 38.0])  # 35.5: pinned +5.6%
+    assert chosen.pin_memory and chosen.num_workers == 15
