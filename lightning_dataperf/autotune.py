@@ -286,6 +286,7 @@ def _climb(
         best = search.tune_pin(best)
         repeat_outliers(runner)
     chosen = choose(search, baseline, choose_within, seconds=CHOICE_RESERVE * limits.time_budget)
+    search.stop_against(chosen)
     baseline = runner.latest(baseline)
     measured = rated(runner.all_trials())
     top = max(trial.batches_per_sec for trial in measured) if measured else 0.0

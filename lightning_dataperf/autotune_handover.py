@@ -109,7 +109,11 @@ class Handover:
         self.tried = True
         trial = runner.measure_sharing(best, FAST_HANDOVER)
         if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
-            self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out during its trial)"
+            rough = f": {trial.batches_per_sec:.1f} batches/s, rough" if trial.refused is None else ""
+            self.detail = (
+                f"{FAST_HANDOVER} sharing not judged (the time budget ran out before its trial's first steady "
+                f"round{rough})"
+            )
             return None
         # beyond noise, or still faster beyond it measured twice; where the workers were mostly idle (not what
         # limits: the hand-over may be) a reading within noise either side is raced too

@@ -107,7 +107,7 @@ class AutotuneResult:
             if self.batch_size
             else f"{self.chosen_batches_per_sec:,.1f} batches/s"
         )
-        origin = " (cached)" if self.cached else ""
+        origin = " (in an earlier run, from the cache)" if self.cached else ""
         line = f"autotune{origin} measured {settings.num_workers} workers ({prefetch}{pin}) at {rate}"
         line = f"{line}; {self.stop_detail}" if self.stop_detail else line
         return f"{line}; {self.sharing_detail}" if self.sharing_strategy else line

@@ -67,6 +67,7 @@ class Search:
     ) -> None:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
         self.stop_reason, self.stop_detail = "", ""
+        self.gained_nothing: Trial | None = None  # the step up that stopped the climb for lack of gain
         self.handover = Handover(handover_reserve)  # the one trial of another hand-over, its budget, its result
         self.fewer = FewerWorkers(self)  # the probes down
 
@@ -155,6 +156,21 @@ class Search:
             above = [trial.tree_cpu_s for trial in others if trial.num_workers > best.num_workers]
             ceiling = cpu_ceiling(dataclasses.replace(best, tree_cpu_s=min([best.tree_cpu_s, *above])), self.cpus)
         return ceiling if ceiling <= best.batches_per_sec * (1 + self.limits.noise) else None
+
+    def stop_against(self, chosen: Trial) -> None:
+        """Where the climb stopped for lack of gain but the answer is another, fewer-worker setting (the choice's
+        close call, a probe down), the stop's figure is set against the answer, not the best at the stop: a
+        newcomer read "measured 8 workers; more gave nothing (12 workers: +25%)", the +25% against 4 workers."""
+        more = self.gained_nothing
+        if self.stop_reason != "gain" or more is None or chosen.num_workers >= more.num_workers:
+            return
+        head = self.stop_detail.split(")", 1)[0] + ")"
+        if not head.startswith(f"more gave nothing ({more.num_workers} workers: "):
+            return  # another stop's words
+        more = self.runner.latest(more)
+        self.stop_detail = self.stop_detail.replace(
+            head, f"more gave nothing ({more.num_workers} workers: {percent_change(more, chosen)})", 1
+        )
 
     def stop(self, reason: str, detail: str) -> None:
         if not self.stop_reason:
@@ -245,6 +261,7 @@ class Search:
                 best = middle  # the peak lies below ``step``: halve the bracket again above the new best
             best = runner.latest(best)
             self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, best)})")
+            self.gained_nothing = trial
             return best
 
     def _middle(self, best: Trial, more: Trial) -> Trial | None:

@@ -17,10 +17,24 @@ from lightning_dataperf.loaders import LoaderFacts
 from lightning_dataperf.stats import EpochSummary
 from lightning_dataperf.system_stats import SystemStats
 
-__all__ = ["STRAGGLER_RATIO", "Evidence"]
+__all__ = ["STRAGGLER_RATIO", "Evidence", "MoreWorkersMeasured"]
 
 #: One rank waiting for data at least this many times longer than the fastest is a straggler.
 STRAGGLER_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class MoreWorkersMeasured:
+    """The fastest worker count above autotune's pick that its search measured, against the pick.
+
+    Example::
+
+        MoreWorkersMeasured(pick=10, workers=16, change=-0.13)   # 16 workers read 13% below 10
+    """
+
+    pick: int
+    workers: int
+    change: float  # its rate against the pick's, relative (-0.13: 13% slower)
 
 
 @dataclass(frozen=True)
@@ -35,6 +49,7 @@ class Evidence:
     pcie_capacity_mbps: float | None = None
     planned_epochs: int | None = None  # the Trainer's max_epochs (None: unknown or unlimited)
     autotune: str | None = None  # what autotune measured for this loader, when it ran (quoted, not suggested)
+    autotune_more: MoreWorkersMeasured | None = None  # the most autotune measured above its pick, when it did
     loader_blind: str | None = None  # why the loader's inside was not measured, when it was not
 
     def timing(self, name: str, statistic: str = "mean") -> float | None:

@@ -43,6 +43,9 @@ IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 #: filesystem): iowait and %util are machine-wide, and another process's writes (a ``pip install`` next to
 #: the run, measured) made a loader that reads no files look storage-bound.
 OWN_READ_MBPS = 1.0
+#: A worker count above autotune's pick that read at most this much faster than the pick did not help
+#: (autotune's default noise): the verdict then quotes it instead of advising more workers.
+MORE_DID_NOT_HELP = 0.03
 
 
 @dataclass(frozen=True)
@@ -324,13 +327,18 @@ def _latency_bound(evidence: Evidence) -> _Cause:
         if ratio is not None
         else f"use only {evidence.system.worker_cpu_percent_mean or 0.0:.0f}% of a core each"
     )
-    advice = [
+    waiting = (
         f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time loading batches but {computing}: "
-        "they wait (I/O latency, remote storage, sleeps), so more of them overlap the "
-        f"waits: raise num_workers from {workers} to {more}"
-        + _gain(step, predicted)
-        + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
-    ]
+        "they wait (I/O latency, remote storage, sleeps)"
+    )
+    if lost := _more_workers_lost(evidence):
+        advice = [f"{waiting}; {lost}"]
+    else:
+        advice = [
+            f"{waiting}, so more of them overlap the waits: raise num_workers from {workers} to {more}"
+            + _gain(step, predicted)
+            + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
+        ]
     if line := _autotune_line(evidence):
         advice.append(line)
     return _Cause("input_bound_workers", "the workers wait on I/O latency", advice)
@@ -363,6 +371,7 @@ def _without_inside(evidence: Evidence) -> _Cause:
         if loader.num_workers is not None and loader.prefetch_factor is not None
         else "raise the loader's workers and prefetch (its settings were not readable)"
     )
+    settings = _more_workers_lost(evidence) or settings
     return _Cause(
         "input_bound_workers",
         "too few loader workers",
@@ -372,7 +381,20 @@ def _without_inside(evidence: Evidence) -> _Cause:
 
 def _autotune_line(evidence: Evidence) -> str | None:
     """What autotune measured, when it ran for this loader (then it is quoted, not suggested)."""
-    return None if evidence.autotune is None else f"autotune ran: {evidence.autotune}"
+    return evidence.autotune
+
+
+def _more_workers_lost(evidence: Evidence) -> str | None:
+    """Where the loader runs autotune's pick and autotune measured more workers no faster (within
+    :data:`MORE_DID_NOT_HELP`): that, instead of advice to add workers the search already measured."""
+    more, workers = evidence.autotune_more, evidence.loader.num_workers
+    if more is None or workers != more.pick or more.change > MORE_DID_NOT_HELP:
+        return None
+    return (
+        f"autotune measured {more.workers} workers at {100 * more.change:+.0f}% against these {more.pick}: more "
+        "workers did not help here (each costs CPU and hand-over time); shorten what each sample waits on (a "
+        "local or cached copy of the data, fewer reads per sample)"
+    )
 
 
 _STORAGE_ADVICE = (

@@ -12,7 +12,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from lightning_dataperf.evidence import Evidence
+from lightning_dataperf.autotune_records import rated
+from lightning_dataperf.evidence import Evidence, MoreWorkersMeasured
 from lightning_dataperf.hardware import Hardware, pcie_capacity_of_device
 from lightning_dataperf.loaders import LoaderFacts, first_loader
 from lightning_dataperf.stats import EpochSummary
@@ -20,7 +21,7 @@ from lightning_dataperf.strategies import SideStreamTransferMixin
 from lightning_dataperf.system_stats import SystemStats
 from lightning_dataperf.tags import Stage
 
-__all__ = ["autotune_seconds", "autotune_words", "gather_evidence"]
+__all__ = ["autotune_seconds", "autotune_words", "gather_evidence", "more_workers_measured"]
 
 
 def gather_evidence(
@@ -33,6 +34,7 @@ def gather_evidence(
     """Everything the verdict may use about this epoch: the stage's own loader, telemetry, hardware, autotune."""
     stage = Stage(summary.stage)
     max_epochs = trainer.max_epochs
+    tuned = getattr(trainer.datamodule, "autotune_result", None)
     return Evidence(
         summary=summary,
         loader=LoaderFacts.of(first_loader(_stage_loaders(trainer, stage))),
@@ -41,7 +43,8 @@ def gather_evidence(
         usable_cpus=None if hardware is None else hardware.cpus_per_rank,
         pcie_capacity_mbps=pcie_capacity_of_device(hardware, trainer.strategy.root_device),
         planned_epochs=max_epochs if max_epochs is not None and max_epochs > 0 else None,
-        autotune=autotune_words(getattr(trainer.datamodule, "autotune_result", None)) if stage is Stage.TRAIN else None,
+        autotune=autotune_words(tuned) if stage is Stage.TRAIN else None,
+        autotune_more=more_workers_measured(tuned) if stage is Stage.TRAIN else None,
         loader_blind=loader_blind,
     )
 
@@ -60,6 +63,18 @@ def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
 def autotune_words(result: Any) -> str | None:
     """Autotune's measured choice in words (``AutotuneResult.summary_line``), when it ran."""
     return None if result is None else str(result.summary_line())
+
+
+def more_workers_measured(result: Any) -> MoreWorkersMeasured | None:
+    """The fastest trial with more workers than autotune's pick, against the pick (``None``: none measured)."""
+    if result is None or not result.chosen_batches_per_sec:
+        return None
+    pick = result.settings.num_workers
+    above = [trial for trial in rated(result.trials) if trial.num_workers > pick]
+    if not above:
+        return None
+    fastest = max(above, key=lambda trial: trial.batches_per_sec)
+    return MoreWorkersMeasured(pick, fastest.num_workers, fastest.batches_per_sec / result.chosen_batches_per_sec - 1)
 
 
 def autotune_seconds(result: Any) -> float:

@@ -658,6 +658,31 @@ def test_summary_line_quotes_the_measurement_and_the_stop():
     )
     assert AutotuneResult.from_dict(json.loads(json.dumps(result.to_dict()))) == result
     assert "stopped: more gave nothing" in result.format()
+    cached = dataclasses.replace(result, cached=True).summary_line()
+    assert cached.startswith("autotune (in an earlier run, from the cache) measured 16 workers")
+
+
+def test_the_verdict_learns_the_most_autotune_measured_above_its_pick():
+    from lightning_dataperf.evidence import MoreWorkersMeasured
+    from lightning_dataperf.run_evidence import more_workers_measured
+
+    result = AutotuneResult(
+        settings=__import__("lightning_dataperf").LoaderSettings(10, True, False, 2),
+        trials=(
+            Trial(10, 2, False, 180.0, 0.2, 100, 10.0),
+            Trial(16, 2, False, 156.6, 0.3, 100, 16.0),  # -13%
+            Trial(20, 2, False, 99.0, 0.4, 100, 20.0),
+            Trial(64, 2, False, refused="needs ~9000 MB"),
+            Trial(4, 2, False, 110.3, 0.1, 100, 4.0),
+        ),
+        search_seconds=2.6,
+        baseline_batches_per_sec=60.0,
+        best_batches_per_sec=180.0,
+        chosen_batches_per_sec=180.0,
+    )
+    assert more_workers_measured(result) == MoreWorkersMeasured(10, 16, pytest.approx(-0.13))
+    assert more_workers_measured(dataclasses.replace(result, trials=result.trials[::3])) is None  # none rated above
+    assert more_workers_measured(None) is None
 
 
 def test_trials_take_the_strategys_path_side_stream_pinned_only():
@@ -1477,3 +1502,19 @@ def test_the_other_pinning_at_the_floors_workers_must_still_beat_it_by_the_noise
     assert not chosen.pin_memory and runner.remeasured[-1] == (15, 2, False)
     chosen, _ = pick([33.0, 38.0])  # 35.5: pinned +5.6%
     assert chosen.pin_memory and chosen.num_workers == 15
+
+
+def test_the_stop_is_told_against_the_answer_when_the_choice_took_fewer_workers():
+    # a newcomer's run: the climb stopped at 4 workers (80.2), 12 read 100.2 ("+25%", within its noise), and the
+    # choice took the middle, 8 (108.7): the stop said "more gave nothing (12 workers: +25%)" next to "8 workers"
+    runner = FakeRunner(lambda workers, prefetch, pin: {4: 80.2, 8: 108.7, 12: 100.2}[workers])
+    search = _search_with(runner)
+    four, twelve, eight = (runner.measure(workers, 2, False) for workers in (4, 12, 8))
+    search.stop("gain", "more gave nothing (12 workers: +25%); 2 workers cannot be as fast")
+    search.gained_nothing = twelve
+    search.stop_against(four)  # the answer is the best at the stop: its words stand
+    assert search.stop_detail.startswith("more gave nothing (12 workers: +25%)")
+    search.stop_against(eight)
+    assert search.stop_detail == "more gave nothing (12 workers: -8%); 2 workers cannot be as fast"
+    search.stop_against(twelve)  # not fewer workers than the step: unchanged
+    assert search.stop_detail == "more gave nothing (12 workers: -8%); 2 workers cannot be as fast"

@@ -168,6 +168,25 @@ def test_busy_workers_that_use_little_cpu_wait_on_latency():
     assert "raise num_workers from 4 to 8" in " ".join(finding.findings[0].advice), "latency: past the CPU count"
 
 
+def test_latency_advice_does_not_ask_for_workers_autotune_measured_no_faster():
+    from lightning_dataperf.evidence import MoreWorkersMeasured
+
+    system = SystemStats(worker_cpu_percent_mean=4.0, cpu_busy_percent_mean=20.0)
+    measured = dataclasses.replace(INPUT_BOUND, loader=inside(0.99, workers=10))
+    loader = LoaderFacts(num_workers=10, prefetch_factor=2)
+    lost = MoreWorkersMeasured(pick=10, workers=16, change=-0.13)  # a newcomer's run: 16 workers read -13%
+    finding = diagnose(Evidence(measured, loader, system, usable_cpus=2, autotune_more=lost)).findings[0]
+    text = " ".join(finding.advice)
+    assert finding.kind == "input_bound_workers"
+    assert "raise num_workers" not in text and "autotune measured 16 workers at -13% against these 10" in text
+    # more workers that read faster (autotune kept the cheaper within its tie band), or a loader not at the
+    # pick (the user changed it), or no trial above: the advice to add workers stands
+    for more, workers in ((dataclasses.replace(lost, change=0.08), 10), (lost, 6), (None, 10)):
+        evidence = Evidence(measured, dataclasses.replace(loader, num_workers=workers), system, usable_cpus=2,
+                            autotune_more=more)  # fmt: skip
+        assert "raise num_workers" in " ".join(diagnose(evidence).findings[0].advice)
+
+
 def test_idle_workers_point_at_the_hand_over():
     slow_handover = dataclasses.replace(inside(0.3, workers=4, handover=0.020), worker_wait_s=0.005)
     measured = dataclasses.replace(INPUT_BOUND, loader=slow_handover)
@@ -209,10 +228,10 @@ def test_advice_fits_the_run():
     assert not any("pin_memory" in a or "side_stream" in a for a in advice)
     measured = dataclasses.replace(INPUT_BOUND, loader=inside(0.97))
     tuned = Evidence(
-        measured, LoaderFacts(num_workers=2), usable_cpus=2, autotune="it measured num_workers=2 at 40 b/s"
+        measured, LoaderFacts(num_workers=2), usable_cpus=2, autotune="autotune measured 2 workers at 640 samples/s"
     )
     text = " ".join(diagnose(tuned).findings[0].advice)
-    assert "autotune ran: it measured num_workers=2" in text and "autotune=True" not in text
+    assert "autotune measured 2 workers at 640 samples/s" in text and "autotune=True" not in text
 
 
 def test_a_single_stall_is_a_stall_not_the_steady_state():

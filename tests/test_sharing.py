@@ -186,8 +186,8 @@ def test_the_file_system_hand_over_is_adopted_only_when_it_measured_faster_where
     busy = SharingRunner(291.0, again=299.0, reference=240.0)
     trial, words = _handover(busy, dataclasses.replace(rough, worker_busy=0.8))
     assert trial is None and not busy.repeats and "gave nothing (-3%" in words
-    trial, words = _handover(SharingRunner(400.0, rough=True), best)  # cut short: proves nothing
-    assert trial is None and "not measured" in words
+    trial, words = _handover(SharingRunner(400.0, rough=True), best)  # cut short: proves nothing, and says so
+    assert trial is None and "not judged" in words and "first steady round: 400.0 batches/s, rough" in words
     for runner, at, stop in [
         (SharingRunner(400.0, remaining=0.0), best, "gain"),  # the budget is spent
         (SharingRunner(400.0), Trial(0, None, False, 300.0, batches=400), "gain"),  # no workers: no hand-over
