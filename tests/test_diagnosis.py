@@ -519,3 +519,10 @@ def test_pipeline_latency_bound_loader_is_told_to_go_past_the_cpu_count(tmp_path
     assert diagnosis.bottleneck == "input_bound_workers", diagnosis.format()
     assert "the workers wait on I/O latency" in diagnosis.findings[0].headline
     assert "raise num_workers from 2 to 4" in diagnosis.findings[0].advice[0]
+
+
+def test_the_loader_line_names_a_worker_only_where_there_is_one():
+    assert "= for the worker 25.00 + hand-over 1.00" in inside(0.9, workers=2).format()
+    main = inside(0.9, workers=0).format()
+    assert "for the worker" not in main and "wait 30.00 ms (the loading itself, in this process)" in main
+    assert "in the training process (num_workers=0)" in main
