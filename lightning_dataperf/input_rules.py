@@ -247,7 +247,7 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
-    advice.append(_autotune_line(evidence) or "TunedDataModule picks num_workers from the CPUs this process may use")
+    advice.append(evidence.autotune or "TunedDataModule picks num_workers from the CPUs this process may use")
     return _Cause("input_bound_workers", "batches are loaded in the training process (num_workers=0)", advice)
 
 
@@ -309,7 +309,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             "otherwise ship uint8 and normalise with SideStreamStrategy(device_transform=...)): ceiling "
             f"{1 / max(1e-6, 1 - share):.2f}x if input cost nothing"
         )
-    if line := _autotune_line(evidence):
+    if line := evidence.autotune:
         advice.append(line)
     return _Cause("input_bound_cpu", words, advice)
 
@@ -339,7 +339,7 @@ def _latency_bound(evidence: Evidence) -> _Cause:
             + _gain(step, predicted)
             + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
         ]
-    if line := _autotune_line(evidence):
+    if line := evidence.autotune:
         advice.append(line)
     return _Cause("input_bound_workers", "the workers wait on I/O latency", advice)
 
@@ -377,11 +377,6 @@ def _without_inside(evidence: Evidence) -> _Cause:
         "too few loader workers",
         [f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: {settings}"],
     )
-
-
-def _autotune_line(evidence: Evidence) -> str | None:
-    """What autotune measured, when it ran for this loader (then it is quoted, not suggested)."""
-    return evidence.autotune
 
 
 def _more_workers_lost(evidence: Evidence) -> str | None:
