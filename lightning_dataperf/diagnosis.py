@@ -195,9 +195,13 @@ def _epoch_start(evidence: Evidence) -> Finding | None:
         return None
     advice = ["epoch start-up (worker spawn and first batches) dominates this short epoch"]
     several = evidence.planned_epochs is None or evidence.planned_epochs > 1
+    longer = "make epochs longer (fewer, larger epochs) so start-up is amortised"
     if evidence.loader.persistent_workers is False and evidence.loader.num_workers and several:
         advice.append("set persistent_workers=True to keep workers alive between epochs")
-    advice.append("or make epochs longer (fewer, larger epochs) so start-up is amortised")
+        longer = f"or {longer}"
+    elif evidence.loader.persistent_workers and evidence.loader.num_workers:
+        longer = f"the workers persist already (their start-up is paid at the first epoch only): {longer}"
+    advice.append(longer)
     return Finding(
         kind="epoch_start",
         headline=f"epoch start-up takes {100 * share:.0f}% of the epoch",

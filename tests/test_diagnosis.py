@@ -526,3 +526,22 @@ def test_the_loader_line_names_a_worker_only_where_there_is_one():
     main = inside(0.9, workers=0).format()
     assert "for the worker" not in main and "wait 30.00 ms (the loading itself, in this process)" in main
     assert "in the training process (num_workers=0)" in main
+
+
+def test_the_start_up_advice_reads_as_one_sentence_whatever_the_loader_already_does():
+    short = summary(epoch_start=3.0, DataLoading=0.0, Compute=0.010, Step=0.010)
+
+    def advice(**facts):
+        finding = next(f for f in diagnose(Evidence(short, LoaderFacts(**facts))).findings if f.kind == "epoch_start")
+        return finding.advice[1:]
+
+    assert advice(num_workers=4, persistent_workers=False) == [
+        "set persistent_workers=True to keep workers alive between epochs",
+        "or make epochs longer (fewer, larger epochs) so start-up is amortised",
+    ]
+    kept = advice(num_workers=4, persistent_workers=True)
+    assert kept == [
+        "the workers persist already (their start-up is paid at the first epoch only): make epochs longer "
+        "(fewer, larger epochs) so start-up is amortised"
+    ]
+    assert advice(num_workers=0) == ["make epochs longer (fewer, larger epochs) so start-up is amortised"]
