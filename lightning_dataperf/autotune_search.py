@@ -67,7 +67,8 @@ class Search:
     ) -> None:
         self.runner, self.fixed, self.pins, self.limits, self.cpus = runner, fixed, pins, limits, cpus
         self.stop_reason, self.stop_detail = "", ""
-        self.gained_nothing: Trial | None = None  # the step up that stopped the climb for lack of gain
+        # the step up that stopped the climb for lack of gain, and the words the stop said of it
+        self.gained_nothing: tuple[Trial, str] | None = None
         self.handover = Handover(handover_reserve)  # the one trial of another hand-over, its budget, its result
         self.fewer = FewerWorkers(self)  # the probes down
 
@@ -161,16 +162,11 @@ class Search:
         """Where the climb stopped for lack of gain but the answer is another, fewer-worker setting (the choice's
         close call, a probe down), the stop's figure is set against the answer, not the best at the stop: a
         newcomer read "measured 8 workers; more gave nothing (12 workers: +25%)", the +25% against 4 workers."""
-        more = self.gained_nothing
-        if self.stop_reason != "gain" or more is None or chosen.num_workers >= more.num_workers:
+        if self.stop_reason != "gain" or self.gained_nothing is None:
             return
-        head = self.stop_detail.split(")", 1)[0] + ")"
-        if not head.startswith(f"more gave nothing ({more.num_workers} workers: "):
-            return  # another stop's words
-        more = self.runner.latest(more)
-        self.stop_detail = self.stop_detail.replace(
-            head, f"more gave nothing ({more.num_workers} workers: {percent_change(more, chosen)})", 1
-        )
+        more, said = self.gained_nothing
+        if chosen.num_workers < more.num_workers and self.stop_detail.startswith(said):  # not another stop's words
+            self.stop_detail = self.stop_detail.replace(said, _gained_nothing(self.runner.latest(more), chosen), 1)
 
     def stop(self, reason: str, detail: str) -> None:
         if not self.stop_reason:
@@ -260,8 +256,9 @@ class Search:
             while (middle := self._middle(best, trial)) is not None:
                 best = middle  # the peak lies below ``step``: halve the bracket again above the new best
             best = runner.latest(best)
-            self.stop("gain", f"more gave nothing ({step} workers: {percent_change(trial, best)})")
-            self.gained_nothing = trial
+            said = _gained_nothing(trial, best)
+            self.stop("gain", said)
+            self.gained_nothing = trial, said
             return best
 
     def _middle(self, best: Trial, more: Trial) -> Trial | None:
@@ -328,3 +325,8 @@ class Search:
     def measured(self) -> list[Trial]:
         """The trials measured the current way that have a rate."""
         return rated(self.runner.trials.values())
+
+
+def _gained_nothing(more: Trial, against: Trial) -> str:
+    """The climb's stop for lack of gain, in words: ``"more gave nothing (12 workers: -8%)"``."""
+    return f"more gave nothing ({more.num_workers} workers: {percent_change(more, against)})"

@@ -122,11 +122,11 @@ class LoaderStats:
         text = f"loader per batch: fetch {1e3 * self.fetch_s:.2f} ms + collate {1e3 * self.collate_s:.2f} ms in {where}"
         if self.pin_s > 0:
             text += f", pin {1e3 * self.pin_s:.2f} ms"
+        text += f"; wait {1e3 * self.wait_s:.2f} ms"
         if self.workers:
-            text += f"; wait {1e3 * self.wait_s:.2f} ms = for the worker {1e3 * self.worker_wait_s:.2f} + hand-over "
-            text += f"{1e3 * self.handover_s:.2f}"
+            text += f" = for the worker {1e3 * self.worker_wait_s:.2f} + hand-over {1e3 * self.handover_s:.2f}"
         else:  # no worker, no hand-over: the wait is the loading itself
-            text += f"; wait {1e3 * self.wait_s:.2f} ms (the loading itself, in this process)"
+            text += " (the loading itself, in this process)"
         if self.busy_fraction is not None:
             text += f"; workers {100 * self.busy_fraction:.0f}% busy"
         return text

@@ -1511,7 +1511,7 @@ def test_the_stop_is_told_against_the_answer_when_the_choice_took_fewer_workers(
     search = _search_with(runner)
     four, twelve, eight = (runner.measure(workers, 2, False) for workers in (4, 12, 8))
     search.stop("gain", "more gave nothing (12 workers: +25%); 2 workers cannot be as fast")
-    search.gained_nothing = twelve
+    search.gained_nothing = twelve, "more gave nothing (12 workers: +25%)"
     search.stop_against(four)  # the answer is the best at the stop: its words stand
     assert search.stop_detail.startswith("more gave nothing (12 workers: +25%)")
     search.stop_against(eight)
