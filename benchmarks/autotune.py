@@ -438,6 +438,7 @@ def main() -> None:
     args.deadline_at = time.perf_counter() + args.deadline if args.deadline else math.inf
     if args.cpus:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
+        torch.set_num_threads(args.cpus)  # as a process started on N cores has (PyTorch counts them at start-up)
     warnings.filterwarnings("ignore", message="This DataLoader will create")
     device = torch.device("cuda", 0) if torch.cuda.is_available() and not args.cpu else None
     payload: dict[str, Any] = {"args": {k: v for k, v in vars(args).items() if k != "deadline_at"}, "workloads": {}}

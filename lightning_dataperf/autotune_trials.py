@@ -65,6 +65,7 @@ __all__ = [
     "confirmation_candidates",
     "repeat_outliers",
     "steady_rate",
+    "threads_at_most",
 ]
 
 #: What a repeat's record takes from the latest measurement, or the earlier one where the repeat could not read it.
@@ -118,10 +119,17 @@ class TrialRunner:
         self._reserve = max(0.0, self._reserve - seconds)
 
     def learn_batch_size(self) -> None:
-        """Load one batch in this process, so the memory guard knows the batch bytes before any trial."""
+        """Load one batch in this process, so the memory guard knows the batch bytes before any trial.
+
+        The load uses at most the rank's CPUs as PyTorch threads (:func:`threads_at_most`): a process whose
+        thread count was set from the whole machine (a CPU quota, an affinity set after start-up) loaded one
+        batch of a CPU-heavy dataset (32 images, resize + blur) in 7.8 s with 16 threads on 4 cores (the H200,
+        ``benchmarks/profile_autotune.py``), a third of the search.
+        """
         kwargs = {key: value for key, value in self.loader_kwargs.items() if key in {"collate_fn", "drop_last"}}
         sampler = TrialOrder(self.length, self.offset, self.stride) if self.length else None
-        batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
+        with threads_at_most(self.hardware.cpus_per_rank):
+            batch = next(iter(DataLoader(self.dataset, batch_size=self.batch_size, sampler=sampler, **kwargs)))
         self.offset += self.batch_size
         self.learn_footprint(batch)
         consume = self.path.consumer()  # the step's own warm-up (CUDA context, cuDNN plans) before any trial
@@ -314,6 +322,25 @@ class TrialRunner:
             rough=rough,
             sharing=sharing,
         )
+
+
+@contextlib.contextmanager
+def threads_at_most(cpus: int) -> Iterator[None]:
+    """PyTorch's intra-op threads capped at ``cpus`` inside the block, as they were after it.
+
+    Example::
+
+        with threads_at_most(hardware.cpus_per_rank):
+            batch = next(iter(loader))       # no more threads than this rank's CPUs
+    """
+    before = torch.get_num_threads()
+    if before > cpus >= 1:
+        torch.set_num_threads(cpus)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def repeat_outliers(runner: TrialRunner) -> None:

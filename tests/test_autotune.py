@@ -449,6 +449,37 @@ def test_a_trial_is_never_faster_than_its_workers_can_make_batches():
     assert 0 < trial.batches_per_sec <= 3 / 0.008 * 1.05, trial
 
 
+class ThreadsSeen(torch.utils.data.Dataset):
+    def __init__(self):
+        self.seen = []
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        self.seen.append(torch.get_num_threads())
+        return torch.zeros(2)
+
+
+def test_the_batch_loaded_in_this_process_uses_no_more_threads_than_the_ranks_cpus():
+    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune_trials import TrialRunner
+
+    # a thread count from the whole machine (an affinity set after start-up, a CPU quota): the one batch autotune
+    # loads in this process runs on the rank's CPUs, and the process's own count is left as it was
+    before = torch.get_num_threads()
+    dataset = ThreadsSeen()
+    torch.set_num_threads(3)
+    try:
+        limits = Limits(10.0, 100, 0.03, 0.5, None, 0)
+        TrialRunner(dataset, 4, {}, fake_hardware(usable_cpus=1), TransferPath(), limits).learn_batch_size()
+        assert dataset.seen == [1] * 4
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 class SlowStart(SleepingLoaderDataset):
     def __getitem__(self, index):
         threading.Event().wait(0.005)
