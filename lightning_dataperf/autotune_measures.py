@@ -48,7 +48,10 @@ def gc_frozen() -> Iterator[None]:
 
     A trial's loader is collected at once after its shutdown (its pinned and shared buffers freed before the
     next trial); with the frameworks loaded a full collection took 0.35 s on a 2-core VM, paid after every
-    trial. Frozen, a collection walks only what the search created. Nested use keeps the outer freeze.
+    trial. Frozen, a collection walks only what the search created. A freeze already in place (a training
+    script's own ``gc.freeze()`` before forking workers, or an outer ``gc_frozen``) is extended to the objects
+    made since, and left as it is at exit (:func:`gc.unfreeze` cannot undo part of a freeze): otherwise
+    everything imported after that freeze was walked by every collection.
 
     Example::
 
@@ -56,8 +59,7 @@ def gc_frozen() -> Iterator[None]:
             ...                 # trials; gc.collect() after each is cheap
     """
     outer = gc.get_freeze_count() > 0
-    if not outer:
-        gc.freeze()
+    gc.freeze()
     try:
         yield
     finally:

@@ -449,6 +449,27 @@ def test_a_trial_is_never_faster_than_its_workers_can_make_batches():
     assert 0 < trial.batches_per_sec <= 3 / 0.008 * 1.05, trial
 
 
+def test_the_search_freezes_what_exists_even_under_a_freeze_made_earlier():
+    import gc
+
+    from lightning_dataperf.autotune_measures import gc_frozen
+
+    assert gc.get_freeze_count() == 0
+    try:
+        gc.freeze()  # a training script's own freeze before forking its workers
+        made_after = [[index] for index in range(1000)]  # imported or built since: not frozen
+        before = gc.get_freeze_count()
+        with gc_frozen():
+            # the objects made since the earlier freeze are frozen too: a collection after a trial skips them
+            assert gc.get_freeze_count() >= before + len(made_after)
+        assert gc.get_freeze_count() >= before + len(made_after)  # the freeze in place is left as it is
+    finally:
+        gc.unfreeze()
+    with gc_frozen():
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0  # a freeze of its own is undone at exit
+
+
 class ThreadsSeen(torch.utils.data.Dataset):
     def __init__(self):
         self.seen = []
