@@ -36,6 +36,12 @@ def _trial_text(trial: Any) -> str:
     return _config_text(trial.config) + (f" sharing={sharing}" if sharing else "")
 
 
+def _rate_text(trial: Any) -> str:
+    """``"438.4 batches/s"``; a rough trial's rate (the start-up burst) says it is not ranked."""
+    rough = " rough (cut before one steady round: not ranked)" if getattr(trial, "rough", False) else ""
+    return f"{trial.batches_per_sec:.1f} batches/s{rough}"
+
+
 class SearchProgress:
     """Silent base: counts trials and keeps an estimate of how many the search will take."""
 
@@ -84,7 +90,7 @@ class LogProgress(SearchProgress):
         again = f", measured {trial.measurements}x" if trial.measurements > 1 else ""
         self.stream.write(
             f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: "
-            f"{trial.batches_per_sec:.1f} batches/s (start-up {trial.startup_s:.2f} s, trial {trial.seconds:.1f} s"
+            f"{_rate_text(trial)} (start-up {trial.startup_s:.2f} s, trial {trial.seconds:.1f} s"
             f"{again})\n"
         )
         self.stream.flush()
@@ -120,7 +126,7 @@ class BarProgress(SearchProgress):
             self.bar.set_postfix_str(f"{_config_text(self.config)}: {rate:.1f} batches/s so far", refresh=True)
 
     def finished(self, trial: Any) -> None:
-        self.bar.set_postfix_str(f"{_trial_text(trial)}: {trial.batches_per_sec:.1f} batches/s", refresh=False)
+        self.bar.set_postfix_str(f"{_trial_text(trial)}: {_rate_text(trial)}", refresh=False)
         self.bar.update(1)
 
     def measured_nothing(self, trial: Any) -> None:

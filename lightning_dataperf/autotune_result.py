@@ -130,7 +130,10 @@ class AutotuneResult:
             lines.append(f"  hand-over: {self.sharing_detail}{use}")
         lines.append("  workers prefetch pin   batches/s  start-up s  trial s  worker busy  memory MB  runs  sharing")
         for trial in self.trials:
-            status = f"refused: {trial.refused}" if trial.refused else f"{trial.batches_per_sec:9.1f}"
+            if trial.refused:
+                status = f"refused: {trial.refused}"
+            else:  # a rough rate (cut before one steady round) is the start-up burst's: not ranked
+                status = f"{trial.batches_per_sec:.1f} rough" if trial.rough else f"{trial.batches_per_sec:9.1f}"
             busy = "-" if trial.worker_busy is None else f"{100 * trial.worker_busy:.0f}%"
             lines.append(
                 f"  {trial.num_workers:7d} {trial.prefetch_factor!s:>8} {trial.pin_memory!s:5} {status:>11} "

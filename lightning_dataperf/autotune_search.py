@@ -84,12 +84,12 @@ class Search:
     def better(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than noise: ``noise``, or twice the two rates' combined standard error."""
         gap = margin(trial, than, self.limits.noise)
-        return trial.refused is None and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
+        return _judged(trial) and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
 
     def as_fast(self, trial: Trial, than: Trial) -> bool:
         """Not slower by more than noise (either is fine), and never more than :data:`TIE_BAND` slower."""
         gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
-        return trial.refused is None and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
+        return _judged(trial) and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
 
     def faster_by_noise(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than ``noise`` alone (what a repeated trial must still read to be followed)."""
@@ -325,6 +325,11 @@ class Search:
     def measured(self) -> list[Trial]:
         """The trials measured the current way that have a rate."""
         return rated(self.runner.trials.values())
+
+
+def _judged(trial: Trial) -> bool:
+    """A rate to compare: not refused, and not rough (cut before one steady round: the start-up burst's rate)."""
+    return trial.refused is None and not trial.rough
 
 
 def _gained_nothing(more: Trial, against: Trial) -> str:

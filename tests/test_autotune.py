@@ -921,6 +921,34 @@ def test_the_policys_pinning_is_kept_on_a_tie_and_changed_only_when_the_other_is
     assert choose(search, policy, 0.02).config == (12, 2, False)
 
 
+def test_a_rough_trial_is_neither_ranked_nor_taken():
+    import io
+
+    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune_progress import LogProgress
+    from lightning_dataperf.autotune_records import rated
+
+    # replayed from the 2-core io row: 52 workers at prefetch 2 made 438 batches/s; at prefetch 4 the budget ran
+    # out before one steady round and the 8 batches of the start-up burst read 1,950/s
+    runner = FakeRunner(lambda workers, prefetch, pin: 438.0)
+    search = _search_with(runner)
+    best = runner.measure(52, 2, False)
+    burst = Trial(52, 4, False, 1949.6, batches=8, rough=True)
+    runner.trials[burst.config] = burst
+    assert not search.better(burst, best) and not search.as_fast(burst, best)
+    assert rated([best, burst]) == [best]
+    assert choose(search, best, 0.02).config == (52, 2, False)
+    log = io.StringIO()
+    LogProgress(log).finished(burst)
+    assert "1949.6 batches/s rough (cut before one steady round: not ranked)" in log.getvalue()
+    result = AutotuneResult(
+        settings=__import__("lightning_dataperf").recommend_loader_settings(fake_hardware()),
+        trials=(best, burst), search_seconds=1.0,
+        baseline_batches_per_sec=438.0, best_batches_per_sec=438.0, chosen_batches_per_sec=438.0,
+    )  # fmt: skip
+    assert "1949.6 rough" in result.format()
+
+
 def test_the_policys_pick_is_the_floor_and_ties_go_to_fewer_workers():
     from lightning_dataperf.autotune_choice import choose
 
