@@ -1,10 +1,12 @@
 """Where one autotune search's time goes: ``cProfile`` around ``autotune_loader`` on a benchmark workload.
 
-Prints the search's time outside its trials by what spends it, in wall seconds on the main thread (the
-one batch loaded in this process, stopping trial workers, reclaiming their segments, the memory guard's
-reads, full garbage collections with the objects they freed), then the functions with the most cumulative
-time (``--top``; 0 leaves ``cProfile`` out; on Python 3.12 it also counts the loader's threads, so its
-cumulative times can exceed the wall time) as tables, and writes JSON.
+Prints where the search's time goes besides the trials' own batches, in wall seconds on the main thread
+(the one batch loaded in this process, stopping trial workers, reclaiming their segments, the memory
+guard's reads, full garbage collections with the objects they freed; the rows are inclusive: ``close``
+includes ``_stop``, which includes ``reclaim_segments``; a stop at a trial's end, when its dataset ran out,
+and a collection Python starts during a trial fall inside that trial's seconds), then the functions with
+the most cumulative time (``--top``; 0 leaves ``cProfile`` out; on Python 3.12 it also counts the
+loader's threads, so its cumulative times can exceed the wall time) as tables, and writes JSON.
 
     python benchmarks/profile_autotune.py --budget 30 --top 25                 # the I/O-latency loader
     python benchmarks/profile_autotune.py --workload cpu --cpus 4 --cuda        # CPU-heavy, stock copy to CUDA
@@ -119,7 +121,7 @@ def main() -> None:
     phase_rows.append(
         [f"full garbage collections (freed {sum(n for _, n in collections)} objects)", len(collections), f"{spent:.2f}"]
     )
-    phase_table = print_table(["phase (wall, main thread)", "calls", "s"], phase_rows)
+    phase_table = print_table(["phase (wall, main thread; inclusive)", "calls", "s"], phase_rows)
     in_trials = sum(trial.seconds for trial in result.trials)
     print(f"search {result.search_seconds:.1f} s, in trials {in_trials:.1f} s, outside {wall - in_trials:.1f} s")
     stats = pstats.Stats(profile).stats if args.top else {}  # type: ignore[attr-defined]

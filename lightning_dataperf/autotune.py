@@ -279,6 +279,8 @@ def _climb(
     start = search.config(max(limits.min_workers, policy.num_workers), policy.prefetch_factor, start_pin)
     # the policy's pick (what the memory guard lets through): the first trial, the floor
     baseline = best = runner.measure(*runner.resources.affordable(start))
+    if baseline.rough and runner.remaining > 0:  # the start-up burst's rate cannot be the floor: a steady look
+        baseline = best = runner.remeasure(baseline)
     with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
         best = search.climb_workers(best)  # as last measured (the climb's confirmations may measure it again)
         best = search.probe_fewer(best, baseline)
@@ -289,7 +291,7 @@ def _climb(
     search.stop_against(chosen)
     baseline = runner.latest(baseline)
     measured = rated(runner.all_trials())
-    top = max(trial.batches_per_sec for trial in measured) if measured else 0.0
+    top = max(trial.batches_per_sec for trial in measured) if measured else chosen.batches_per_sec
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(
         settings=settings,

@@ -50,8 +50,10 @@ def gc_frozen() -> Iterator[None]:
     next trial); with the frameworks loaded a full collection took 0.35 s on a 2-core VM, paid after every
     trial. Frozen, a collection walks only what the search created. A freeze already in place (a training
     script's own ``gc.freeze()`` before forking workers, or an outer ``gc_frozen``) is extended to the objects
-    made since, and left as it is at exit (:func:`gc.unfreeze` cannot undo part of a freeze): otherwise
-    everything imported after that freeze was walked by every collection.
+    alive since (one collection first, so no garbage is frozen), and stays so after exit: :func:`gc.unfreeze`
+    cannot undo part of a freeze, so those objects, like the script's own frozen ones, are not collected if
+    they later become cyclic garbage, until the script unfreezes. Otherwise everything made after that freeze
+    was walked by every collection.
 
     Example::
 
@@ -59,6 +61,8 @@ def gc_frozen() -> Iterator[None]:
             ...                 # trials; gc.collect() after each is cheap
     """
     outer = gc.get_freeze_count() > 0
+    if outer:
+        gc.collect()  # once, not frozen: the garbage made since the earlier freeze
     gc.freeze()
     try:
         yield

@@ -98,7 +98,7 @@ class LogProgress(SearchProgress):
     def measured_nothing(self, trial: Any) -> None:
         self.stream.write(
             f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: measured nothing more (the "
-            f"time budget ran out before one steady round); kept at {trial.batches_per_sec:.1f} batches/s\n"
+            f"time budget ran out before one steady round); kept at {_rate_text(trial)}\n"
         )
         self.stream.flush()
 

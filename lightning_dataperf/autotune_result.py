@@ -21,6 +21,9 @@ __all__ = ["AutotuneResult", "config_of"]
 
 Config = tuple[int, int | None, bool]
 
+#: After the pick's rate where its only measurement was rough (no steady trial at all: a tiny dataset or budget).
+ROUGH_PICK = " (rough: cut before one steady round)"
+
 
 def config_of(settings: LoaderSettings) -> Config:
     """``(num_workers, prefetch_factor, pin_memory)`` of a setting, as trials are keyed."""
@@ -108,6 +111,7 @@ class AutotuneResult:
             else f"{self.chosen_batches_per_sec:,.1f} batches/s"
         )
         origin = " (in an earlier run, from the cache)" if self.cached else ""
+        rate += ROUGH_PICK if (chosen := self.chosen_trial) is not None and chosen.rough else ""
         line = f"autotune{origin} measured {settings.num_workers} workers ({prefetch}{pin}) at {rate}"
         line = f"{line}; {self.stop_detail}" if self.stop_detail else line
         return f"{line}; {self.sharing_detail}" if self.sharing_strategy else line
@@ -119,7 +123,9 @@ class AutotuneResult:
             f"{', path ' + self.transfer if self.transfer else ''}): num_workers={self.settings.num_workers}, "
             f"prefetch_factor={self.settings.prefetch_factor}, pin_memory={self.settings.pin_memory}, "
             f"persistent_workers={self.settings.persistent_workers}",
-            f"  {self.chosen_batches_per_sec:.1f} batches/s, {self.speedup_over_start:.2f}x the policy's starting "
+            f"  {self.chosen_batches_per_sec:.1f} batches/s"
+            f"{ROUGH_PICK if (chosen := self.chosen_trial) is not None and chosen.rough else ''}, "
+            f"{self.speedup_over_start:.2f}x the policy's starting "
             f"point ({self.baseline_batches_per_sec:.1f}); best measured {self.best_batches_per_sec:.1f} "
             f"(ceiling speed-up over the start: {self.ceiling_speedup:.2f}x)",
         ]
@@ -133,7 +139,7 @@ class AutotuneResult:
             if trial.refused:
                 status = f"refused: {trial.refused}"
             else:  # a rough rate (cut before one steady round) is the start-up burst's: not ranked
-                status = f"{trial.batches_per_sec:.1f} rough" if trial.rough else f"{trial.batches_per_sec:9.1f}"
+                status = f"{trial.batches_per_sec:.0f} rough" if trial.rough else f"{trial.batches_per_sec:9.1f}"
             busy = "-" if trial.worker_busy is None else f"{100 * trial.worker_busy:.0f}%"
             lines.append(
                 f"  {trial.num_workers:7d} {trial.prefetch_factor!s:>8} {trial.pin_memory!s:5} {status:>11} "

@@ -245,6 +245,9 @@ class Search:
             if runner.remaining <= 0:  # the trial was cut short: it proves nothing
                 self.stop("time budget", f"the time budget ran out measuring {step} workers")
                 return best
+            if trial.rough:  # the dataset ran out before one steady round: the burst's rate proves nothing
+                self.stop("cut short", f"{step} workers were cut before one steady round (not ranked)")
+                return best
             if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
                 # far slower with more workers: an artefact (start-up, memory) until seen twice; its workers are
                 # still alive, so the repeat pays no start-up. A smaller loss is taken as measured: the middle
