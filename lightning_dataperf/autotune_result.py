@@ -95,6 +95,12 @@ class AutotuneResult:
         return next((trial for trial in self.trials if trial.measured_as == (config, self.sharing_strategy)), None)
 
     @property
+    def _rough_pick(self) -> str:
+        """:data:`ROUGH_PICK` where the pick's only measurement was rough, else nothing."""
+        chosen = self.chosen_trial
+        return ROUGH_PICK if chosen is not None and chosen.rough else ""
+
+    @property
     def trial_seconds(self) -> float:
         """Time spent in trials (the rest of ``search_seconds`` is set-up and bookkeeping)."""
         return sum(trial.seconds for trial in self.trials)
@@ -111,7 +117,7 @@ class AutotuneResult:
             else f"{self.chosen_batches_per_sec:,.1f} batches/s"
         )
         origin = " (in an earlier run, from the cache)" if self.cached else ""
-        rate += ROUGH_PICK if (chosen := self.chosen_trial) is not None and chosen.rough else ""
+        rate += self._rough_pick
         line = f"autotune{origin} measured {settings.num_workers} workers ({prefetch}{pin}) at {rate}"
         line = f"{line}; {self.stop_detail}" if self.stop_detail else line
         return f"{line}; {self.sharing_detail}" if self.sharing_strategy else line
@@ -123,8 +129,7 @@ class AutotuneResult:
             f"{', path ' + self.transfer if self.transfer else ''}): num_workers={self.settings.num_workers}, "
             f"prefetch_factor={self.settings.prefetch_factor}, pin_memory={self.settings.pin_memory}, "
             f"persistent_workers={self.settings.persistent_workers}",
-            f"  {self.chosen_batches_per_sec:.1f} batches/s"
-            f"{ROUGH_PICK if (chosen := self.chosen_trial) is not None and chosen.rough else ''}, "
+            f"  {self.chosen_batches_per_sec:.1f} batches/s{self._rough_pick}, "
             f"{self.speedup_over_start:.2f}x the policy's starting "
             f"point ({self.baseline_batches_per_sec:.1f}); best measured {self.best_batches_per_sec:.1f} "
             f"(ceiling speed-up over the start: {self.ceiling_speedup:.2f}x)",
