@@ -5,6 +5,7 @@ Every test module imports its helpers from here (never from another test module 
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import os
 import random
@@ -24,6 +25,12 @@ from lightning_dataperf.testing import SleepCollate, SleepingLoaderDataset, loop
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+
+#: Set by :func:`run_two_ranks` for its ranks (which import this module): each prints every thread's stack once
+#: this many seconds in, so a hung run's failure shows where each rank waited.
+DUMP_STACKS_AFTER = "DATAPERF_TEST_DUMP_STACKS_AFTER"
+if os.environ.get(DUMP_STACKS_AFTER):
+    faulthandler.dump_traceback_later(float(os.environ[DUMP_STACKS_AFTER]), exit=False)
 
 
 def ddp_kwargs(tmp_path, **overrides):
@@ -50,8 +57,9 @@ def trainer_kwargs(tmp_path, **overrides):
 def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0) -> None:
     """``script`` as two ranks under ``torch.distributed.run``, on this host's loopback only
     (:func:`~lightning_dataperf.testing.loopback_ranks`). A run past ``timeout`` fails with what the ranks had
-    printed by then."""
+    printed by then, each rank's stacks included (:data:`DUMP_STACKS_AFTER`, 30 s before ``timeout``)."""
     command, env = loopback_ranks(str(HERE / script), str(out_dir), *args, pythonpath=str(HERE.parent))
+    env[DUMP_STACKS_AFTER] = str(max(1.0, timeout - 30))
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
@@ -63,7 +71,7 @@ def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0
             except subprocess.TimeoutExpired:
                 process.kill()
                 stdout, stderr = process.communicate()
-            printed = stdout[-3000:] + stderr[-3000:]
+            printed = stdout[-3000:] + stderr[-20000:]  # the ranks' stacks are in their stderr
             raise AssertionError(
                 f"{script} {' '.join(args)}: two ranks still running after {timeout:.0f} s\n{printed}"
             ) from None
