@@ -102,7 +102,7 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
             if runner.remeasure(before, cap_scale=2.0 ** (round_index + 1)) is not before:
                 refined.add(trial.measured_as)  # measured again (not when the budget ran out, or the repeat was rough)
     floor = runner.latest(floor)
-    if floor.refused is not None or floor.batches < 2 or floor.rough or chosen.measured_as == floor.measured_as:
+    if not floor.judged or floor.batches < 2 or chosen.measured_as == floor.measured_as:
         return chosen
     if _same_cost(chosen, floor) and search.as_fast(floor, chosen):  # only the queue's depth or the way sent apart
         return chosen if chosen.batches_per_sec > floor.batches_per_sec else floor

@@ -108,7 +108,7 @@ class Handover:
             return None
         self.tried = True
         trial = runner.measure_sharing(best, FAST_HANDOVER)
-        if trial.refused is not None or trial.rough:  # cut before one steady round: it proves nothing
+        if not trial.judged:  # refused, or cut before one steady round: it proves nothing
             rough = f": {trial.batches_per_sec:.1f} batches/s, rough" if trial.refused is None else ""
             self.detail = (
                 f"{FAST_HANDOVER} sharing not judged (the time budget ran out before its trial's first steady "

@@ -124,6 +124,11 @@ class Trial:
         return self.num_workers, self.prefetch_factor, self.pin_memory
 
     @property
+    def judged(self) -> bool:
+        """A rate to compare: not refused, and not rough (cut before one steady round: the start-up burst's)."""
+        return self.refused is None and not self.rough
+
+    @property
     def measured_as(self) -> tuple[tuple[int, int | None, bool], str | None]:
         """The settings and the way the workers sent: the same settings sent another way measure another path."""
         return self.config, self.sharing
@@ -267,7 +272,7 @@ def rated(trials: Iterable[Trial]) -> list[Trial]:
     (on 2 cores, 52 I/O-bound workers at prefetch 4 read 1,950 batches/s over 8 batches, where the same 52
     at prefetch 2 made 438 and the benchmark re-measured 500): it is neither ranked nor taken.
     """
-    return [trial for trial in trials if trial.refused is None and trial.batches > 1 and not trial.rough]
+    return [trial for trial in trials if trial.judged and trial.batches > 1]
 
 
 def percent_change(trial: Trial, reference: Trial) -> str:

@@ -84,12 +84,12 @@ class Search:
     def better(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than noise: ``noise``, or twice the two rates' combined standard error."""
         gap = margin(trial, than, self.limits.noise)
-        return _judged(trial) and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
+        return trial.judged and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
 
     def as_fast(self, trial: Trial, than: Trial) -> bool:
         """Not slower by more than noise (either is fine), and never more than :data:`TIE_BAND` slower."""
         gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
-        return _judged(trial) and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
+        return trial.judged and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
 
     def faster_by_noise(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than ``noise`` alone (what a repeated trial must still read to be followed)."""
@@ -286,7 +286,7 @@ class Search:
         if middle > limit or path_bound(best) or self._cpus_spent(best) is not None:
             return None
         trial = self.measure(middle, best.prefetch_factor, best.pin_memory, best) if self.runner.remaining > 0 else None
-        if trial is None or trial.refused is not None or trial.rough:
+        if trial is None or not trial.judged:
             if self.runner.remaining <= 0:  # the peak lies inside the bracket, unmeasured: say so, not "gain"
                 between = f"{best.num_workers} (best) and {more.num_workers} ({percent_change(more, best)})"
                 self.stop("time budget", f"the time budget ran out before {middle} workers, between {between}")
@@ -328,11 +328,6 @@ class Search:
     def measured(self) -> list[Trial]:
         """The trials measured the current way that have a rate."""
         return rated(self.runner.trials.values())
-
-
-def _judged(trial: Trial) -> bool:
-    """A rate to compare: not refused, and not rough (cut before one steady round: the start-up burst's rate)."""
-    return trial.refused is None and not trial.rough
 
 
 def _gained_nothing(more: Trial, against: Trial) -> str:
