@@ -9,9 +9,10 @@
   until it is decided or ``refine`` rounds are spent. Still undecided after at least one such round, the
   re-measured means decide: the fastest, unless the cheaper is within ``choose_within`` of it (the
   cheaper would give up more throughput than the user's tolerance on the best estimate there is). Not
-  re-measured at all (the time budget was spent), the tie goes to the cheaper. Where the two have the same
-  workers and pinning (only the queue's depth, a little memory the guard allowed, or the way the workers
-  send differs), the faster is taken as measured: there is no worker or pinned buffer to save, and on the
+  re-measured at all (the time budget was spent), the tie goes to the cheaper. A round the budget cannot fit
+  at twice the cap is measured shorter, both sides alike, or not at all (:func:`_pair_scale`). Where the two
+  have the same workers and pinning (only the queue's depth, a little memory the guard allowed, or the way the
+  workers send differs), the faster is taken as measured: there is no worker or pinned buffer to save, and on the
   2-core VM re-measuring such a call (66 workers, prefetch 2 against 4, 9% apart) took 9.6 s of a 28-s search;
 * a costlier contender (more workers, or the other pinning) that read within ``noise`` of the cheapest, or
   faster, each measured once, is raced against it the same way, one round (:func:`_unresolved_rival`): one
@@ -92,14 +93,15 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         if not close:
             refined.clear()  # decided: the usual rules below
             break
-        if round_index == refine or runner.remaining <= 0 or (raced and round_index > 0):
+        scale = _pair_scale(runner.remaining, (chosen, top), 2.0 ** (round_index + 1))
+        if round_index == refine or scale is None or (raced and round_index > 0):
             if {chosen.measured_as, top.measured_as} <= refined:  # both re-measured, within noise: the means decide
                 least = top.batches_per_sec * (1 - choose_within)
                 chosen = min((trial for trial in measured if trial.batches_per_sec >= least), key=cheaper)
             break
         for trial in (chosen, top) if round_index % 2 == 0 else (top, chosen):
             before = runner.trials[trial.config]
-            if runner.remeasure(before, cap_scale=2.0 ** (round_index + 1)) is not before:
+            if runner.remeasure(before, cap_scale=scale) is not before:
                 refined.add(trial.measured_as)  # measured again (not when the budget ran out, or the repeat was rough)
     floor = runner.latest(floor)
     if not floor.judged or floor.batches < 2 or chosen.measured_as == floor.measured_as:
@@ -118,6 +120,29 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
             return chosen
     faster = [trial for trial in search.measured() if search.better(trial, floor) and search.as_fast(trial, top)]
     return min(faster, key=cheaper) if faster else floor
+
+
+def _pair_scale(remaining: float, pair: tuple[Trial, Trial], wanted: float) -> float | None:
+    """The trial-cap scale at which both sides of a close call fit in the ``remaining`` seconds: ``wanted`` where
+    they do, less (both sides alike, at least one trial's cap) where they do not, ``None`` where not even that
+    fits or nothing is left: half a pair decides nothing (one side measured again leaves the tie to the cheaper).
+
+    Each side's time is its start-up plus its steady part times the scale, from its own measurements so far. On
+    the H200 (JPEG -> ResNet-18, side stream) a round at twice the cap re-measured the policy's 15 workers in
+    5.5 s of the 9 s left, and the budget cut 18 workers' repeat before one steady round: the tie went to 15
+    (18 had read 3% faster twice), 87% of the grid's best.
+    """
+    if remaining <= 0:
+        return None
+    start = steady = 0.0
+    for trial in pair:
+        began = max(0.0, trial.startup_s)  # -1: its workers were kept (no start-up)
+        start += began
+        steady += max(0.0, trial.seconds / max(1, trial.measurements) - began)
+    if steady <= 0 or start + wanted * steady <= remaining:
+        return wanted
+    scale = (remaining - start) / steady
+    return scale if scale >= 1.0 else None
 
 
 def _unresolved_rival(search: Search, chosen: Trial, contenders: list[Trial]) -> Trial | None:

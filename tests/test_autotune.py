@@ -1175,6 +1175,29 @@ def test_a_close_call_takes_at_most_the_seconds_it_is_given():
     assert choose(search, policy, 0.02, seconds=50.0).num_workers == 8 and runner.remeasured
 
 
+def test_a_close_call_the_budget_cannot_fit_at_twice_the_cap_measures_both_sides_shorter_or_neither():
+    from lightning_dataperf.autotune_choice import _pair_scale, choose
+
+    runner = FakeRunner(lambda workers, prefetch, pin: {15: 97.5, 18: 100.0}[workers])
+    search = _search_with(runner)
+    policy = runner.measure(15, 2, False)
+    runner.measure(18, 2, False)
+    for key, (startup, seconds) in {(15, 2, False): (0.8, 3.6), (18, 2, False): (1.0, 4.0)}.items():
+        runner.trials[key] = dataclasses.replace(runner.trials[key], startup_s=startup, seconds=seconds)
+    # each side: its start-up plus a steady 2.8 and 3.0 s a trial's cap; 9 s left cannot hold both at twice
+    # the cap (13.4 s): both are measured at the scale that fits, (9 - 1.8) / 5.8, not one at 2 and the other cut
+    pair = (runner.trials[(15, 2, False)], runner.trials[(18, 2, False)])
+    runner.remaining = 9.0
+    chosen = choose(search, policy, 0.02, refine=1)
+    assert sorted(runner.remeasured) == [(15, 2, False), (18, 2, False)]
+    assert runner.scales == [pytest.approx(7.2 / 5.8)] * 2
+    assert chosen.num_workers == 18  # both measured again: the means decide, 2.5% apart
+    # not even one cap each: no half pair, the tie goes to the cheaper
+    assert _pair_scale(7.0, pair, 2.0) is None  # 1.8 s of start-up + 5.8 s at one cap each > 7 s
+    assert _pair_scale(0.0, pair, 2.0) is None
+    assert _pair_scale(13.4, pair, 2.0) == 2.0
+
+
 def test_a_close_call_counts_as_measured_again_only_when_it_was():
     from lightning_dataperf.autotune_choice import choose
 
