@@ -49,11 +49,12 @@ def label(config: Config) -> str:
     return f"{workers}x{prefetch}{'p' if pin else 'u'}"
 
 
-def workload(name: str) -> tuple[object, int, TransferPath]:
-    """``(dataset, batch size, path)`` of ``benchmarks/autotune.py``'s workload ``name`` (jpeg: the stock copy).
-    The dataset is made once (the same JPEG blobs for every trial; the others hold no state)."""
+def workload(name: str, path: str = "stock") -> tuple[object, int, TransferPath]:
+    """``(dataset, batch size, path)`` of ``benchmarks/autotune.py``'s workload ``name`` (jpeg: over ``path``,
+    the stock copy or the side stream). The dataset is made once (the same JPEG blobs for every trial; the
+    others hold no state)."""
     device = torch.device("cuda", 0) if name == "jpeg" and torch.cuda.is_available() else None  # the rest: host
-    plans = workloads([name], device, ["stock"])
+    plans = workloads([name], device, [path])
     if not plans:
         raise SystemExit("--workload jpeg needs CUDA and torchvision (the H200 row of benchmarks/autotune.py)")
     _, _, factory, batch_size, make_path = plans[0]
@@ -63,6 +64,7 @@ def workload(name: str) -> tuple[object, int, TransferPath]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=["cpu", "io", "jpeg", "tiny"], default="tiny")
+    parser.add_argument("--path", choices=["stock", "side_stream"], default="stock", help="jpeg's transfer path")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--prefetch", type=int, default=2)
     parser.add_argument("--configs", nargs="+", default=None, help="instead of --workers: e.g. 15p 18p 24x4u")
@@ -71,7 +73,7 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=30.0, help="the search budget whose trial caps are used")
     parser.add_argument("--name", default="trial_noise")
     args = parser.parse_args()
-    dataset, batch_size, path = workload(args.workload)
+    dataset, batch_size, path = workload(args.workload, args.path)
     configs = [parse_config(text, args.prefetch) for text in args.configs or []]
     configs = configs or [(workers, args.prefetch, False) for workers in args.workers]
     hardware = probe_hardware()
