@@ -122,7 +122,7 @@ def main() -> None:
         [f"full garbage collections (freed {sum(n for _, n in collections)} objects)", len(collections), f"{spent:.2f}"]
     )
     phase_table = print_table(["phase (wall, main thread; inclusive)", "calls", "s"], phase_rows)
-    in_trials = sum(trial.seconds for trial in result.trials)
+    in_trials = result.trial_seconds
     print(f"search {result.search_seconds:.1f} s, in trials {in_trials:.1f} s, outside {wall - in_trials:.1f} s")
     stats = pstats.Stats(profile).stats if args.top else {}  # type: ignore[attr-defined]
     entries = sorted(stats.items(), key=lambda item: item[1][3], reverse=True)[: args.top]

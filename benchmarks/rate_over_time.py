@@ -3,9 +3,9 @@
 Each configuration runs ``--seconds`` through the training path (the consumer autotune's trials use), its batch
 arrivals and the moments the workers finished each batch recorded. Printed per configuration: the rate in
 successive windows after the first batch, the long run's rate (the second half, well past start-up), and the
-rate autotune's rule (``steady_rate``, then ``made_rate``: the burst skipped, only batches made inside the window)
-reads from the same run cut at ``--cuts`` seconds after its burst, as a trial capped there would. A cut that
-reads well above the long run is a trial rule that overrates the configuration on short trials.
+rate autotune's rule (``trial_rate``: the burst skipped, only batches made inside the window) reads from the
+same run cut at ``--cuts`` seconds after its burst, as a trial capped there would. A cut that reads well
+above the long run is a trial rule that overrates the configuration on short trials.
 
     python benchmarks/rate_over_time.py --workload jpeg --path side_stream --configs 15p 32p --seconds 20  # H200
     python benchmarks/rate_over_time.py --workload io --configs 8u 32u --seconds 10
@@ -21,7 +21,7 @@ from _common import print_table, write_json
 from trial_noise import label, parse_config, workload
 
 from lightning_dataperf import probe_hardware
-from lightning_dataperf.autotune_records import Limits, made_rate, steady_rate
+from lightning_dataperf.autotune_records import Limits, trial_rate
 from lightning_dataperf.autotune_trials import TrialRunner
 from lightning_dataperf.loader_probe import TimedBatch
 
@@ -59,12 +59,8 @@ def cut_rate(arrivals: list[float], made: list[float], workers: int, prefetch: i
     end = next((i for i, moment in enumerate(arrivals) if moment - arrivals[skip] > cut), len(arrivals))
     # a trial runs at least one round and the batches in flight after the burst (autotune_drain)
     end = max(end, skip + 1 + max(1, workers) + in_flight)
-    head = arrivals[: end + 1]
-    rate, _, counted = steady_rate(head, workers, skip)
-    if counted == 0:
-        return None
-    by_made = made_rate(made, head, skip, in_flight)
-    return min(rate, by_made) if by_made is not None else rate
+    rate, _, rough = trial_rate(arrivals[: end + 1], made, workers, skip, in_flight)
+    return rate if rate and not rough else None  # no steady round: no rate
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "percent_change",
     "rated",
     "steady_rate",
+    "trial_rate",
 ]
 
 #: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
@@ -214,6 +215,22 @@ def made_rate(made_at: list[float], arrivals: list[float], skip: int, in_flight:
     if made < MIN_STEADY_BATCHES or end_at <= start_at:
         return None
     return made / (end_at - start_at)
+
+
+def trial_rate(
+    arrivals: list[float], made_at: list[float], workers: int, skip: int, in_flight: int
+) -> tuple[float, float, bool]:
+    """A trial's rate, its relative standard error and whether it is rough, from its batches' arrivals and the
+    moments the workers made them: :func:`steady_rate`, no higher than :func:`made_rate` (the batches made
+    inside the window). Rough where not one steady round arrived: the rate is then all the arrivals' (the
+    start-up burst's), infinitely uncertain."""
+    rate, error, counted = steady_rate(arrivals, workers, skip)
+    rough = counted == 0 and len(arrivals) > 1
+    if rough:
+        rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
+    elif (made := made_rate(made_at, arrivals, skip, in_flight)) is not None:
+        rate = min(rate, made)  # not the batches the workers had made before the window (a full deep queue)
+    return rate, error, rough
 
 
 def margin(first: Trial, second: Trial, noise: float) -> float:

@@ -48,9 +48,9 @@ from lightning_dataperf.autotune_records import (
     TrialListener,
     cheapest_near,
     confirmation_candidates,
-    made_rate,
     rated,
     steady_rate,
+    trial_rate,
 )
 from lightning_dataperf.batches import BatchFootprint, iter_tensors
 from lightning_dataperf.hardware import Hardware
@@ -292,12 +292,7 @@ class TrialRunner:
         arrivals = drained.arrivals
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size
-        rate, error, counted = steady_rate(arrivals, workers, skip)
-        rough = counted == 0 and len(arrivals) > 1
-        if rough:  # the budget ran out before one steady round: a rough rate
-            rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
-        elif (made := made_rate(drained.made_at, arrivals, skip, in_flight)) is not None:
-            rate = min(rate, made)  # not the batches the workers had made before the window (a full deep queue)
+        rate, error, rough = trial_rate(arrivals, drained.made_at, workers, skip, in_flight)  # rough: no steady round
         memory = self.resources.memory_mb(workers, prefetch, pin)
         startup = -1.0 if reused else drained.startup
         if len(arrivals) < 2:  # no rate could be measured: not a result
