@@ -27,7 +27,8 @@
   less memory), so the other pinning at the floor's workers must be faster beyond noise to replace it:
   pinning costs only the memory the guard allows, and one trial each cannot tell the two apart (on the
   H200, JPEG -> ResNet-18 at 15-18 workers, unpinned against pinned read +21%, tie, tie, -11% and -17% in
-  five calls; a tie taken for the unpinned copy re-measured 14% below the policy's pinned one).
+  five calls; a tie taken for the unpinned copy re-measured 14% below the policy's pinned one). A close call that
+  is only the other pinning at the same workers is not measured again (:func:`_other_pinning`).
 
 :data:`CHOICE_RESERVE` of the time budget is kept from the climb for that re-measurement: a search that
 spent its budget climbing could not resolve the one comparison its answer depends on (measured on the
@@ -87,8 +88,8 @@ def _choose(search: Search, floor: Trial, choose_within: float, refine: int) -> 
         slower = chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
         if slower and _same_cost(chosen, top):
             chosen = top  # only the queue's depth or the way sent differs: nothing a re-measurement could save
-        close = slower and chosen.measured_as != top.measured_as
-        if not close and round_index == 0 and (rival := _unresolved_rival(search, chosen, contenders)) is not None:
+        close = slower and chosen.measured_as != top.measured_as and not _other_pinning(chosen, top, floor)
+        if not close and round_index == 0 and (rival := _unresolved_rival(search, chosen, contenders, floor)):
             top, close, raced = rival, True, True  # one look each cannot order them: race the two, one round
         if not close:
             refined.clear()  # decided: the usual rules below
@@ -145,9 +146,10 @@ def _pair_scale(remaining: float, pair: tuple[Trial, Trial], wanted: float) -> f
     return scale if scale >= 1.0 else None
 
 
-def _unresolved_rival(search: Search, chosen: Trial, contenders: list[Trial]) -> Trial | None:
-    """The fastest contender that costs more than ``chosen`` (more workers, or the other pinning) and read within
-    ``noise`` of it or faster, both measured once: one trial each cannot tell which is faster.
+def _unresolved_rival(search: Search, chosen: Trial, contenders: list[Trial], floor: Trial) -> Trial | None:
+    """The fastest contender that costs more than ``chosen`` (more workers, or the other pinning where that is not
+    all that differs: :func:`_other_pinning`) and read within ``noise`` of it or faster, both measured once: one
+    trial each cannot tell which is faster.
 
     Measured on the H200 (JPEG -> ResNet-18, stock copy; ``benchmarks/trial_noise.py``, ten fresh trials of
     each): 18 workers pinned made 38.0 batches/s and the policy's 15 35.2 (8% apart), where single trials
@@ -159,6 +161,7 @@ def _unresolved_rival(search: Search, chosen: Trial, contenders: list[Trial]) ->
         trial
         for trial in contenders
         if trial.measured_as != chosen.measured_as and not _same_cost(trial, chosen)
+        and not _other_pinning(chosen, trial, floor)
         and trial.measurements == 1 == chosen.measurements and trial.batches_per_sec >= least
     ]  # fmt: skip
     return max(rivals, key=lambda trial: trial.batches_per_sec, default=None)
@@ -178,6 +181,20 @@ def _floor_against_a_confirmed_gain(search: Search, floor: Trial, chosen: Trial)
     if chosen.measurements < 2 or floor.measurements != 1 or search.runner.remaining <= 0:
         return False
     return search.faster_by_noise(chosen, floor) and not search.better(chosen, floor)
+
+
+def _other_pinning(kept: Trial, other: Trial, floor: Trial) -> bool:
+    """``other`` has ``kept``'s workers (not 0) and the other pinning, ``kept`` the policy's (``floor``'s): the
+    policy's pinning stands unless the other is faster beyond noise, unmeasured again. With workers the pinning is
+    done off the main thread, and a pinning call within noise is noise: on the H200 (4 cores, CPU-heavy transform)
+    the grid read 6 workers pinned 51.0-62.3 batches/s and unpinned 46.1-57.2, and re-measuring a +4% call for
+    the unpinned copy at 5 workers took 8.9 s of a 21.4-s search; on JPEG -> ResNet-18 at 15-18 workers unpinned
+    against pinned read +21%, tie, tie, -11% and -17% in five calls. Without workers the main thread pins every
+    batch itself, and such a call is measured again as any other (the H200 tiny row: 0 workers unpinned read
+    384-386 against pinned 367-375 in every look).
+    """
+    same_workers = bool(kept.num_workers) and kept.num_workers == other.num_workers
+    return same_workers and kept.pin_memory == floor.pin_memory != other.pin_memory
 
 
 def _same_cost(first: Trial, second: Trial) -> bool:

@@ -268,18 +268,21 @@ class Search:
         """The count halfway between ``best`` and ``more`` (which gained nothing over it), measured where worth a
         trial; the trial if faster than ``best`` (:meth:`confirmed`), else ``None``.
 
-        Worth it where ``more`` lost beyond noise (at least 3 workers apart: the rate fell somewhere between),
-        or tied but the middle is itself a step (:func:`~lightning_dataperf.autotune_model.smallest_step`,
-        20% above ``best``): past a rising rate, two equal readings bracket the peak. Measured on the 2-core VM,
-        I/O-latency loader sending by file name: the climb's step 48 -> 81 workers read -1%, where the grid's
-        best was 64 (+16-30% over 48 in the grid's own trials, +13% in the head-to-head pairs).
+        Worth it where ``more`` lost beyond noise and is at least a step above ``best``
+        (:func:`~lightning_dataperf.autotune_model.smallest_step`, 20%: the rate fell somewhere between), or
+        tied but the middle is itself a step: past a rising rate, two equal readings bracket the peak. Measured
+        on the 2-core VM, I/O-latency loader sending by file name: the climb's step 48 -> 81 workers read -1%,
+        where the grid's best was 64 (+16-30% over 48 in the grid's own trials, +13% in the head-to-head pairs).
+        A bracket narrower than a step is not halved: its middle is within 10% of a measured count, and a trial
+        cannot tell their rates apart. On the 2-core VM (session 18) halving 59 -> 68 measured 63 and 65, and the
+        choice then re-measured 59 against 63 (4% apart): 13 s of a 28-s search.
 
         Not past what the climb itself would not pass: a bound (from every trial so far, ``more``'s included),
         a ``best`` the training path or the CPUs already limit. A middle cut short (refused, or rough: no
         steady round) proves nothing; one the budget left no time for makes the stop ``"time budget"``.
         """
         middle = (best.num_workers + more.num_workers) // 2
-        lost = not self.as_fast(more, best) and more.num_workers - best.num_workers >= 3
+        lost = not self.as_fast(more, best) and more.num_workers >= smallest_step(best.num_workers)
         if not (lost or middle >= smallest_step(best.num_workers)) or middle <= best.num_workers:
             return None
         _, limit = tightest(self.runner.worker_bounds(best.prefetch_factor, best.pin_memory))

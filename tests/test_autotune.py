@@ -308,7 +308,8 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     # the peak at 56: the bracket is halved twice (48, then 56), and once more above it (60)
     runner = FakeRunner(lambda workers, prefetch, pin: 10.0 * workers if workers <= 56 else 560 - 30.0 * (workers - 56))
     best = _search_with(runner).climb_workers(runner.measure(1, 2, False))
-    assert best.num_workers == 56 and [workers for workers, _, _ in runner.measured][-4:] == [64, 48, 56, 60]
+    assert best.num_workers == 56 and [workers for workers, _, _ in runner.measured][-3:] == [64, 48, 56]
+    assert (60, 2, False) not in runner.measured  # 56 -> 64 lost, but is less than a step (68): not halved
     # no middle past a bound the step's own trial set (here: 40 workers), nor one cut short
     capped = FakeRunner(rate)
     capped.worker_bounds = lambda prefetch, pin: {"memory": 40} if (64, 2, False) in capped.trials else {}
@@ -323,7 +324,8 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     unsure = FakeRunner(unsure_rate, sharing_rate=lambda *config: 0.5 * unsure_rate(*config))
     best = _search_with(unsure).climb_workers(unsure.measure(1, 2, False))
     assert best.num_workers == 48 and best.measurements == 2 and unsure.remeasured == [(48, 2, False)]
-    # a step that lost, one step above the best (15 -> 18, capped by a bound): the middle is tried all the same
+    # a step that lost, one step above the best (15 -> 18, capped by a bound): the middle is tried all the same,
+    # but not the next (16 -> 18 is less than a step)
     rates = {15: 36.0, 16: 40.0, 18: 28.0}
     lost = FakeRunner(lambda w, p, pin: rates.get(w, 10.0), bounds={"memory": 18}, busy=0.9)
     best = _search_with(lost).climb_workers(lost.measure(15, 2, False))
@@ -928,6 +930,35 @@ def test_the_policys_pinning_is_kept_on_a_tie_and_changed_only_when_the_other_is
     policy = runner.measure(15, 2, True)
     runner.measure(12, 2, False)
     assert choose(search, policy, 0.02).config == (12, 2, False)
+
+
+def test_a_close_call_that_is_only_the_other_pinning_keeps_the_policys_unmeasured_where_workers_pin():
+    from lightning_dataperf.autotune_choice import choose
+
+    def chosen(workers, rates, looks=2):
+        # the H200 cpu row (session 18): 5 workers pinned (the policy's pinning) read 53.9 over two looks, unpinned
+        # 56.1 once (+4%, within the two trials' 5% errors)
+        runner = FakeRunner(lambda w, prefetch, pin: rates[w, pin])
+        search = _search_with(runner)
+        policy = runner.measure(3, 2, True)
+        for pin in (True, False):
+            trial = runner.measure(workers, 2, pin)
+            runner.trials[trial.config] = dataclasses.replace(trial, precision=0.05, measurements=looks if pin else 1)
+        return choose(search, policy, 0.02), runner
+
+    rates = {(3, True): 37.2, (5, True): 53.9, (5, False): 56.1}
+    pick, runner = chosen(5, rates)
+    assert pick.config == (5, 2, True) and runner.remeasured == []  # not re-measured, not raced
+    pick, runner = chosen(5, rates, looks=1)  # one look each: not raced either
+    assert pick.config == (5, 2, True) and runner.remeasured == []
+    # faster beyond noise, the other pinning is taken as before
+    pick, runner = chosen(5, {**rates, (5, False): 70.0})
+    assert pick.config == (5, 2, False) and runner.remeasured == []
+    # without workers the main thread pins each batch: the same call is measured again, and the means decide
+    zero = {(3, True): 37.2, (0, True): 53.9, (0, False): 56.1}
+    pick, runner = chosen(0, zero)
+    assert (0, None, False) in runner.remeasured and (0, None, True) in runner.remeasured
+    assert pick.config == (0, None, False)
 
 
 def test_a_rough_trial_is_neither_ranked_nor_taken():
