@@ -12,7 +12,8 @@ hardware policy's recommendation the search
    file descriptors, the rank's CPUs over a worker's busy share at the most workers measured, the
    dataset), nor past the rate the CPUs can make (the CPUs over the whole path's CPU time per batch, read
    from the OS at two worker counts); a step that gains nothing brackets the peak, and the count halfway
-   is measured (where it is itself a step, or the step lost), the bracket halved again while it gains; a start
+   is measured (where it is itself a step, or the step lost and was a step, 20%, above the best), the bracket
+   halved again while it gains; a start
    the training path already limits (its main thread hardly waited for batches) does not climb, and
    tries the fewer workers its rate needs instead. After the climb it probes downwards too (fewer
    workers than the start, and 0 when allowed) where the cost model says the main thread or the path
