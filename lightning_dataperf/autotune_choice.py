@@ -189,9 +189,10 @@ def _other_pinning(kept: Trial, other: Trial, floor: Trial) -> bool:
     done off the main thread, and a pinning call within noise is noise: on the H200 (4 cores, CPU-heavy transform)
     the grid read 6 workers pinned 51.0-62.3 batches/s and unpinned 46.1-57.2, and re-measuring a +4% call for
     the unpinned copy at 5 workers took 8.9 s of a 21.4-s search; on JPEG -> ResNet-18 at 15-18 workers unpinned
-    against pinned read +21%, tie, tie, -11% and -17% in five calls. Without workers the main thread pins every
-    batch itself, and such a call is measured again as any other (the H200 tiny row: 0 workers unpinned read
-    384-386 against pinned 367-375 in every look).
+    against pinned read +21%, tie, tie, -11% and -17% in five calls; over six stock-copy grids (tiny, cpu, JPEG)
+    the same point unpinned against pinned had a median of 0.95-1.02, pairs either way (``benchmarks/pin_pairs.py``).
+    Without workers the main thread pins every batch itself, and such a call is measured again as any other (the
+    H200 tiny row: 0 workers unpinned read 384-386 against pinned 367-375 in every look).
     """
     same_workers = bool(kept.num_workers) and kept.num_workers == other.num_workers
     return same_workers and kept.pin_memory == floor.pin_memory != other.pin_memory
