@@ -1,7 +1,7 @@
 """Autotune's pick against a grid measured in the same run, the policy's pick, and search time against grid time.
 
 Every measurement runs the batches through the workload's training path (the same
-:class:`~lightning_dataperf.autotune_consumer.TransferPath` autotune is given): the copy (stock
+:class:`~lightning_dataperf.autotune.consumer.TransferPath` autotune is given): the copy (stock
 ``non_blocking`` or the side stream), the device transform, and the step.
 
 **The grid**: the full cross-product ``num_workers`` x ``prefetch_factor`` x ``pin_memory`` a user
@@ -30,7 +30,7 @@ interleaved pairs with four times the cap, until the ratio's standard error is b
 ``--max-pairs`` (or ``--deadline``) are spent. "of grid best" is the geometric mean of the within-repeat
 ratios (row's rate / grid best's rate) with twice its standard error, "spread" their least and most.
 Where two rows name the same configuration they share its measurements (ratio 100%). Grid and search run
-with :func:`~lightning_dataperf.autotune_measures.gc_frozen` alike.
+with :func:`~lightning_dataperf.autotune.measures.gc_frozen` alike.
 
     python benchmarks/autotune.py                          # every workload this machine can run
     python benchmarks/autotune.py --workloads io tiny cpu --cpu --repeats 3
@@ -63,11 +63,11 @@ from torch.nn import functional
 from torch.utils.data import Dataset
 
 from lightning_dataperf import autotune_loader, probe_hardware, recommend_loader_settings
-from lightning_dataperf.autotune_consumer import TransferPath
-from lightning_dataperf.autotune_measures import gc_frozen
-from lightning_dataperf.autotune_records import Limits
-from lightning_dataperf.autotune_trials import TrialRunner
-from lightning_dataperf.sharing import FAST_HANDOVER
+from lightning_dataperf.autotune.consumer import TransferPath
+from lightning_dataperf.autotune.measures import gc_frozen
+from lightning_dataperf.autotune.runner import TrialRunner
+from lightning_dataperf.autotune.trial import Limits
+from lightning_dataperf.loader.sharing import FAST_HANDOVER
 
 Config = tuple[int, int | None, bool]
 

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 
 from _common import ROOT, print_table, write_json
 
-from lightning_dataperf.autotune_choice import choose
-from lightning_dataperf.autotune_records import Limits, Trial
-from lightning_dataperf.autotune_search import Search
+from lightning_dataperf.autotune.choice import choose
+from lightning_dataperf.autotune.search import Search
+from lightning_dataperf.autotune.trial import Limits, Trial
 
 FIELDS = {field.name for field in dataclasses.fields(Trial)}
 

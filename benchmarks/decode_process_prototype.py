@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from lightning_dataperf.decode_stats import DecodeStats
+from lightning_dataperf.decode.stats import DecodeStats
 
 __all__ = ["DecodeProcess", "ProcessDecodeLoader", "ProcessIterator", "hidden_main"]
 
@@ -78,7 +78,7 @@ def _picklable(error: BaseException) -> BaseException:
 
 def _child(options: dict[str, Any], index: int, slots: int, inbox: Any, outbox: Any) -> None:
     """The decode process: decode each encoded batch from ``inbox`` into a free slot, report on ``outbox``."""
-    from lightning_dataperf.gpu_decode import JpegDecoder
+    from lightning_dataperf.decode.decoder import JpegDecoder
 
     device = torch.device("cuda", index)
     torch.cuda.set_device(device)
@@ -156,7 +156,7 @@ class DecodeProcess:
 
     Args:
         device: the CUDA device both processes use.
-        options: :class:`~lightning_dataperf.gpu_decode.JpegDecoder` keyword arguments.
+        options: :class:`~lightning_dataperf.decode.decoder.JpegDecoder` keyword arguments.
         slots: output slots (the most batches in flight).
     """
 
@@ -279,7 +279,7 @@ class DecodeProcess:
 
     def stats(self, waits: Waits) -> DecodeStats:
         """The child's counters (as of its last result) and the parent's waits, as :class:`DecodeStats`."""
-        from lightning_dataperf.gpu_decode import _jpeg_utilisation
+        from lightning_dataperf.decode.decoder import _jpeg_utilisation
 
         c = self.counters
         return DecodeStats(

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import write_json
 from gpu_decode import BATCH, ceiling_batches, gpu_loader, make_model, make_set
 
-from lightning_dataperf.gpu_decode import JpegDecoder
-from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode.decoder import JpegDecoder
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
 
 def gpu_events(prof) -> list[tuple[str, int, int, int]]:

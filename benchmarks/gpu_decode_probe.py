@@ -40,10 +40,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_decode import BATCH, SIZE, gpu_loader, make_model, make_set, measure
 
-from lightning_dataperf._decode_backends import import_nvimgcodec
-from lightning_dataperf._graph_augment import GraphedAugment
-from lightning_dataperf.gpu_decode import JpegDecoder
-from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode._backends import import_nvimgcodec
+from lightning_dataperf.decode._graph import GraphedAugment
+from lightning_dataperf.decode.decoder import JpegDecoder
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
 DEFAULT_INTERVAL_MS = 5.0  # Python's sys.getswitchinterval() default
 

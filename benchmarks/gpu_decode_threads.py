@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import write_json
 from gpu_decode import BATCH, ceiling_batches, make_model, make_set
 
-from lightning_dataperf._decode_backends import _decode_params, import_nvimgcodec
-from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode._backends import _decode_params, import_nvimgcodec
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
 
 def batches_of(samples, count: int):

@@ -34,8 +34,10 @@ import torch
 from _common import print_table, write_json
 from autotune import DecodedImages, SleepySamples, TinySamples
 
-from lightning_dataperf import autotune_bounds, autotune_loader, autotune_trials
-from lightning_dataperf.autotune_consumer import TransferPath
+from lightning_dataperf import autotune_loader
+from lightning_dataperf.autotune import bounds as autotune_bounds
+from lightning_dataperf.autotune import runner as autotune_trials
+from lightning_dataperf.autotune.consumer import TransferPath
 
 WORKLOADS = {"io": (SleepySamples, 16, 0.0), "cpu": (DecodedImages, 32, 0.0), "tiny": (TinySamples, 64, 0.002)}
 

@@ -21,9 +21,9 @@ from _common import print_table, write_json
 from trial_noise import label, parse_config, workload
 
 from lightning_dataperf import probe_hardware
-from lightning_dataperf.autotune_records import Limits, trial_rate
-from lightning_dataperf.autotune_trials import TrialRunner
-from lightning_dataperf.loader_probe import TimedBatch
+from lightning_dataperf.autotune.runner import TrialRunner
+from lightning_dataperf.autotune.trial import Limits, trial_rate
+from lightning_dataperf.loader.probe import TimedBatch
 
 
 def record(runner: TrialRunner, config: tuple[int, int, bool], seconds: float, sharing: str | None) -> dict:

@@ -30,7 +30,7 @@ from overhead import WORKLOADS, WallClock, fit_workload
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.loader_probe import instrument
+from lightning_dataperf.loader.probe import instrument
 
 
 def stopwatch(function, totals: dict[str, int], name: str):

@@ -28,7 +28,7 @@ import _common
 import torch
 
 from lightning_dataperf.batches import iter_tensors
-from lightning_dataperf.copier import SideStreamCopier, _EventPool
+from lightning_dataperf.transfer.copier import SideStreamCopier, _EventPool
 
 
 def host_us(action: Callable[[], object], batches: int, between: Callable[[], object] = lambda: None) -> float:

@@ -16,8 +16,8 @@ import time
 import torch
 from _common import print_table, write_json
 
-from lightning_dataperf.sources import GpuSource
-from lightning_dataperf.telemetry import SystemSampler
+from lightning_dataperf.telemetry.sources import GpuSource
+from lightning_dataperf.telemetry.system_sampler import SystemSampler
 
 
 def phase(sampler: SystemSampler, seconds: float, work) -> dict[str, float]:

@@ -29,9 +29,9 @@ from _common import print_table, write_json
 from autotune import workloads
 
 from lightning_dataperf import probe_hardware
-from lightning_dataperf.autotune_consumer import TransferPath
-from lightning_dataperf.autotune_records import Limits
-from lightning_dataperf.autotune_trials import TrialRunner
+from lightning_dataperf.autotune.consumer import TransferPath
+from lightning_dataperf.autotune.runner import TrialRunner
+from lightning_dataperf.autotune.trial import Limits
 
 Config = tuple[int, int, bool]
 

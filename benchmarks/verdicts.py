@@ -38,9 +38,9 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy, probe_hardware, recommend_loader_settings
-from lightning_dataperf.findings import Diagnosis
-from lightning_dataperf.stats import EpochSummary
+from lightning_dataperf.diagnosis.findings import Diagnosis
 from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, loopback_ranks
+from lightning_dataperf.timing.summary import EpochSummary
 
 CUDA_ROWS = {"pageable", "jpeg"}
 #: Where more workers were said to give nothing, a gain below this counts as "as said".
@@ -285,8 +285,8 @@ def jpeg(rig: Rig) -> list[dict]:
     import torchvision
     from gpu_decode import PilDataset, make_set
 
-    from lightning_dataperf.gpu_decode import GpuDecodeLoader
-    from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+    from lightning_dataperf.decode import GpuDecodeLoader
+    from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
     samples, _ = make_set(tempfile.mkdtemp(), "uniform", 4000)
 

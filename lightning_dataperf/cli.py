@@ -34,7 +34,7 @@ examples:
 
 
 def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_dataperf.hardware import usable_cpus
+    from lightning_dataperf.telemetry.hardware import usable_cpus
 
     if args.data_path is not None and not os.path.exists(args.data_path):
         parser.error(
@@ -57,8 +57,8 @@ def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.epochs is not None and args.epochs < 1:
         parser.error(f"--epochs {args.epochs}: must be at least 1.")
 
-    from lightning_dataperf.hardware import probe_hardware
-    from lightning_dataperf.policy import recommend_loader_settings
+    from lightning_dataperf.loader.policy import recommend_loader_settings
+    from lightning_dataperf.telemetry.hardware import probe_hardware
 
     hardware = probe_hardware(args.data_path)
     settings = recommend_loader_settings(hardware, max_epochs=args.epochs)
@@ -92,7 +92,7 @@ def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_dataperf.report import load_run, render_html, render_png
+    from lightning_dataperf.report.run import load_run, render_html, render_png
 
     try:
         run = load_run(args.logdir, run=args.run)

@@ -1,7 +1,7 @@
 """Every stage name and every scalar/text tag DataPerf writes, defined once.
 
 Modules build tags from these names only (``tags.time(tags.COMPUTE)``, ``Stage.VAL.prefix``); the
-``Usage/...`` tags are the field names of :class:`~lightning_dataperf.system_stats.SystemStats`.
+``Usage/...`` tags are the field names of :class:`~lightning_dataperf.telemetry.stats.SystemStats`.
 
 Example::
 
@@ -64,11 +64,11 @@ HOST_GAP = "HostGap"
 #: Scalar groups. TensorBoard's Time Series tab groups tags by their first segment, sorts the groups by
 #: character code (upper case before lower case) and opens the first two: every group sorts after
 #: ``Time`` so that the timings come first, then ``Transfer``, ``Usage`` (telemetry: the prefix of
-#: :class:`~lightning_dataperf.system_stats.SystemStats`), ``Workers`` (inside the loader: the prefix
-#: of :class:`~lightning_dataperf.loader_stats.LoaderStats`), and the evaluation stages' lower-case
+#: :class:`~lightning_dataperf.telemetry.stats.SystemStats`), ``Workers`` (inside the loader: the prefix
+#: of :class:`~lightning_dataperf.loader.stats.LoaderStats`), and the evaluation stages' lower-case
 #: ``val/``, ``test/``, ``predict/`` after those.
 
-#: The GPU-decode path's own figures (:class:`~lightning_dataperf.decode_stats.DecodeStats`), logged only for a
+#: The GPU-decode path's own figures (:class:`~lightning_dataperf.decode.stats.DecodeStats`), logged only for a
 #: ``GpuDecodeLoader``; the one group that sorts before ``Time`` (issue 17 named it), so such runs open on it.
 DECODE_GROUP = "Decode/"
 
@@ -76,7 +76,7 @@ EPOCH_START = "Time/EpochStart"
 SAMPLES_PER_SEC = "Time/samples_per_sec"
 INPUT_STALL = "Time/input_stall_fraction"
 
-#: Side-stream copies (:class:`~lightning_dataperf.copy_stats.CopyStats`).
+#: Side-stream copies (:class:`~lightning_dataperf.transfer.stats.CopyStats`).
 COPY_S = "Transfer/copy_s"
 COPY_EXPOSED_S = "Transfer/exposed_s"
 COPY_HIDDEN = "Transfer/hidden_fraction"

@@ -54,7 +54,7 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
 
 
 def autotune(out_dir: str, rank: int) -> None:
-    import lightning_dataperf.autotune as module
+    import lightning_dataperf.autotune.tune as module
 
     searches = []
     search = module.autotune_loader

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import TunedDataModule
-from lightning_dataperf.hardware import Hardware
+from lightning_dataperf.telemetry.hardware import Hardware
 from lightning_dataperf.testing import SleepCollate, SleepingLoaderDataset, loopback_ranks
 
 HERE = Path(__file__).parent

@@ -15,10 +15,10 @@ import torch
 from helpers import IndexData, RecordingModel, fake_hardware, run_two_ranks, trainer_kwargs
 
 from lightning_dataperf import autotune_loader
-from lightning_dataperf.autotune import AutotuneResult
-from lightning_dataperf.autotune_bounds import Resources
-from lightning_dataperf.autotune_records import Trial, confirmation_candidates, steady_rate
-from lightning_dataperf.sharing import FAST_HANDOVER, process_strategy
+from lightning_dataperf.autotune.bounds import Resources
+from lightning_dataperf.autotune.trial import Trial, confirmation_candidates, steady_rate
+from lightning_dataperf.autotune.tune import AutotuneResult
+from lightning_dataperf.loader.sharing import FAST_HANDOVER, process_strategy
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -237,11 +237,11 @@ class FakeRunner:
 
 
 def _search_with(runner, cpus=2, min_workers=1):
-    from lightning_dataperf.autotune import _Search
-    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune.search import Search
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(30.0, 200, 0.03, 0.5, None, min_workers)
-    return _Search(runner, {}, (False,), limits)
+    return Search(runner, {}, (False,), limits)
 
 
 def test_io_latency_climb_goes_past_twice_the_cpus_and_says_why_it_stopped():
@@ -250,7 +250,7 @@ def test_io_latency_climb_goes_past_twice_the_cpus_and_says_why_it_stopped():
     search = _search_with(runner)
     best = search.climb_workers(runner.measure(1, 2, False))
     assert best.num_workers >= 20 > 2 * 2  # twice the 2 CPUs was the old ceiling
-    assert search.stop_reason == "gain" and "more gave nothing" in search.stop_detail
+    assert search.compare.stop_reason == "gain" and "more gave nothing" in search.compare.stop_detail
 
 
 @pytest.mark.skipif(process_strategy() == FAST_HANDOVER, reason="this platform already sends by file name")
@@ -262,7 +262,7 @@ def test_where_the_hand_over_limited_the_gain_the_climb_goes_on_sending_by_file_
     ((plateau, _, _),) = runner.shared  # one hand-over trial, where the default way stopped gaining
     assert best.sharing == runner.sharing == FAST_HANDOVER and best.num_workers > plateau
     assert best.batches_per_sec > 300.0 * 1.03 and search.handover.detail.startswith("file_system sharing measured +")
-    assert search.stop_reason == "gain" and all(trial.sharing is None for trial in runner.earlier)
+    assert search.compare.stop_reason == "gain" and all(trial.sharing is None for trial in runner.earlier)
     same = FakeRunner(lambda w, p, pin: min(50.0 * w, 300.0))  # the hand-over was not the limit: one trial, kept apart
     best = _search_with(same).climb_workers(same.measure(1, 2, False))
     assert best.sharing is None and same.sharing is None and len(same.shared) == 1
@@ -302,7 +302,7 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     runner = FakeRunner(rate)
     search = _search_with(runner)
     best = search.climb_workers(runner.measure(1, 2, False))
-    assert best.num_workers == 48 and search.stop_reason == "gain"
+    assert best.num_workers == 48 and search.compare.stop_reason == "gain"
     assert max(workers for workers, _, _ in runner.measured) == 64  # nothing past the bracket's top
     assert [workers for workers, _, _ in runner.measured][-2:] == [48, 56]  # the middle, then the upper half's
     # the peak at 56: the bracket is halved twice (48, then 56), and once more above it (60)
@@ -342,7 +342,10 @@ def test_a_step_that_ties_brackets_the_peak_and_the_climb_halves_the_bracket():
     spent.measure = measure_until_48
     search = _search_with(spent)
     assert search.climb_workers(spent.measure(1, 2, False)).num_workers == 48 and (56, 2, False) not in spent.trials
-    assert search.stop_reason == "time budget" and "before 56 workers, between 48 (best) and 64" in search.stop_detail
+    assert (
+        search.compare.stop_reason == "time budget"
+        and "before 56 workers, between 48 (best) and 64" in search.compare.stop_detail
+    )
     rough = FakeRunner(rate)
     measure = rough.measure
     rough.measure = lambda w, p, pin, against=None: dataclasses.replace(measure(w, p, pin), rough=w == 48)
@@ -357,7 +360,7 @@ def test_climb_stops_at_the_smallest_bound_and_names_it():
     search = _search_with(runner)
     best = search.climb_workers(runner.measure(1, 2, False))
     assert best.num_workers == 24 and max(config[0] for config in runner.measured) == 24
-    assert search.stop_reason == "file descriptors" and "24 workers" in search.stop_detail
+    assert search.compare.stop_reason == "file descriptors" and "24 workers" in search.compare.stop_detail
 
 
 def test_cpu_bound_loader_climbs_down_when_fewer_workers_are_as_fast():
@@ -365,7 +368,7 @@ def test_cpu_bound_loader_climbs_down_when_fewer_workers_are_as_fast():
     runner = FakeRunner(lambda workers, prefetch, pin: min(100.0 * workers, 200.0), busy=0.25)
     search = _search_with(runner, min_workers=0)
     best = search.climb_workers(runner.measure(8, 2, False))
-    assert best.num_workers == 2 and search.stop_reason == "fewer"
+    assert best.num_workers == 2 and search.compare.stop_reason == "fewer"
 
 
 def test_a_slow_trial_at_the_end_of_the_climb_is_measured_again_before_it_stops_the_search():
@@ -395,7 +398,7 @@ def test_outliers_against_their_neighbours_are_repeated():
     runner = FakeRunner(lambda workers, prefetch, pin: rates[workers])
     for workers in rates:
         runner.measure(workers, 2, False)
-    from lightning_dataperf.autotune_trials import repeat_outliers
+    from lightning_dataperf.autotune.runner import repeat_outliers
 
     repeat_outliers(runner)
     assert runner.remeasured == [(4, 2, False)]
@@ -412,7 +415,7 @@ def test_steady_rate_excludes_start_up_and_the_first_round():
 
 
 def test_made_rate_does_not_count_a_deep_queue_made_before_the_window():
-    from lightning_dataperf.autotune_records import made_rate
+    from lightning_dataperf.autotune.trial import made_rate
 
     # 4 workers x prefetch 8: 32 batches in flight. Start-up ends at t=1 with 32 batches made (skipped);
     # the window starts at t=1; 30 more were made before it (t=0.9) and arrive at once, then the workers
@@ -436,9 +439,9 @@ def test_made_rate_does_not_count_a_deep_queue_made_before_the_window():
 
 
 def test_a_trial_is_never_faster_than_its_workers_can_make_batches():
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     # each batch of 4 waits >= 4 x 2 ms in its worker: 3 workers make at most 375 batches/s, however deep the
     # queue they filled during start-up (a loaded machine only makes them slower)
@@ -455,7 +458,7 @@ def test_a_trial_is_never_faster_than_its_workers_can_make_batches():
 def test_the_search_freezes_what_exists_even_under_a_freeze_made_earlier():
     import gc
 
-    from lightning_dataperf.autotune_measures import gc_frozen
+    from lightning_dataperf.autotune.measures import gc_frozen
 
     if gc.get_freeze_count():
         pytest.skip("something in this process froze objects already")
@@ -494,9 +497,9 @@ class ThreadsSeen(torch.utils.data.Dataset):
 
 
 def test_the_batch_loaded_in_this_process_uses_no_more_threads_than_the_ranks_cpus():
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     # a thread count from the whole machine (an affinity set after start-up, a CPU quota): the one batch autotune
     # loads in this process runs on the rank's CPUs, and the process's own count is left as it was
@@ -523,9 +526,9 @@ def _slow_worker_start(worker_id):
 
 
 def test_worker_start_up_is_reported_apart_and_not_ranked_on():
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(20.0, 400, 0.03, 0.5, None, 1, trial_seconds=10.0)
     runner = TrialRunner(
@@ -647,8 +650,8 @@ def test_datamodule_progress_follows_the_trainer_and_can_be_silenced(tmp_path, m
 
 
 def test_pinning_and_cache_key_follow_the_transfer_path():
-    from lightning_dataperf.autotune_cache import cache_key
-    from lightning_dataperf.autotune_consumer import TransferPath
+    from lightning_dataperf.autotune.cache import cache_key
+    from lightning_dataperf.autotune.consumer import TransferPath
 
     cuda = torch.device("cuda", 0)
     assert TransferPath(device=cuda, side_stream=True).pin_choices() == (True,)
@@ -678,9 +681,9 @@ def test_pinning_and_cache_key_follow_the_transfer_path():
 
 
 def test_a_busy_step_bounds_the_rate_on_the_host():
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(10.0, 60, 0.03, 0.5, None, 0, trial_seconds=2.0)
     path = TransferPath(step_seconds=0.02)  # 20 ms of main-thread work per batch: at most 50 batches/s
@@ -695,12 +698,12 @@ def test_a_bound_read_from_the_best_trial_itself_is_said_as_such():
     runner = FakeRunner(lambda workers, prefetch, pin: 10.0 * workers, bounds={"CPU share": 67, "memory": 1081})
     search = _search_with(runner)
     best = search.climb_workers(runner.measure(52, 2, False))
-    assert best.num_workers == 67 and search.stop_reason == "CPU share"
-    assert search.stop_detail.endswith("(CPU share 67, memory 1081)")  # the climb reached the bound itself
+    assert best.num_workers == 67 and search.compare.stop_reason == "CPU share"
+    assert search.compare.stop_detail.endswith("(CPU share 67, memory 1081)")  # the climb reached the bound itself
     search = _search_with(runner)
     runner.measure(77, 2, False)
     best = search.climb_workers(runner.trials[(77, 2, False)])
-    assert best.num_workers == 77 and search.stop_detail.endswith("; 77 were measured before it")
+    assert best.num_workers == 77 and search.compare.stop_detail.endswith("; 77 were measured before it")
 
 
 def test_summary_line_quotes_the_measurement_and_the_stop():
@@ -726,8 +729,8 @@ def test_summary_line_quotes_the_measurement_and_the_stop():
 
 
 def test_the_verdict_learns_the_most_autotune_measured_above_its_pick():
-    from lightning_dataperf.evidence import MoreWorkersMeasured
-    from lightning_dataperf.run_evidence import more_workers_measured
+    from lightning_dataperf.callback.run_evidence import more_workers_measured
+    from lightning_dataperf.diagnosis.evidence import MoreWorkersMeasured
 
     result = AutotuneResult(
         settings=__import__("lightning_dataperf").LoaderSettings(10, True, False, 2),
@@ -751,8 +754,8 @@ def test_the_verdict_learns_the_most_autotune_measured_above_its_pick():
 def test_trials_take_the_strategys_path_side_stream_pinned_only():
     from types import SimpleNamespace
 
-    from lightning_dataperf.autotune_lightning import transfer_path_of
-    from lightning_dataperf.strategies import SideStreamTransferMixin
+    from lightning_dataperf.datamodule.tuning import transfer_path_of
+    from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
 
     class FakeSideStream(SideStreamTransferMixin):
         root_device = torch.device("cuda", 0)
@@ -795,7 +798,7 @@ def test_first_epoch_start_up_excludes_the_search_and_the_verdict_quotes_it(tmp_
 
 
 def test_cost_model_predicts_the_worker_count_instead_of_doubling():
-    from lightning_dataperf.autotune_model import MAX_JUMP, next_workers
+    from lightning_dataperf.autotune.model import MAX_JUMP, next_workers
 
     latency = Trial(4, 2, False, 50.0, batches=40, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.9)
     assert next_workers(latency, limit=1000, cpus=2) == 4 * MAX_JUMP  # 500 batches/s x 80 ms: capped jump
@@ -814,15 +817,15 @@ def test_a_start_the_training_path_limits_does_not_climb():
     runner.trials[(8, 2, False)] = Trial(8, 2, False, 100.0, batches=40, work_s=0.02, main_s=0.01, wait_share=0.01)
     search = _search_with(runner, min_workers=1)
     best = search.climb_workers(runner.trials[(8, 2, False)])
-    assert search.stop_reason == "path" and "training path is the limit" in search.stop_detail
+    assert search.compare.stop_reason == "path" and "training path is the limit" in search.compare.stop_detail
     assert all(config[0] <= 8 for config in runner.measured)  # never more workers
     assert best.num_workers == 3  # 100 batches/s x 20 ms x 1.15 = 2.3 -> 3 workers, as fast
 
 
 def test_a_repeat_of_the_last_trial_reuses_its_workers(tmp_path):
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(30.0, 200, 0.03, 0.5, None, 1, trial_seconds=3.0)
     runner = TrialRunner(
@@ -850,10 +853,10 @@ def test_after_a_gaining_climb_zero_workers_are_tried_when_the_main_thread_limit
     start = runner.measure(1, 2, False)
     best = search.probe_fewer(search.climb_workers(start), start)
     assert best.num_workers == 0 and (0, None, False) in runner.measured
-    assert "main thread limits" in search.stop_detail
-    from lightning_dataperf.autotune_choice import choose
+    assert "main thread limits" in search.compare.stop_detail
+    from lightning_dataperf.autotune.choice import choose
 
-    assert choose(search, start, 0.02).num_workers == 0
+    assert choose(search.compare, start, 0.02).num_workers == 0
 
 
 def test_zero_workers_are_not_tried_when_the_model_says_the_main_thread_cannot_keep_up():
@@ -875,12 +878,12 @@ def test_no_fewer_workers_are_tried_after_a_first_step_up_that_gained():
     search = _search_with(runner, min_workers=1)
     start = runner.measure(15, 2, False)
     best = search.probe_fewer(search.climb_workers(start), start)
-    assert best.num_workers == 18 and search.stop_reason == "gain"
+    assert best.num_workers == 18 and search.compare.stop_reason == "gain"
     assert all(config[0] >= 15 for config in runner.measured), runner.measured
 
 
 def test_fewer_workers_than_the_cpu_a_batch_costs_allows_are_not_tried():
-    from lightning_dataperf.autotune_model import CONTENTION_SLACK, fewer_capacity
+    from lightning_dataperf.autotune.model import CONTENTION_SLACK, fewer_capacity
 
     # the H200 side-stream row: 15 workers busy 98% (CPU from the OS) at 34.8 batches/s; 7 measured 17.2
     busy = Trial(15, 2, True, 34.8, batches=100, worker_busy=0.98)
@@ -898,16 +901,16 @@ def test_fewer_workers_than_the_cpu_a_batch_costs_allows_are_not_tried():
     best = search.probe_fewer(search.climb_workers(start), start)
     # (18: halfway, and a step above 15 itself, tried where 22 tied)
     assert best.num_workers == 15 and runner.measured == [(15, 2, False), (22, 2, False), (18, 2, False)]
-    assert "7 workers cannot be as fast" in search.stop_detail
+    assert "7 workers cannot be as fast" in search.compare.stop_detail
     # mostly idle workers (a latency loader) could be over-provisioned: fewer are measured
     runner = FakeRunner(lambda workers, prefetch, pin: 36.0, busy=0.05)
     search = _search_with(runner, min_workers=1)
     search.climb_workers(runner.measure(15, 2, False))
-    assert (7, 2, False) in runner.measured and search.stop_reason == "fewer"
+    assert (7, 2, False) in runner.measured and search.compare.stop_reason == "fewer"
 
 
 def test_the_policys_pinning_is_kept_on_a_tie_and_changed_only_when_the_other_is_faster():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     # the H200 pick check: 15 workers pinned (the policy) 38.2 batches/s, unpinned 37.6: a tie, which does not
     # take the policy's pinning away (unpinned re-measured 14% slower there)
@@ -916,24 +919,24 @@ def test_the_policys_pinning_is_kept_on_a_tie_and_changed_only_when_the_other_is
     search = _search_with(runner)
     policy = runner.measure(15, 2, True)
     runner.measure(15, 2, False)
-    assert choose(search, policy, 0.02).config == (15, 2, True)
+    assert choose(search.compare, policy, 0.02).config == (15, 2, True)
     # faster beyond noise (session 9's call: +21% unpinned): the other pinning wins
     rates[False] = 46.2
     runner = FakeRunner(lambda workers, prefetch, pin: rates[pin])
     search = _search_with(runner)
     policy = runner.measure(15, 2, True)
     runner.measure(15, 2, False)
-    assert choose(search, policy, 0.02).config == (15, 2, False)
+    assert choose(search.compare, policy, 0.02).config == (15, 2, False)
     # a tie with fewer workers still goes to the cheaper setting, pinning and all
     runner = FakeRunner(lambda workers, prefetch, pin: 38.0)
     search = _search_with(runner)
     policy = runner.measure(15, 2, True)
     runner.measure(12, 2, False)
-    assert choose(search, policy, 0.02).config == (12, 2, False)
+    assert choose(search.compare, policy, 0.02).config == (12, 2, False)
 
 
 def test_a_close_call_that_is_only_the_other_pinning_keeps_the_policys_unmeasured_where_workers_pin():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     def chosen(workers, rates, looks=2):
         # the H200 cpu row (session 18): 5 workers pinned (the policy's pinning) read 53.9 over two looks, unpinned
@@ -944,7 +947,7 @@ def test_a_close_call_that_is_only_the_other_pinning_keeps_the_policys_unmeasure
         for pin in (True, False):
             trial = runner.measure(workers, 2, pin)
             runner.trials[trial.config] = dataclasses.replace(trial, precision=0.05, measurements=looks if pin else 1)
-        return choose(search, policy, 0.02), runner
+        return choose(search.compare, policy, 0.02), runner
 
     rates = {(3, True): 37.2, (5, True): 53.9, (5, False): 56.1}
     pick, runner = chosen(5, rates)
@@ -964,9 +967,9 @@ def test_a_close_call_that_is_only_the_other_pinning_keeps_the_policys_unmeasure
 def test_a_rough_trial_is_neither_ranked_nor_taken():
     import io
 
-    from lightning_dataperf.autotune_choice import choose
-    from lightning_dataperf.autotune_progress import LogProgress
-    from lightning_dataperf.autotune_records import rated
+    from lightning_dataperf.autotune.choice import choose
+    from lightning_dataperf.autotune.progress import LogProgress
+    from lightning_dataperf.autotune.trial import rated
 
     # replayed from the 2-core io row: 52 workers at prefetch 2 made 438 batches/s; at prefetch 4 the budget ran
     # out before one steady round and the 8 batches of the start-up burst read 1,950/s
@@ -975,9 +978,9 @@ def test_a_rough_trial_is_neither_ranked_nor_taken():
     best = runner.measure(52, 2, False)
     burst = Trial(52, 4, False, 1949.6, batches=8, rough=True)
     runner.trials[burst.config] = burst
-    assert not search.better(burst, best) and not search.as_fast(burst, best)
+    assert not search.compare.better(burst, best) and not search.compare.as_fast(burst, best)
     assert rated([best, burst]) == [best]
-    assert choose(search, best, 0.02).config == (52, 2, False)
+    assert choose(search.compare, best, 0.02).config == (52, 2, False)
     log = io.StringIO()
     LogProgress(log).finished(burst)
     assert "1949.6 batches/s rough (cut before one steady round: not ranked)" in log.getvalue()
@@ -994,7 +997,7 @@ def test_a_rough_trial_is_neither_ranked_nor_taken():
     floor = Trial(52, 2, False, 1949.6, batches=8, rough=True)
     runner.trials[floor.config] = floor
     runner.measure(26, 2, False)
-    assert choose(search, floor, 0.02).config == (26, 2, False)
+    assert choose(search.compare, floor, 0.02).config == (26, 2, False)
     # only the rough floor: it is the answer, and says it is rough
     lone = dataclasses.replace(result, trials=(burst,), settings=dataclasses.replace(result.settings, num_workers=52,
                                prefetch_factor=4, pin_memory=False))  # fmt: skip
@@ -1022,35 +1025,38 @@ def test_a_rough_step_up_ends_the_climb_without_a_figure():
     search = _search_with(runner)
     best = search.climb_workers(runner.measure(1, 2, False))
     assert best.num_workers <= 8 and not best.rough
-    assert search.stop_reason == "cut short" and "cut before one steady round (not ranked)" in search.stop_detail
-    assert "%" not in search.stop_detail  # no gain or loss quoted from a burst
+    assert (
+        search.compare.stop_reason == "cut short"
+        and "cut before one steady round (not ranked)" in search.compare.stop_detail
+    )
+    assert "%" not in search.compare.stop_detail  # no gain or loss quoted from a burst
 
 
 def test_the_policys_pick_is_the_floor_and_ties_go_to_fewer_workers():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     # within noise (3%) of each other: the policy's 2 workers stay, although 6 measured 2% faster
     runner = FakeRunner(lambda workers, prefetch, pin: {2: 100.0, 6: 102.0}[workers])
     search = _search_with(runner)
     policy = runner.measure(2, 2, False)
     runner.measure(6, 2, False)
-    assert choose(search, policy, 0.02).num_workers == 2
+    assert choose(search.compare, policy, 0.02).num_workers == 2
     # a configuration faster beyond noise replaces it
     runner = FakeRunner(lambda workers, prefetch, pin: {2: 100.0, 6: 130.0}[workers])
     search = _search_with(runner)
     policy = runner.measure(2, 2, False)
     runner.measure(6, 2, False)
-    assert choose(search, policy, 0.02).num_workers == 6
+    assert choose(search.compare, policy, 0.02).num_workers == 6
     # a cheaper one as fast replaces it too (ties go to fewer workers)
     runner = FakeRunner(lambda workers, prefetch, pin: {1: 100.0, 2: 101.0}[workers])
     search = _search_with(runner)
     policy = runner.measure(2, 2, False)
     runner.measure(1, 2, False)
-    assert choose(search, policy, 0.02).num_workers == 1
+    assert choose(search.compare, policy, 0.02).num_workers == 1
 
 
 def test_a_close_call_is_measured_again_longer_and_interleaved():
-    from lightning_dataperf.autotune_choice import REFINE_ROUNDS, choose
+    from lightning_dataperf.autotune.choice import REFINE_ROUNDS, choose
 
     runner = FakeRunner(lambda workers, prefetch, pin: {4: 100.0, 8: 97.5}[workers])
     search = _search_with(runner)
@@ -1060,7 +1066,7 @@ def test_a_close_call_is_measured_again_longer_and_interleaved():
     runner.trials[(8, 2, False)] = dataclasses.replace(cheaper, batches_per_sec=100.0)
     runner.trials[(4, 2, False)] = dataclasses.replace(policy, batches_per_sec=97.5)
     runner.rate = lambda workers, prefetch, pin: {4: 97.5, 8: 100.0}[workers]
-    chosen = choose(search, runner.trials[(4, 2, False)], 0.02)
+    chosen = choose(search.compare, runner.trials[(4, 2, False)], 0.02)
     assert runner.remeasured[:2] in ([(4, 2, False), (8, 2, False)], [(8, 2, False), (4, 2, False)])
     assert len(runner.remeasured) == 2 * REFINE_ROUNDS and min(runner.scales) >= 2.0
     # still within noise after the longer looks, but 2.5% apart (more than choose_within): the re-measured
@@ -1069,7 +1075,7 @@ def test_a_close_call_is_measured_again_longer_and_interleaved():
 
 
 def test_a_close_call_that_differs_only_in_the_queues_depth_goes_to_the_faster_unmeasured():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     def measured(rates):  # trials with a 6% standard error: 10% apart is within noise
         runner = FakeRunner(lambda workers, prefetch, pin: rates[workers, prefetch])
@@ -1081,18 +1087,20 @@ def test_a_close_call_that_differs_only_in_the_queues_depth_goes_to_the_faster_u
     # the 2-core profile: 66 workers, prefetch 2 (511.8) against 4 (563.7), within noise; re-measuring them
     # took 9.6 s of a 28-s search, to save a little memory
     runner, search, policy = measured({(1, 2): 11.5, (66, 2): 511.8, (66, 4): 563.7})
-    assert choose(search, policy, 0.02).config == (66, 4, False) and runner.remeasured == []
+    assert choose(search.compare, policy, 0.02).config == (66, 4, False) and runner.remeasured == []
     # fewer workers within noise are still a close call, measured again
     runner, search, policy = measured({(1, 2): 11.5, (43, 2): 511.8, (66, 4): 563.7})
-    choose(search, policy, 0.02)
+    choose(search.compare, policy, 0.02)
     assert (43, 2, False) in runner.remeasured
     # the policy's pick itself the shallower queue: the faster still wins, unmeasured
     runner, search, _ = measured({(1, 2): 11.5, (66, 2): 511.8, (66, 4): 563.7})
-    assert choose(search, runner.trials[(66, 2, False)], 0.02).config == (66, 4, False) and runner.remeasured == []
+    assert (
+        choose(search.compare, runner.trials[(66, 2, False)], 0.02).config == (66, 4, False) and runner.remeasured == []
+    )
 
 
 def test_a_costlier_rival_one_look_cannot_order_is_raced_once():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     # the H200 stock row (session 14): one trial each read 15 workers 41.4 and 18 workers 40.9 batches/s
     # (6% errors); ten fresh trials each put 18 at 38.0 and 15 at 35.2. Measured again, the means decide.
@@ -1110,22 +1118,22 @@ def test_a_costlier_rival_one_look_cannot_order_is_raced_once():
         return runner, _search_with(runner), runner.trials[(15, 2, True)]
 
     runner, search, policy = measured({key: list(value) for key, value in looks.items()})
-    assert choose(search, policy, 0.02).num_workers == 18
+    assert choose(search.compare, policy, 0.02).num_workers == 18
     # one round, interleaved and twice as long; then the means decide (not the close call's further rounds)
     assert runner.remeasured in ([(15, 2, True), (18, 2, True)], [(18, 2, True), (15, 2, True)])
     assert runner.scales == [2.0, 2.0]
     # the same looks again on re-measurement: 15 stays (a tie goes to fewer workers)
     runner, search, policy = measured({15: [41.4, 41.4], 18: [40.9, 40.9]})
-    assert choose(search, policy, 0.02).num_workers == 15 and len(runner.remeasured) == 2
+    assert choose(search.compare, policy, 0.02).num_workers == 15 and len(runner.remeasured) == 2
     # no time left for it: one look each, the tie goes to fewer workers
     runner, search, policy = measured({key: list(value) for key, value in looks.items()}, remaining=0.0)
-    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == []
+    assert choose(search.compare, policy, 0.02).num_workers == 15 and runner.remeasured == []
     # a costlier one that read beyond noise below (5%) is not raced; nor one measured twice already
     runner, search, policy = measured({15: [41.4], 18: [39.3]})
-    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == []
+    assert choose(search.compare, policy, 0.02).num_workers == 15 and runner.remeasured == []
     runner, search, policy = measured({15: [41.4], 18: [40.9]})
     runner.trials[(18, 2, True)] = dataclasses.replace(runner.trials[(18, 2, True)], measurements=2)
-    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == []
+    assert choose(search.compare, policy, 0.02).num_workers == 15 and runner.remeasured == []
 
 
 def test_a_repeat_still_ahead_within_noise_has_the_best_measured_again_too():
@@ -1139,7 +1147,7 @@ def test_a_repeat_still_ahead_within_noise_has_the_best_measured_again_too():
         runner.trials[best.config] = best = dataclasses.replace(best, precision=0.05)
         trial = Trial(64, 2, False, 729.2, batches=20, precision=0.05, sharing="file_system")
         runner.earlier.append(trial)
-        return runner, search.confirmed(trial, best)
+        return runner, search.compare.confirmed(trial, best)
 
     runner, (again, faster) = confirmed([697.2, 570.0], 705.1)
     assert faster and again.batches_per_sec == 705.1
@@ -1179,35 +1187,35 @@ def test_the_climb_goes_on_from_the_best_as_measured_again_not_its_first_look():
     best = search.climb_workers(runner.measure(16, 2, False))
     assert best.num_workers == 16 and (best.batches_per_sec, best.measurements) == (105.0, 2)
     assert runner.remeasured == [(32, 2, False), (16, 2, False)]  # 16 once, its two looks kept
-    assert search.stop_detail == "more gave nothing (32 workers: -2%)"
+    assert search.compare.stop_detail == "more gave nothing (32 workers: -2%)"
 
 
 def test_a_close_call_the_budget_left_no_time_to_measure_again_goes_to_fewer():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     runner = FakeRunner(lambda workers, prefetch, pin: {4: 97.5, 8: 100.0}[workers])
     search = _search_with(runner)
     policy = runner.measure(4, 2, False)
     runner.measure(8, 2, False)
     runner.remaining = 0.0
-    assert choose(search, policy, 0.02).num_workers == 4 and runner.remeasured == []
+    assert choose(search.compare, policy, 0.02).num_workers == 4 and runner.remeasured == []
 
 
 def test_a_close_call_takes_at_most_the_seconds_it_is_given():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     runner = FakeRunner(lambda workers, prefetch, pin: {4: 97.5, 8: 100.0}[workers])
     search = _search_with(runner)
     policy = runner.measure(4, 2, False)
     runner.measure(8, 2, False)
     # 100 s of budget left, none of it given to the close call: nothing re-measured, the tie goes to fewer
-    assert choose(search, policy, 0.02, seconds=0.0).num_workers == 4 and runner.remeasured == []
+    assert choose(search.compare, policy, 0.02, seconds=0.0).num_workers == 4 and runner.remeasured == []
     assert runner.remaining == 100.0  # the rest is given back
-    assert choose(search, policy, 0.02, seconds=50.0).num_workers == 8 and runner.remeasured
+    assert choose(search.compare, policy, 0.02, seconds=50.0).num_workers == 8 and runner.remeasured
 
 
 def test_a_close_call_the_budget_cannot_fit_at_twice_the_cap_measures_both_sides_shorter_or_neither():
-    from lightning_dataperf.autotune_choice import _pair_scale, choose
+    from lightning_dataperf.autotune.choice import _pair_scale, choose
 
     runner = FakeRunner(lambda workers, prefetch, pin: {15: 97.5, 18: 100.0}[workers])
     search = _search_with(runner)
@@ -1219,7 +1227,7 @@ def test_a_close_call_the_budget_cannot_fit_at_twice_the_cap_measures_both_sides
     # the cap (13.4 s): both are measured at the scale that fits, (9 - 1.8) / 5.8, not one at 2 and the other cut
     pair = (runner.trials[(15, 2, False)], runner.trials[(18, 2, False)])
     runner.remaining = 9.0
-    chosen = choose(search, policy, 0.02, refine=1)
+    chosen = choose(search.compare, policy, 0.02, refine=1)
     assert sorted(runner.remeasured) == [(15, 2, False), (18, 2, False)]
     assert runner.scales == [pytest.approx(7.2 / 5.8)] * 2
     assert chosen.num_workers == 18  # both measured again: the means decide, 2.5% apart
@@ -1230,7 +1238,7 @@ def test_a_close_call_the_budget_cannot_fit_at_twice_the_cap_measures_both_sides
 
 
 def test_a_close_call_counts_as_measured_again_only_when_it_was():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     runner = FakeRunner(lambda workers, prefetch, pin: {4: 97.5, 8: 100.0}[workers])
     search = _search_with(runner)
@@ -1243,16 +1251,16 @@ def test_a_close_call_counts_as_measured_again_only_when_it_was():
 
     runner.remeasure = spent
     # single measurements within noise: the tie goes to the policy's (cheaper) 4, not to the faster mean
-    assert choose(search, policy, 0.02).num_workers == 4
+    assert choose(search.compare, policy, 0.02).num_workers == 4
 
 
 def test_a_repeat_that_measured_nothing_is_said_so_not_shown_as_a_new_trial(monkeypatch):
     import io
 
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_progress import LogProgress
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.progress import LogProgress
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     # the H200 side-stream row: 22 workers' repeat was cut by the budget, and the log showed trial 4 twice
     stream = io.StringIO()
@@ -1270,9 +1278,9 @@ def test_a_repeat_that_measured_nothing_is_said_so_not_shown_as_a_new_trial(monk
 
 
 def test_a_rough_first_measurement_is_replaced_by_a_steady_repeat(monkeypatch):
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(100.0, 60, 0.03, 0.5, None, 0)
     runner = TrialRunner(SlowSamples(100), 4, {}, fake_hardware(), TransferPath(), limits)
@@ -1286,9 +1294,9 @@ def test_a_rough_first_measurement_is_replaced_by_a_steady_repeat(monkeypatch):
 
 def _busy_trial(samples, batch_budget):
     """One 2-worker trial on CPU-bound samples (1 ms each, batches of 4), read to precision or the batch cap."""
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(60.0, batch_budget, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=30.0)
     runner = TrialRunner(BusySamples(samples), 4, {}, fake_hardware(), TransferPath(), limits)
@@ -1310,22 +1318,22 @@ def test_an_iterator_that_ran_out_reports_no_worker_cpu():
 def test_the_climb_leaves_a_share_of_the_budget_for_the_choice(tmp_path, monkeypatch):
     import time
 
-    from lightning_dataperf import autotune
-    from lightning_dataperf.autotune_choice import CHOICE_RESERVE
-    from lightning_dataperf.autotune_search import Search
+    from lightning_dataperf.autotune import tune as autotune
+    from lightning_dataperf.autotune.choice import CHOICE_RESERVE
+    from lightning_dataperf.autotune.search import Search
 
     def greedy_climb(self, best):  # a climb that spends every second it is given
         while self.runner.remaining > 0:
             time.sleep(0.01)
-        self.stop("time budget", "spent")
+        self.compare.stop("time budget", "spent")
         return best
 
     seen = []
     choose = autotune.choose
 
-    def recorded(search, floor, choose_within, **options):
-        seen.append(search.runner.remaining)
-        return choose(search, floor, choose_within, **options)
+    def recorded(compare, floor, choose_within, **options):
+        seen.append(compare.runner.remaining)
+        return choose(compare, floor, choose_within, **options)
 
     monkeypatch.setattr(Search, "climb_workers", greedy_climb)
     monkeypatch.setattr(autotune, "choose", recorded)
@@ -1335,9 +1343,9 @@ def test_the_climb_leaves_a_share_of_the_budget_for_the_choice(tmp_path, monkeyp
 
 
 def test_a_repeat_the_budget_cut_before_a_steady_round_is_not_averaged_in(monkeypatch):
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(100.0, 60, 0.03, 0.5, None, 0)
     runner = TrialRunner(SlowSamples(100), 4, {}, fake_hardware(), TransferPath(), limits)
@@ -1354,9 +1362,9 @@ def test_a_repeat_the_budget_cut_before_a_steady_round_is_not_averaged_in(monkey
 
 
 def test_reserved_keeps_budget_back_and_gives_it_back():
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(100.0, 60, 0.03, 0.5, None, 0)
     runner = TrialRunner(SlowSamples(100), 4, {}, fake_hardware(), TransferPath(), limits)
@@ -1372,8 +1380,8 @@ def test_reserved_keeps_budget_back_and_gives_it_back():
 
 
 def test_a_tie_never_spans_more_than_the_tie_band_however_noisy_the_trials():
-    from lightning_dataperf.autotune_choice import choose
-    from lightning_dataperf.autotune_search import TIE_BAND
+    from lightning_dataperf.autotune.choice import choose
+    from lightning_dataperf.autotune.search import TIE_BAND
 
     runner = FakeRunner(lambda workers, prefetch, pin: {1: 11.0, 14: 88.0, 17: 131.0}[workers])
     search = _search_with(runner)
@@ -1383,13 +1391,13 @@ def test_a_tie_never_spans_more_than_the_tie_band_however_noisy_the_trials():
     for config, trial in list(runner.trials.items()):  # each rate known only within 30% (a loaded VM)
         runner.trials[config] = dataclasses.replace(trial, precision=0.3)
     near = Trial(16, 2, False, 131.0 * (1 - TIE_BAND / 2), batches=20, precision=0.3)
-    assert search.as_fast(near, runner.trials[(17, 2, False)])  # within the band and the noise: a tie
-    assert not search.as_fast(runner.trials[(14, 2, False)], runner.trials[(17, 2, False)])
-    assert choose(search, policy, 0.02).num_workers == 17
+    assert search.compare.as_fast(near, runner.trials[(17, 2, False)])  # within the band and the noise: a tie
+    assert not search.compare.as_fast(runner.trials[(14, 2, False)], runner.trials[(17, 2, False)])
+    assert choose(search.compare, policy, 0.02).num_workers == 17
 
 
 def test_a_trial_stops_once_it_is_decided_against_the_best_so_far():
-    from lightning_dataperf.autotune_records import decided
+    from lightning_dataperf.autotune.trial import decided
 
     slow = Trial(4, 2, False, 40.0, batches=20, precision=0.05)
     assert decided(10.0, 0.1, slow, 0.03), "a quarter of the best so far: lost"
@@ -1401,9 +1409,9 @@ def test_a_trial_stops_once_it_is_decided_against_the_best_so_far():
 
 
 def test_a_real_trial_against_a_far_faster_one_stops_before_its_precision(tmp_path):
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import MIN_STEADY_BATCHES, Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import MIN_STEADY_BATCHES, Limits
 
     # a precision no trial reaches and a cap far away: alone, the trial runs to its 60-batch cap
     limits = Limits(120.0, 60, 0.03, 0.5, None, 0, precision=1e-6, trial_seconds=60.0)
@@ -1420,8 +1428,8 @@ def test_a_real_trial_against_a_far_faster_one_stops_before_its_precision(tmp_pa
 
 
 def test_the_climb_stops_where_the_cost_model_says_the_cpus_are_spent():
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_search import Search
+    from lightning_dataperf.autotune.search import Search
+    from lightning_dataperf.autotune.trial import Limits
 
     # 3 workers on 2 CPUs, each batch 80 ms of a worker's CPU, the main thread busy 13%: (2 - 0.13) / 0.08
     # = 23.4 batches/s is all the CPUs can make, and 24 were measured
@@ -1430,8 +1438,8 @@ def test_the_climb_stops_where_the_cost_model_says_the_cpus_are_spent():
     runner = FakeRunner(lambda workers, prefetch, pin: 24.0)
     runner.trials[start.config] = start
     search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
-    assert search.climb_workers(start) is start and search.stop_reason == "CPUs"
-    assert "23.4 batches/s" in search.stop_detail and runner.measured == []
+    assert search.climb_workers(start) is start and search.compare.stop_reason == "CPUs"
+    assert "23.4 batches/s" in search.compare.stop_detail and runner.measured == []
     # half the CPU per batch: the CPUs could make twice as much, so it climbs
     runner = FakeRunner(lambda workers, prefetch, pin: 24.0)
     search = Search(runner, {}, (False,), Limits(30.0, 200, 0.03, 0.5, None, 1), cpus=2)
@@ -1440,8 +1448,8 @@ def test_the_climb_stops_where_the_cost_model_says_the_cpus_are_spent():
 
 
 def test_the_climb_stops_where_the_whole_path_spends_the_cpus_though_the_workers_only_wait():
-    from lightning_dataperf.autotune_records import Limits
-    from lightning_dataperf.autotune_search import Search
+    from lightning_dataperf.autotune.search import Search
+    from lightning_dataperf.autotune.trial import Limits
 
     # a latency loader: each worker waits 80 ms per batch and computes 1 ms of it (in-loader), so the
     # in-loader model sees no CPU limit; but the OS says the path spent 8.3 ms of CPU per batch at 48
@@ -1459,12 +1467,12 @@ def test_the_climb_stops_where_the_whole_path_spends_the_cpus_though_the_workers
 
     search, runner, best = climb(start, below)
     # (the hand-over's trial after the stop reads the same: raced, so 48 is measured again; no climb trial)
-    assert best.config == start.config and search.stop_reason == "CPUs", search.stop_detail
-    assert "241.0 batches/s" in search.stop_detail and runner.measured == []
+    assert best.config == start.config and search.compare.stop_reason == "CPUs", search.compare.stop_detail
+    assert "241.0 batches/s" in search.compare.stop_detail and runner.measured == []
     # fewer workers made cheaper batches (16: 7.0 ms, as on the 2-core VM): more workers will not be cheaper
     # than 48's own 8.3 ms, so the CPUs are spent all the same
     search, runner, best = climb(start, dataclasses.replace(below, tree_cpu_s=0.0070))
-    assert best.config == start.config and search.stop_reason == "CPUs" and runner.measured == []
+    assert best.config == start.config and search.compare.stop_reason == "CPUs" and runner.measured == []
     # more workers measured cheaper (96: 7.0 ms, as on the H200: 18 workers 10% below 15), the CPUs might
     # make 286 batches/s; one point alone, or another prefetch depth, proves nothing: it climbs
     for trials in (
@@ -1473,7 +1481,7 @@ def test_the_climb_stops_where_the_whole_path_spends_the_cpus_though_the_workers
         (start, Trial(16, 4, False, 180.0, batches=200, tree_cpu_s=0.0084, **timing)),
     ):
         search, runner, _ = climb(*trials)
-        assert runner.measured and runner.measured[0][0] > 48, search.stop_detail
+        assert runner.measured and runner.measured[0][0] > 48, search.compare.stop_detail
     # without the OS figure (psutil missing): the in-loader model sees no CPU limit and climbs
     search, runner, _ = climb(dataclasses.replace(start, tree_cpu_s=None), below)
     assert runner.measured and runner.measured[0][0] > 48
@@ -1486,7 +1494,7 @@ def test_a_bound_less_than_one_step_away_ends_the_climb_without_a_trial():
     start = Trial(20, 2, False, 200.0, batches=200)
     runner.trials[start.config] = start
     assert search.climb_workers(start) is start and runner.measured == []
-    assert search.stop_reason == "CPU share" and "less than one step above 20" in search.stop_detail
+    assert search.compare.stop_reason == "CPU share" and "less than one step above 20" in search.compare.stop_detail
 
 
 def test_worker_cpu_counts_only_children_alive_at_the_end():
@@ -1494,7 +1502,7 @@ def test_worker_cpu_counts_only_children_alive_at_the_end():
     import sys
     import time
 
-    from lightning_dataperf.autotune_measures import WorkerCpu
+    from lightning_dataperf.autotune.measures import WorkerCpu
 
     # a plain child (multiprocessing's spawn would leave its resource tracker behind, a child of pytest)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -1526,11 +1534,11 @@ def test_a_trial_reads_the_cpu_of_the_workers_and_this_process_per_batch():
 def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatch):
     import time
 
-    from lightning_dataperf import autotune_trials
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_drain import drain
-    from lightning_dataperf.autotune_measures import WorkerCpu
-    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune import runner as autotune_trials
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.drain import drain
+    from lightning_dataperf.autotune.measures import WorkerCpu
+    from lightning_dataperf.autotune.trial import Limits
 
     read_at = []
     unique_mb = WorkerCpu.unique_mb
@@ -1555,7 +1563,7 @@ def test_reading_the_workers_memory_is_not_counted_in_the_trials_rate(monkeypatc
 def test_a_trials_worker_memory_is_read_from_a_spread_sample_of_its_workers(monkeypatch):
     from types import SimpleNamespace
 
-    from lightning_dataperf.autotune_measures import MEMORY_SAMPLE, WorkerCpu
+    from lightning_dataperf.autotune.measures import MEMORY_SAMPLE, WorkerCpu
 
     read = []
 
@@ -1576,7 +1584,7 @@ def test_a_trials_worker_memory_is_read_from_a_spread_sample_of_its_workers(monk
 
 
 def test_each_trial_reads_its_own_slice_of_one_permutation_of_the_dataset():
-    from lightning_dataperf.autotune_order import TrialOrder, coprime_stride
+    from lightning_dataperf.autotune.order import TrialOrder, coprime_stride
 
     for length in (1, 2, 3, 10, 12, 97, 1000):
         order = list(TrialOrder(length, 5, coprime_stride(length)))
@@ -1587,9 +1595,9 @@ def test_each_trial_reads_its_own_slice_of_one_permutation_of_the_dataset():
 
 
 def test_a_trial_with_fewer_than_two_batches_says_whether_the_budget_or_the_dataset_ran_out():
-    from lightning_dataperf.autotune_consumer import TransferPath
-    from lightning_dataperf.autotune_records import BUDGET_REFUSAL, DATASET_REFUSAL, Limits
-    from lightning_dataperf.autotune_trials import TrialRunner
+    from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.runner import TrialRunner
+    from lightning_dataperf.autotune.trial import BUDGET_REFUSAL, DATASET_REFUSAL, Limits
 
     limits = Limits(120.0, 60, 0.03, 0.5, None, 0, trial_seconds=60.0)
     runner = TrialRunner(SlowSamples(3), 4, {}, fake_hardware(usable_cpus=2), TransferPath(), limits)
@@ -1610,7 +1618,7 @@ def test_the_way_down_compares_with_the_start_as_measured_again_not_its_first_lo
     best = search.climb_workers(runner.measure(16, 2, False))
     assert best.num_workers == 16 and (best.batches_per_sec, best.measurements) == (105.0, 2)
     assert (8, 2, False) in runner.trials  # the way down was measured, and lost
-    assert search.stop_reason == "gain"
+    assert search.compare.stop_reason == "gain"
 
 
 def _looked(runner, workers, precision, looks=1):
@@ -1622,39 +1630,39 @@ def _looked(runner, workers, precision, looks=1):
 
 
 def test_a_gain_the_climb_confirmed_is_not_lost_to_the_floors_one_look():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     # the H200 side stream: 18 workers read 39.3 and 41.1 (6% error), the policy's 15 read 36.0 once (3%): +12%,
     # within the two rates' combined error (13%). The floor is measured again (35.0): the means decide, 18
     runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
     search = _search_with(runner)
     policy, eighteen = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
-    assert eighteen.batches_per_sec == pytest.approx(40.2) and not search.better(eighteen, policy)
-    assert choose(search, policy, 0.02).num_workers == 18
+    assert eighteen.batches_per_sec == pytest.approx(40.2) and not search.compare.better(eighteen, policy)
+    assert choose(search.compare, policy, 0.02).num_workers == 18
     assert runner.remeasured[-1] == (15, 2, False)
     # the floor's second look (44.0) brings its mean to 40.0: within 2% of 18's, the policy's 15 stays
     runner = AveragingRunner({15: [36.0, 44.0], 18: [39.3, 41.1]})
     search = _search_with(runner)
     policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
-    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured[-1] == (15, 2, False)
+    assert choose(search.compare, policy, 0.02).num_workers == 15 and runner.remeasured[-1] == (15, 2, False)
     # a repeat that measured nothing (cut before one steady round: the trial itself comes back): the floor stays
     runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
     search = _search_with(runner)
     policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
     averaged = runner.remeasure
     runner.remeasure = lambda trial, cap_scale=1.0, against=None: trial if trial.num_workers == 15 else averaged(trial)
-    assert choose(search, policy, 0.02).num_workers == 15
+    assert choose(search.compare, policy, 0.02).num_workers == 15
     # a cheaper pick as fast as the floor is taken as it is: the floor is not measured again for it
     runner = AveragingRunner({15: [36.0, 35.0], 8: [39.3, 41.1]})
     search = _search_with(runner)
     policy, _ = _looked(runner, 15, 0.03), _looked(runner, 8, 0.06, looks=2)
-    assert choose(search, policy, 0.02).num_workers == 8 and runner.remeasured == [(8, 2, False)]
+    assert choose(search.compare, policy, 0.02).num_workers == 8 and runner.remeasured == [(8, 2, False)]
     # no time left for the look: the floor stays, nothing measured
     runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
     search = _search_with(runner)
     policy, _ = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
     runner.remaining = 0.0
-    assert choose(search, policy, 0.02).num_workers == 15 and runner.remeasured == [(18, 2, False)]
+    assert choose(search.compare, policy, 0.02).num_workers == 15 and runner.remeasured == [(18, 2, False)]
 
 
 class PinnedLooks(AveragingRunner):
@@ -1666,7 +1674,7 @@ class PinnedLooks(AveragingRunner):
 
 
 def test_the_other_pinning_at_the_floors_workers_must_still_beat_it_by_the_noise():
-    from lightning_dataperf.autotune_choice import choose
+    from lightning_dataperf.autotune.choice import choose
 
     def pick(floor_looks):
         runner = PinnedLooks({(15, False): floor_looks, (15, True): [37.0, 38.0]})
@@ -1676,7 +1684,7 @@ def test_the_other_pinning_at_the_floors_workers_must_still_beat_it_by_the_noise
         pinned = dataclasses.replace(runner.measure(15, 2, True), precision=0.08)
         runner.trials[pinned.config] = pinned
         runner.remeasure(pinned)  # 37.5 over two looks
-        return choose(search, policy, 0.02), runner
+        return choose(search.compare, policy, 0.02), runner
 
     chosen, runner = pick([33.0, 40.0])  # the floor's mean 36.5: pinned +2.7%, within the noise (3%)
     assert not chosen.pin_memory and runner.remeasured[-1] == (15, 2, False)
@@ -1690,11 +1698,11 @@ def test_the_stop_is_told_against_the_answer_when_the_choice_took_fewer_workers(
     runner = FakeRunner(lambda workers, prefetch, pin: {4: 80.2, 8: 108.7, 12: 100.2}[workers])
     search = _search_with(runner)
     four, twelve, eight = (runner.measure(workers, 2, False) for workers in (4, 12, 8))
-    search.stop("gain", "more gave nothing (12 workers: +25%); 2 workers cannot be as fast")
+    search.compare.stop("gain", "more gave nothing (12 workers: +25%); 2 workers cannot be as fast")
     search.gained_nothing = twelve, "more gave nothing (12 workers: +25%)"
     search.stop_against(four)  # the answer is the best at the stop: its words stand
-    assert search.stop_detail.startswith("more gave nothing (12 workers: +25%)")
+    assert search.compare.stop_detail.startswith("more gave nothing (12 workers: +25%)")
     search.stop_against(eight)
-    assert search.stop_detail == "more gave nothing (12 workers: -8%); 2 workers cannot be as fast"
+    assert search.compare.stop_detail == "more gave nothing (12 workers: -8%); 2 workers cannot be as fast"
     search.stop_against(twelve)  # not fewer workers than the step: unchanged
-    assert search.stop_detail == "more gave nothing (12 workers: -8%); 2 workers cannot be as fast"
+    assert search.compare.stop_detail == "more gave nothing (12 workers: -8%); 2 workers cannot be as fast"

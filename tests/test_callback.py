@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback, Diagnosis, EpochSummary
-from lightning_dataperf.outputs import custom_scalars
+from lightning_dataperf.report.outputs import custom_scalars
 from lightning_dataperf.tags import SUMMARY_FILE
 
 

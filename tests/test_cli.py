@@ -17,8 +17,8 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.cli import main
-from lightning_dataperf.hardware import usable_cpus
-from lightning_dataperf.report import COLOURS, LABELS, TAGS, RunData, load_run, render_figure
+from lightning_dataperf.report.run import COLOURS, LABELS, TAGS, RunData, load_run, render_figure
+from lightning_dataperf.telemetry.hardware import usable_cpus
 
 
 def _entry_point() -> str:
@@ -292,7 +292,7 @@ def test_report_reads_each_event_file_of_a_run_once(tmp_path):
 
 
 def test_report_reads_runs_logged_with_earlier_tag_names():
-    from lightning_dataperf.report import current_tag
+    from lightning_dataperf.report.run import current_tag
 
     assert current_tag("System/gpu_pcie_rx_MBps") == "Usage/gpu_pcie_rx_mbps"
     assert current_tag("System/main_rss_MB") == "Usage/main_rss_mb"

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from lightning_dataperf.gpu_decode import DecodeError, GpuDecodeLoader, JpegDecoder
-from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode import DecodeError, GpuDecodeLoader, JpegDecoder
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
 pytestmark = pytest.mark.cuda
 pytest.importorskip("PIL")
@@ -21,7 +21,7 @@ MEAN_TOLERANCE, P99_TOLERANCE = 2.0, 16.0
 
 
 def _available(name: str) -> bool:
-    from lightning_dataperf._decode_backends import import_decode_jpeg, import_nvimgcodec
+    from lightning_dataperf.decode._backends import import_decode_jpeg, import_nvimgcodec
 
     try:
         (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()

@@ -8,8 +8,8 @@ import torch
 from helpers import sleepy_loader, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.host_gap import HostGapProbe
 from lightning_dataperf.testing import calibrate_cuda_sleep
+from lightning_dataperf.timing.host_gap import HostGapProbe
 
 pytestmark = pytest.mark.cuda
 

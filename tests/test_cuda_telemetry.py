@@ -10,7 +10,7 @@ import torch
 from helpers import scalar_tags, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.sources import GpuSource
+from lightning_dataperf.telemetry.sources import GpuSource
 from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, sleeping_loader
 
 pytestmark = pytest.mark.cuda

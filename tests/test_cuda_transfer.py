@@ -7,9 +7,9 @@ from helpers import Checksummed, ChecksumModel, seeded_image, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
-from lightning_dataperf.copier import SideStreamCopier
-from lightning_dataperf.copy_stats import CopyStats
 from lightning_dataperf.testing import calibrate_cuda_sleep
+from lightning_dataperf.transfer.copier import SideStreamCopier
+from lightning_dataperf.transfer.stats import CopyStats
 
 pytestmark = pytest.mark.cuda
 

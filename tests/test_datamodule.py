@@ -23,10 +23,10 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import TunedDataModule, article_settings, recommend_loader_settings
-from lightning_dataperf.hardware import StorageInfo
-from lightning_dataperf.policy import check_loader_kwargs
-from lightning_dataperf.sampler import EpochAwareDistributedSampler, LoaderResumeState
-from lightning_dataperf.seeding import batch_seed, main_process_seeded, worker_seed
+from lightning_dataperf.loader.policy import check_loader_kwargs
+from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler, LoaderResumeState
+from lightning_dataperf.loader.seeding import batch_seed, main_process_seeded, worker_seed
+from lightning_dataperf.telemetry.hardware import StorageInfo
 
 NOT_RESUMABLE = "your dataloader is not resumable"
 

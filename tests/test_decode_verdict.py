@@ -13,12 +13,12 @@ from helpers import trainer_kwargs, write_files
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.decode_rules import gpu_decode_cause
-from lightning_dataperf.decode_stats import DecodeStats
-from lightning_dataperf.evidence import Evidence
-from lightning_dataperf.loaders import LoaderFacts
-from lightning_dataperf.stats import EpochSummary, TimingSummary
-from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.decode.stats import DecodeStats
+from lightning_dataperf.diagnosis.evidence import Evidence
+from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
+from lightning_dataperf.loader.settings import LoaderFacts
+from lightning_dataperf.telemetry.stats import SystemStats
+from lightning_dataperf.timing.summary import EpochSummary, TimingSummary
 
 
 def test_a_window_is_the_difference_of_two_snapshots():
@@ -88,8 +88,8 @@ class TinyNet(pl.LightningModule):
 
 def test_a_trainer_on_a_gpu_decode_loader_logs_decode_figures_and_judges_them(tmp_path):
     pytest.importorskip("PIL")
-    from lightning_dataperf.gpu_decode import GpuDecodeLoader
-    from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+    from lightning_dataperf.decode import GpuDecodeLoader
+    from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
     dataset = EncodedImageDataset(write_files(str(tmp_path / "images"), 48), seed=0)
     loader = GpuDecodeLoader(DataLoader(dataset, batch_size=4, collate_fn=collate_encoded), device="cpu", size=8)
@@ -109,8 +109,8 @@ def test_tuned_datamodule_gpu_decode_is_one_switch(tmp_path):
     """``TunedDataModule(gpu_decode=...)``: the loader over encoded JPEGs gets the collate, few workers, the wrap."""
     pytest.importorskip("PIL")
     from lightning_dataperf import TunedDataModule
-    from lightning_dataperf.gpu_decode import GpuDecodeLoader
-    from lightning_dataperf.jpeg_batches import EncodedImageDataset
+    from lightning_dataperf.decode import GpuDecodeLoader
+    from lightning_dataperf.decode.encoded import EncodedImageDataset
 
     samples = write_files(str(tmp_path / "images"), 24)
 
@@ -139,7 +139,7 @@ def test_tuned_datamodule_gpu_decode_is_one_switch(tmp_path):
 
 def test_gpu_decode_loader_defaults_cap_the_policy_but_not_a_choice():
     from lightning_dataperf import TunedDataModule
-    from lightning_dataperf.jpeg_batches import collate_encoded, encoded_loader_defaults
+    from lightning_dataperf.decode.encoded import collate_encoded, encoded_loader_defaults
 
     capped = encoded_loader_defaults({}, policy_workers=15)
     assert capped["num_workers"][0] == 4 and capped["collate_fn"] == (collate_encoded, "")
@@ -158,7 +158,7 @@ def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from lightning_dataperf import TunedDataModule
-    from lightning_dataperf.jpeg_batches import EncodedImageDataset
+    from lightning_dataperf.decode.encoded import EncodedImageDataset
 
     pytest.importorskip("PIL")
     samples = [(path, index) for index, (path, _) in enumerate(write_files(str(tmp_path / "images"), 24))]
@@ -190,7 +190,7 @@ def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_
 
     import inspect
 
-    from lightning_dataperf.gpu_decode import GpuDecodeLoader
+    from lightning_dataperf.decode import GpuDecodeLoader
 
     wrapped = GpuDecodeLoader(DataLoader(EncodedImageDataset(samples, seed=0)), device="cpu")
     assert inspect.getattr_static(wrapped, "state_dict", None) is None  # a plain DataLoader: not stateful

@@ -13,15 +13,15 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.copy_stats import CopyStats
-from lightning_dataperf.diagnosis import diagnose
-from lightning_dataperf.evidence import Evidence
-from lightning_dataperf.host_gap import HostGapStats
-from lightning_dataperf.loader_stats import LoaderStats
-from lightning_dataperf.loaders import LoaderFacts
-from lightning_dataperf.stats import EpochSummary, Stall, TimingSummary
-from lightning_dataperf.system_stats import SystemStats
+from lightning_dataperf.diagnosis.diagnose import diagnose
+from lightning_dataperf.diagnosis.evidence import Evidence
+from lightning_dataperf.loader.settings import LoaderFacts
+from lightning_dataperf.loader.stats import LoaderStats
+from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.testing import SleepingLoaderDataset
+from lightning_dataperf.timing.host_gap import HostGapStats
+from lightning_dataperf.timing.summary import EpochSummary, Stall, TimingSummary
+from lightning_dataperf.transfer.stats import CopyStats
 
 
 def timing(mean: float) -> TimingSummary:
@@ -142,7 +142,7 @@ def test_saturated_workers_on_spent_cpus_are_not_told_to_add_workers():
     assert "15 workers are 97% busy and the CPUs are spent, 28 runnable tasks on 16 usable CPUs" in advice
     assert "more workers cannot help" in advice and "raise num_workers" not in advice
     assert "__getitem__ (read, decode, augment) takes 40.0 ms of worker time per batch (95%" in advice
-    assert "lightning_dataperf.gpu_decode" in advice, "CPU decode on a CUDA machine points to GPU decoding"
+    assert "lightning_dataperf.decode" in advice, "CPU decode on a CUDA machine points to GPU decoding"
 
 
 def test_the_workers_own_cpu_time_decides_computing_from_waiting():
@@ -169,7 +169,7 @@ def test_busy_workers_that_use_little_cpu_wait_on_latency():
 
 
 def test_latency_advice_does_not_ask_for_workers_autotune_measured_no_faster():
-    from lightning_dataperf.evidence import MoreWorkersMeasured
+    from lightning_dataperf.diagnosis.evidence import MoreWorkersMeasured
 
     system = SystemStats(worker_cpu_percent_mean=4.0, cpu_busy_percent_mean=20.0)
     measured = dataclasses.replace(INPUT_BOUND, loader=inside(0.99, workers=10))

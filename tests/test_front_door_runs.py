@@ -47,7 +47,7 @@ def test_accumulated_gradients_log_each_point_at_its_own_step(tmp_path):
 
 def test_shm_shortage_is_predicted_before_the_first_batch(tmp_path, monkeypatch):
     cramped = fake_hardware(usable_cpus=4, shm_total_mb=8.0, shm_free_mb=1.0)
-    monkeypatch.setattr("lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: cramped)
+    monkeypatch.setattr("lightning_dataperf.callback.callback.probe_hardware", lambda *args, **kwargs: cramped)
     perf = DataPerfCallback(print_summary=False, telemetry=False)
     known_at_start = []
 

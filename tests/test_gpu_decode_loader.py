@@ -12,9 +12,9 @@ import weakref
 import pytest
 from torch.utils.data import DataLoader
 
-from lightning_dataperf._gpu_decode_loader import guard_forked_workers
-from lightning_dataperf.gpu_decode import GpuDecodeLoader, JpegDecoder
-from lightning_dataperf.jpeg_batches import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode import GpuDecodeLoader, JpegDecoder
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode.loader import guard_forked_workers
 
 pytest.importorskip("PIL")
 from helpers import write_files

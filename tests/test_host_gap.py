@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_dataperf.host_gap import HostGapProbe, _stats, split_device_span
+from lightning_dataperf.timing.host_gap import HostGapProbe, _stats, split_device_span
 
 MS = 1_000_000
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from lightning_dataperf.gpu_decode import DecodeError, GpuDecodeLoader, JpegDecoder
-from lightning_dataperf.jpeg_batches import (
+from lightning_dataperf.decode import DecodeError, GpuDecodeLoader, JpegDecoder
+from lightning_dataperf.decode.encoded import (
     KIND_BAD,
     KIND_CPU,
     KIND_GPU,
@@ -233,7 +233,7 @@ class _FakeNvImageCodec:
         return [self._Wrapped(slot) for slot in slots]
 
     def decode(self, streams, images=None, params=None, cuda_stream=0):
-        from lightning_dataperf._decode_backends import pil_decode
+        from lightning_dataperf.decode._backends import pil_decode
 
         self.calls.append("into" if images is not None else "copy")
         out = []
@@ -252,7 +252,7 @@ class _FakeNvImageCodec:
 
 @pytest.mark.parametrize("into", [True, False, "own"])
 def test_nvimgcodec_backend_fills_the_flat_buffer(tmp_path, into):
-    from lightning_dataperf._decode_backends import NvImageCodecBackend
+    from lightning_dataperf.decode._backends import NvImageCodecBackend
 
     paths = odd_files(str(tmp_path))
     samples = [*write_files(str(tmp_path / "ok"), 5), (paths["progressive"], 0)]
@@ -272,7 +272,7 @@ def test_nvimgcodec_backend_fills_the_flat_buffer(tmp_path, into):
 
 
 def test_flat_gather_layouts_agree():
-    from lightning_dataperf.gpu_decode import crop_resize_flip
+    from lightning_dataperf.decode.decoder import crop_resize_flip
 
     generator = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (h, w, 3), generator=generator, dtype=torch.uint8) for h, w in ((9, 13), (20, 7))]
@@ -290,7 +290,7 @@ def test_flat_gather_layouts_agree():
 
 
 def test_backend_choice_names_the_extra():
-    from lightning_dataperf._decode_backends import make_backend
+    from lightning_dataperf.decode._backends import make_backend
 
     with pytest.raises(ValueError, match="backend must be one of"):
         make_backend("dali", torch.device("cpu"))

@@ -12,9 +12,9 @@ from helpers import SleepyModel, scalar_tags, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.loader_probe import BatchTiming, LoaderProbe, TimedBatch, instrument
-from lightning_dataperf.loader_stats import LoaderStats
-from lightning_dataperf.lookahead import add_iterator_wrapper
+from lightning_dataperf.loader.probe import BatchTiming, LoaderProbe, TimedBatch, instrument
+from lightning_dataperf.loader.stats import LoaderStats
+from lightning_dataperf.loader.wrapping import add_iterator_wrapper
 
 
 class SleepPerSample(Dataset):

@@ -10,7 +10,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from lightning_dataperf.loggers import log_metrics
+from lightning_dataperf.report.loggers import log_metrics
 
 METRICS = {"Time/DataLoading": 0.25, "Time/Compute": 0.5, "Usage/cpu_percent_mean": 40.0}
 

@@ -12,8 +12,9 @@ from helpers import IndexData, RecordingModel, SleepyModel, fake_hardware, sleep
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf import preflight as preflight_module
-from lightning_dataperf.hardware import (
+from lightning_dataperf.loader import preflight as preflight_module
+from lightning_dataperf.loader.preflight import BatchFootprint, check_batch, check_loader
+from lightning_dataperf.telemetry.hardware import (
     GpuInfo,
     cgroup_cpu_limit,
     local_world_size,
@@ -23,7 +24,6 @@ from lightning_dataperf.hardware import (
     slurm_cpu_limit,
     usable_cpus,
 )
-from lightning_dataperf.preflight import BatchFootprint, check_batch, check_loader
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 MB = 2**20
@@ -127,7 +127,7 @@ def test_shm_open_files_and_pinned_ram(monkeypatch):
 
 def test_callback_warns_at_fit_start(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        "lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: fake_hardware(usable_cpus=1)
+        "lightning_dataperf.callback.callback.probe_hardware", lambda *args, **kwargs: fake_hardware(usable_cpus=1)
     )
     perf = DataPerfCallback(print_summary=False)
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], logger=False, **trainer_kwargs(tmp_path))
@@ -138,8 +138,8 @@ def test_callback_warns_at_fit_start(tmp_path, monkeypatch):
 
 def test_explicit_workers_over_budget_are_warned_about_once_with_tuned_datamodule(tmp_path, monkeypatch):
     cramped = fake_hardware(usable_cpus=1)
-    monkeypatch.setattr("lightning_dataperf.callback.probe_hardware", lambda *args, **kwargs: cramped)
-    monkeypatch.setattr("lightning_dataperf.datamodule.probe_hardware", lambda *args, **kwargs: cramped)
+    monkeypatch.setattr("lightning_dataperf.callback.callback.probe_hardware", lambda *args, **kwargs: cramped)
+    monkeypatch.setattr("lightning_dataperf.datamodule.datamodule.probe_hardware", lambda *args, **kwargs: cramped)
     perf = DataPerfCallback(print_summary=False)
     datamodule = IndexData(length=16, workers=2, verbose=False)  # num_workers=2 passed explicitly, 1 CPU
     trainer = pl.Trainer(max_epochs=1, callbacks=[perf], logger=False, **trainer_kwargs(tmp_path))

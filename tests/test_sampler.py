@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch.utils.data import SequentialSampler
 
-from lightning_dataperf.sampler import (
+from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
     EpochAwareSamplerWrapper,
     EpochPublishingSampler,

@@ -12,13 +12,13 @@ from helpers import IndexData, IndexedDataset, RecordingModel, fake_hardware, tr
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_dataperf import ShareBy, recommend_loader_settings
-from lightning_dataperf.autotune import AutotuneResult
-from lightning_dataperf.autotune_consumer import TransferPath
-from lightning_dataperf.autotune_records import Limits, Trial
-from lightning_dataperf.autotune_search import Search
-from lightning_dataperf.autotune_trials import TrialRunner
-from lightning_dataperf.seeding import EpochSeededWorkerInit
-from lightning_dataperf.sharing import FAST_HANDOVER, _nested_pid_namespace, process_strategy, with_strategy
+from lightning_dataperf.autotune.consumer import TransferPath
+from lightning_dataperf.autotune.runner import TrialRunner
+from lightning_dataperf.autotune.search import Search
+from lightning_dataperf.autotune.trial import Limits, Trial
+from lightning_dataperf.autotune.tune import AutotuneResult
+from lightning_dataperf.loader.seeding import EpochSeededWorkerInit
+from lightning_dataperf.loader.sharing import FAST_HANDOVER, _nested_pid_namespace, process_strategy, with_strategy
 
 _INNER_CALLED: list[int] = []
 
@@ -69,7 +69,7 @@ def test_share_by_notes_its_workers_under_any_start_method_and_pickles_without_t
 
 
 def test_the_resource_tracker_a_spawned_loader_leaves_is_not_taken_for_a_worker():
-    from lightning_dataperf import processes
+    from lightning_dataperf.telemetry import processes
 
     # the spawn context starts multiprocessing's resource tracker, a child alive as long as the process
     list(DataLoader(list(range(8)), batch_size=4, num_workers=1, multiprocessing_context="spawn"))
@@ -134,13 +134,13 @@ class SharingRunner:
 
 def _search(runner: SharingRunner, stop: str = "gain") -> Search:
     search = Search(runner, fixed={}, pins=(False,), limits=Limits(30.0, 400, 0.03, 0.5, None, 0), cpus=2)  # type: ignore[arg-type]
-    search.stop_reason = stop
+    search.compare.stop_reason = stop
     return search
 
 
 def _handover(runner: SharingRunner, best: Trial, stop: str = "gain") -> tuple[Trial | None, str]:
     search = _search(runner, stop)
-    return search.handover.attempt(search, best), search.handover.detail
+    return search.handover.attempt(search.compare, best), search.handover.detail
 
 
 @pytest.mark.skipif(process_strategy() == FAST_HANDOVER, reason="this platform already sends by file name")
@@ -210,7 +210,7 @@ def test_the_file_system_hand_over_is_adopted_only_when_it_measured_faster_where
     assert _handover(runner, dataclasses.replace(best, worker_busy=0.89))[0] is not None and runner.runs
     # adopted (+3%, measured twice), but the pick is the policy's trial measured the default way: said so
     search = _search(SharingRunner(310.0, again=310.0), "gain")
-    adopted = search.handover.attempt(search, dataclasses.replace(best, precision=0.05))
+    adopted = search.handover.attempt(search.compare, dataclasses.replace(best, precision=0.05))
     assert adopted is not None and search.handover.said_of(adopted, FAST_HANDOVER) == search.handover.detail
     not_kept = "; not kept: 42 workers sending the default way were as fast"
     assert search.handover.said_of(best, FAST_HANDOVER).endswith(not_kept)
@@ -247,9 +247,7 @@ def test_tuned_datamodule_applies_the_measured_hand_over_and_the_batches_are_the
         chosen_batches_per_sec=1.0, sharing_strategy=FAST_HANDOVER,
         sharing_detail="file_system sharing measured +30% (1.3 against 1.0 batches/s)",
     )  # fmt: skip
-    monkeypatch.setattr(
-        "lightning_dataperf.autotune_lightning.autotune_for_datamodule", lambda module, explicit: result
-    )
+    monkeypatch.setattr("lightning_dataperf.datamodule.tuning.autotune_for_datamodule", lambda module, explicit: result)
 
     def fit(autotune):
         pl.seed_everything(5)
@@ -299,9 +297,7 @@ def test_a_fit_cut_short_leaves_nothing_of_the_file_system_hand_over_in_dev_shm(
         settings=settings, trials=(), search_seconds=1.0, baseline_batches_per_sec=1.0, best_batches_per_sec=1.3,
         chosen_batches_per_sec=1.0, sharing_strategy=FAST_HANDOVER, sharing_detail="file_system sharing measured +30%",
     )  # fmt: skip
-    monkeypatch.setattr(
-        "lightning_dataperf.autotune_lightning.autotune_for_datamodule", lambda module, explicit: result
-    )
+    monkeypatch.setattr("lightning_dataperf.datamodule.tuning.autotune_for_datamodule", lambda module, explicit: result)
     module = module_class(length=4000, seed=5, workers=2, autotune=True, verbose=False)
     trainer = pl.Trainer(max_epochs=2, limit_train_batches=3, logger=False, **trainer_kwargs(tmp_path))
     trainer.fit(RecordingModel(), datamodule=module)
@@ -321,8 +317,8 @@ def test_the_shared_memory_manager_is_not_taken_for_a_loader_worker(monkeypatch)
 
     import psutil
 
-    from lightning_dataperf import processes
-    from lightning_dataperf.autotune_measures import WorkerCpu
+    from lightning_dataperf.autotune.measures import WorkerCpu
+    from lightning_dataperf.telemetry import processes
 
     assert processes.is_shm_manager(types.SimpleNamespace(name=lambda: "torch_shm_manag"))
     assert not processes.is_shm_manager(psutil.Process())
@@ -344,7 +340,7 @@ import torch
 from torch.utils.data import DataLoader
 from lightning_dataperf import ShareBy
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
-from lightning_dataperf.sharing import reclaim_segments
+from lightning_dataperf.loader.sharing import reclaim_segments
 
 loader = DataLoader([torch.full((64,), float(i)) for i in range(512)], batch_size=4, num_workers=2, prefetch_factor=4,
                     worker_init_fn=ShareBy("file_system"))
@@ -458,7 +454,7 @@ def test_a_share_by_collected_with_its_loader_reclaims_and_removes_its_pid_file(
 
 
 def test_reclaim_touches_only_the_stopped_workers_unmapped_files(tmp_path, monkeypatch):
-    from lightning_dataperf import sharing
+    from lightning_dataperf.loader import sharing
 
     for name in ("torch_101_7_1", "torch_101_8_2", "torch_1010_9_1", "torch_202_1_1", "torch_303_1_1", "other_101_1"):
         (tmp_path / name).write_bytes(b"x")
@@ -489,7 +485,7 @@ def test_the_files_mapped_by_any_process_are_read_by_name_whatever_the_path(tmp_
     import mmap
     import os
 
-    from lightning_dataperf import sharing
+    from lightning_dataperf.loader import sharing
 
     linked = tmp_path / "shm"
     linked.mkdir()
@@ -504,7 +500,7 @@ def test_the_files_mapped_by_any_process_are_read_by_name_whatever_the_path(tmp_
 def test_a_trial_sending_by_file_name_leaves_nothing_in_dev_shm():
     import os
 
-    from lightning_dataperf.autotune_records import Limits
+    from lightning_dataperf.autotune.trial import Limits
 
     limits = Limits(30.0, 40, 0.03, 0.5, None, 0)
     samples = [torch.full((16,), float(index)) for index in range(4096)]

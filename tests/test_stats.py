@@ -4,11 +4,12 @@ import math
 import pytest
 import torch
 
-from lightning_dataperf.copy_stats import CopyStats
-from lightning_dataperf.host_gap import HostGapStats
-from lightning_dataperf.stats import EpochAccumulator, window_metrics
 from lightning_dataperf.tags import Stage
-from lightning_dataperf.timing import StepTiming
+from lightning_dataperf.timing.clock import StepTiming
+from lightning_dataperf.timing.epoch import EpochAccumulator
+from lightning_dataperf.timing.host_gap import HostGapStats
+from lightning_dataperf.timing.window import window_metrics
+from lightning_dataperf.transfer.stats import CopyStats
 
 
 def timing(step, wait, compute, step_time, first=False, samples=10, idle=None, device_step=None):

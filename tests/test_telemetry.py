@@ -13,9 +13,9 @@ import pytest
 from helpers import SleepyModel, scalar_tags, sleepy_loader, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.sources import CpuSource, DiskSource, GpuSource, MemorySource, ProcessSource
-from lightning_dataperf.system_stats import SystemStats
-from lightning_dataperf.telemetry import SystemSampler
+from lightning_dataperf.telemetry.sources import CpuSource, DiskSource, GpuSource, MemorySource, ProcessSource
+from lightning_dataperf.telemetry.stats import SystemStats
+from lightning_dataperf.telemetry.system_sampler import SystemSampler
 
 MB = 2**20
 

@@ -8,7 +8,7 @@ import sys
 from helpers import ROOT, scalar_tags
 
 from lightning_dataperf import tags
-from lightning_dataperf.outputs import CUDA_CHARTS, CUSTOM_SCALARS, custom_scalars
+from lightning_dataperf.report.outputs import CUDA_CHARTS, CUSTOM_SCALARS, custom_scalars
 
 
 def _tensorboard_compare(a: str, b: str) -> int:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_dataperf.timing import StepClock
+from lightning_dataperf.timing.clock import StepClock
 
 
 class FakeClock:

@@ -10,9 +10,9 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_dataperf import DataPerfCallback, SideStreamStrategy
 from lightning_dataperf.batches import iter_tensors, map_tensors
-from lightning_dataperf.copier import SideStreamCopier
-from lightning_dataperf.copy_stats import CopyStats, CopyTiming
-from lightning_dataperf.lookahead import LookaheadIterator
+from lightning_dataperf.transfer.copier import SideStreamCopier
+from lightning_dataperf.transfer.lookahead import LookaheadIterator
+from lightning_dataperf.transfer.stats import CopyStats, CopyTiming
 
 Pair = namedtuple("Pair", ["image", "label"])
 
@@ -200,7 +200,7 @@ def test_stream_switch_restores_the_compute_stream_even_on_error(monkeypatch, cu
 
 
 def test_event_pool_hands_back_what_it_was_given(monkeypatch):
-    from lightning_dataperf.copier import _EventPool
+    from lightning_dataperf.transfer.copier import _EventPool
 
     created = []
 

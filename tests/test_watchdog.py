@@ -11,8 +11,8 @@ from helpers import SleepyModel, trainer_kwargs
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import DataPerfCallback
+from lightning_dataperf.telemetry.watchdog import HangWatchdog
 from lightning_dataperf.testing import SleepingLoaderDataset
-from lightning_dataperf.watchdog import HangWatchdog
 
 
 def test_reports_once_per_timeout_and_stops_when_a_batch_arrives():

@@ -1,0 +1,82 @@
+"""The evidence for one epoch's verdict, gathered from a Lightning run.
+
+Example::
+
+    evidence = gather_evidence(trainer, summary, system=sampler.epoch_means(), hardware=hardware)
+    diagnose(evidence)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+
+from lightning_dataperf.autotune.trial import rated
+from lightning_dataperf.diagnosis.evidence import Evidence, MoreWorkersMeasured
+from lightning_dataperf.loader.settings import LoaderFacts, first_loader
+from lightning_dataperf.tags import Stage
+from lightning_dataperf.telemetry.hardware import Hardware, pcie_capacity_of_device
+from lightning_dataperf.telemetry.stats import SystemStats
+from lightning_dataperf.timing.summary import EpochSummary
+from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
+
+__all__ = ["autotune_seconds", "autotune_words", "gather_evidence", "more_workers_measured"]
+
+
+def gather_evidence(
+    trainer: pl.Trainer,
+    summary: EpochSummary,
+    system: SystemStats,
+    hardware: Hardware | None,
+    loader_blind: str | None = None,
+) -> Evidence:
+    """Everything the verdict may use about this epoch: the stage's own loader, telemetry, hardware, autotune."""
+    stage = Stage(summary.stage)
+    max_epochs = trainer.max_epochs
+    tuned = getattr(trainer.datamodule, "autotune_result", None)
+    return Evidence(
+        summary=summary,
+        loader=LoaderFacts.of(first_loader(_stage_loaders(trainer, stage))),
+        system=system,
+        side_stream_transfer=isinstance(trainer.strategy, SideStreamTransferMixin),
+        usable_cpus=None if hardware is None else hardware.cpus_per_rank,
+        pcie_capacity_mbps=pcie_capacity_of_device(hardware, trainer.strategy.root_device),
+        planned_epochs=max_epochs if max_epochs is not None and max_epochs > 0 else None,
+        autotune=autotune_words(tuned) if stage is Stage.TRAIN else None,
+        autotune_more=more_workers_measured(tuned) if stage is Stage.TRAIN else None,
+        loader_blind=loader_blind,
+    )
+
+
+def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
+    """The loaders of one stage as the Trainer holds them (a CombinedLoader, a loader, a list, or None)."""
+    loaders = {
+        Stage.TRAIN: trainer.train_dataloader,
+        Stage.VAL: trainer.val_dataloaders,
+        Stage.TEST: trainer.test_dataloaders,
+        Stage.PREDICT: trainer.predict_dataloaders,
+    }[stage]
+    return loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+
+
+def autotune_words(result: Any) -> str | None:
+    """Autotune's measured choice in words (``AutotuneResult.summary_line``), when it ran."""
+    return None if result is None else str(result.summary_line())
+
+
+def more_workers_measured(result: Any) -> MoreWorkersMeasured | None:
+    """The fastest trial with more workers than autotune's pick, against the pick (``None``: none measured)."""
+    if result is None or not result.chosen_batches_per_sec:
+        return None
+    pick = result.settings.num_workers
+    above = [trial for trial in rated(result.trials) if trial.num_workers > pick]
+    if not above:
+        return None
+    fastest = max(above, key=lambda trial: trial.batches_per_sec)
+    return MoreWorkersMeasured(pick, fastest.num_workers, fastest.batches_per_sec / result.chosen_batches_per_sec - 1)
+
+
+def autotune_seconds(result: Any) -> float:
+    """What the autotune call cost this run: probe + search, or the cache lookup (``AutotuneResult.elapsed_s``)."""
+    return float(result.elapsed_s)

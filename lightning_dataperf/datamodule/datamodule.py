@@ -1,0 +1,338 @@
+"""TunedDataModule: DataLoader settings from the hardware, and seeded, resume-exact sampling.
+
+Subclass it instead of ``LightningDataModule`` and keep returning ordinary ``DataLoader`` objects.
+While one of your ``*_dataloader()`` methods runs, every ``DataLoader`` it constructs receives the
+policy's ``num_workers`` / ``pin_memory`` / ``persistent_workers`` / ``prefetch_factor`` for each
+argument *you did not pass* (what you pass always wins), a sampler that shards across ranks with an
+epoch-aware, resume-exact order, and a worker seeding function keyed by (seed, epoch, rank, worker).
+
+Example::
+
+    from lightning import Trainer
+    from lightning_dataperf import DataPerfCallback, TunedDataModule
+
+    class MyData(TunedDataModule):
+        def train_dataloader(self):
+            return DataLoader(self.train_set, batch_size=64, shuffle=True)   # workers etc. chosen for you
+
+        def val_dataloader(self):
+            return DataLoader(self.val_set, batch_size=256, num_workers=2)   # 2 is kept
+
+    Trainer(callbacks=[DataPerfCallback()]).fit(model, datamodule=MyData(seed=42))
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from typing_extensions import override
+
+from lightning_dataperf._lightning_hooks import resume_position
+from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
+from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
+from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
+from lightning_dataperf.loader.sampler import (
+    EpochAwareDistributedSampler,
+    EpochAwareSamplerWrapper,
+    EpochPublishingSampler,
+    UnpaddedDistributedSampler,
+    make_resumable,
+)
+from lightning_dataperf.loader.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
+from lightning_dataperf.loader.settings import POLICY_FIELDS, LoaderPlan, LoaderSettings
+from lightning_dataperf.loader.sharing import ShareBy, with_strategy
+from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
+
+__all__ = ["LoaderPlan", "TunedDataModule"]
+
+
+class TunedDataModule(pl.LightningDataModule):
+    """A ``LightningDataModule`` whose DataLoaders get tuned settings and seeded, resume-exact sampling.
+
+    Args:
+        seed: the sampling and worker seed; default ``seed_everything``'s (``PL_GLOBAL_SEED``), else 0.
+        shard_drop_last: trim the training set so it divides evenly across ranks instead of repeating
+            samples (``DistributedSampler(drop_last=...)``).
+        unpadded_eval: shard validation/test loaders without padding, so distributed metrics count
+            every sample exactly once (ranks may then run one step fewer).
+        data_path: where the data lives, to take the storage into account.
+        autotune: measure loader settings on the real training set before training
+            (see :func:`lightning_dataperf.autotune_loader`); ``autotune_options`` are passed on.
+        verbose: print the chosen settings and reasons once on rank zero.
+        gpu_decode: decode JPEGs on the GPU (``True``, or the options of
+            :class:`~lightning_dataperf.decode.GpuDecodeLoader`, e.g. ``{"size": 224, "dtype":
+            torch.bfloat16}``): a loader over an :class:`~lightning_dataperf.decode.encoded.EncodedImageDataset`
+            gets ``collate_fn=collate_encoded`` (unless you pass one), at most 4 workers unless you say (they
+            only read files) and is returned wrapped in a ``GpuDecodeLoader`` on the run's device; the step
+            receives ``(images, labels)`` there. A hook's single ``DataLoader`` is wrapped; a list or dict of
+            loaders, and loaders over other datasets, are left alone.
+
+    Example::
+
+        class MyData(TunedDataModule):
+            def __init__(self):
+                super().__init__(seed=42, autotune=True, autotune_options={"time_budget": 20})
+
+            def train_dataloader(self):
+                return DataLoader(self.train_set, batch_size=64, shuffle=True)
+
+        datamodule = MyData()
+        trainer.fit(model, datamodule=datamodule)
+        print(datamodule.loader_plans["train"][0].format())   # what was chosen, and why
+
+    TunedDataModule installs its own ``DistributedSampler`` subclass in distributed runs, so Lightning
+    does not inject a second one; it uses the same seed (``seed_everything``'s), and its worker seeding
+    replaces Lightning's ``pl_worker_init_function`` rather than adding to it.
+    """
+
+    #: Read by DataPerfCallback: this module checks ``num_workers`` against the CPU budget itself.
+    dataperf_checks_worker_budget = True
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        shard_drop_last: bool = False,
+        unpadded_eval: bool = False,
+        data_path: str | os.PathLike[str] | None = None,
+        autotune: bool = False,
+        autotune_options: dict[str, Any] | None = None,
+        verbose: bool = True,
+        gpu_decode: bool | dict[str, Any] | None = False,
+    ) -> None:
+        super().__init__()
+        off = gpu_decode is False or gpu_decode is None
+        self.gpu_decode = None if off else ({} if gpu_decode is True else dict(gpu_decode))  # {}: the defaults
+        self.seed = seed
+        self.shard_drop_last = shard_drop_last
+        self.unpadded_eval = unpadded_eval
+        self.data_path = data_path
+        self.autotune = autotune
+        self.autotune_options = dict(autotune_options or {})
+        self.verbose = verbose
+        self.loader_plans: dict[str, list[LoaderPlan]] = {}
+        self.autotune_result: Any = None
+        self._hardware: Hardware | None = None
+        self._settings: LoaderSettings | None = None
+        self._reported: set[str] = set()
+        self._sharing: weakref.WeakSet[ShareBy] = weakref.WeakSet()  # how its loaders send by file name (teardown)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        wrap_hooks(cls)
+
+    @override
+    def teardown(self, stage: str) -> None:
+        """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
+        nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
+        leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
+        reclaim_sharing(self)
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def hardware(self) -> Hardware:
+        """The hardware probe (taken once)."""
+        if self._hardware is None:
+            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator())
+        return self._hardware
+
+    @property
+    def loader_settings(self) -> LoaderSettings:
+        """The policy's recommendation for this hardware (or the autotuned one)."""
+        if self._settings is None:
+            trainer = self._trainer_or_none()
+            max_epochs = None if trainer is None else trainer.max_epochs
+            self._settings = recommend_loader_settings(self.hardware, max_epochs=max_epochs)
+        return self._settings
+
+    def _accelerator(self) -> str | None:
+        trainer = self._trainer_or_none()
+        return None if trainer is None else trainer.strategy.root_device.type
+
+    def _trainer_or_none(self) -> pl.Trainer | None:
+        return getattr(self, "trainer", None)
+
+    def _seed(self) -> int:
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", "0"))
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self._trainer_or_none()
+        if trainer is None:
+            return 0, 1
+        return trainer.global_rank, trainer.world_size
+
+    # ------------------------------------------------------------------ planning one DataLoader
+    def _plan(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
+        check_loader_kwargs(explicit, self.hardware, self._accelerator())
+        encoded = self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset"))
+        if stage == "train" and self.autotune and self.autotune_result is None:
+            # the trials read the batches the way training will: encoded, through collate_encoded
+            collate = {name: value for name, (value, _) in encoded_loader_defaults(explicit, None).items()}
+            self._run_autotune({**explicit, **collate} if encoded else explicit)
+        plan = LoaderPlan(stage, {key: value for key, value in explicit.items() if key != "dataset"})
+        updates: dict[str, Any] = {}
+        settings = self.loader_settings
+        workers = explicit.get("num_workers", settings.num_workers)
+        for name in POLICY_FIELDS:
+            if name in explicit or (name in {"prefetch_factor", "persistent_workers"} and workers == 0):
+                continue
+            updates[name] = plan.chosen[name] = getattr(settings, name)
+            plan.reasons[name] = settings.reasons.get(name, "")
+        if encoded:  # the workers only read files: fewer than the policy's count, unless autotune measured it
+            measured = self.autotune_result is not None
+            chosen = encoded_loader_defaults(explicit, None if measured else updates.get("num_workers"))
+            for name, (value, reason) in chosen.items():
+                updates[name] = value
+                if reason:
+                    plan.chosen[name], plan.reasons[name] = value, reason
+            workers = updates.get("num_workers", workers)
+        shared = SharedEpoch()
+        updates.update(self._sampler(stage, explicit, plan, shared, workers))
+        if workers:
+            user_init = explicit.get("worker_init_fn")
+            updates["worker_init_fn"] = EpochSeededWorkerInit(self._seed(), self._ranks()[0], shared, user_init)
+            tuned = self.autotune_result if stage == "train" else None  # autotune measures the training loader
+            if tuned is not None and tuned.sharing_strategy is not None:  # the workers send the faster way
+                updates = with_strategy(updates, tuned.sharing_strategy)
+                self._sharing.add(updates["worker_init_fn"])  # its workers' unreceived batches: at teardown
+                plan.notes.append(f"hand-over: {tuned.sharing_detail} (autotune), so the workers send that way")
+        return plan, updates
+
+    def _sampler(
+        self, stage: str, explicit: dict[str, Any], plan: LoaderPlan, shared: SharedEpoch, workers: int
+    ) -> dict[str, Any]:
+        dataset = explicit.get("dataset")
+        if isinstance(dataset, IterableDataset) or explicit.get("batch_sampler") is not None:
+            plan.sampler = "unchanged (iterable dataset or your batch_sampler)"
+            return {}
+        rank, world = self._ranks()
+        sampler = explicit.get("sampler")
+        custom = sampler is not None and not isinstance(sampler, (RandomSampler, SequentialSampler))
+        if stage == "train":
+            return self._train_sampler(explicit, plan, shared, workers, sampler if custom else None, rank, world)
+        if stage in {"val", "test"} and world > 1 and not custom:
+            length = len(dataset)  # type: ignore[arg-type]
+            if self.unpadded_eval:
+                unpadded = UnpaddedDistributedSampler(dataset, num_replicas=world, rank=rank)  # type: ignore[arg-type]
+                plan.sampler = f"UnpaddedDistributedSampler (rank {rank} of {world}, no duplicates)"
+                plan.padded_samples_avoided = unpadded.padded_samples_avoided
+                return {"sampler": unpadded, "shuffle": None}
+            plan.sampler = "Lightning's DistributedSampler (pads with duplicates; unpadded_eval=True avoids it)"
+            plan.padded_samples = -(-length // world) * world - length
+        return {}
+
+    def _train_sampler(
+        self,
+        explicit: dict[str, Any],
+        plan: LoaderPlan,
+        shared: SharedEpoch,
+        workers: int,
+        custom: Sampler | None,
+        rank: int,
+        world: int,
+    ) -> dict[str, Any]:
+        dataset = explicit.get("dataset")
+        trainer = self._trainer_or_none()
+        position: Callable[[], tuple[int, int]] | None = None
+        if trainer is not None:
+            position = functools.partial(resume_position, trainer)
+        listeners = [shared.set]
+        if not workers and callable(getattr(dataset, "set_epoch", None)):
+            listeners.append(dataset.set_epoch)  # type: ignore[union-attr]
+        options = dict(position=position, batch_size=explicit.get("batch_size", 1) or 1, on_epoch=listeners)
+        if custom is not None and world > 1:
+            plan.sampler = f"your sampler, sharded across {world} ranks (EpochAwareSamplerWrapper)"
+            wrapper = EpochAwareSamplerWrapper(custom, num_replicas=world, rank=rank, shuffle=False, **options)
+            plan.padded_samples, plan.dropped_samples = wrapper.padded_samples, wrapper.dropped_samples
+            return {"sampler": wrapper}
+        if custom is not None:
+            plan.sampler = "your sampler (epoch published to workers)"
+            return {"sampler": EpochPublishingSampler(custom, **options)}
+        shuffle = bool(explicit.get("shuffle") or isinstance(explicit.get("sampler"), RandomSampler))
+        sampler = EpochAwareDistributedSampler(
+            dataset,  # type: ignore[arg-type]
+            num_replicas=world,
+            rank=rank,
+            shuffle=shuffle,
+            seed=self._seed(),
+            drop_last=self.shard_drop_last,
+            **options,
+        )
+        order = "new order each epoch" if shuffle else "the same order every epoch (shuffle=False)"
+        plan.sampler = (
+            f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
+            f"drop_last={self.shard_drop_last}): {order}, same order after a resume"
+        )
+        plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
+        return {"sampler": sampler, "shuffle": None}
+
+    def _finish(self, stage: str, loader: DataLoader, plan: LoaderPlan) -> None:
+        """After construction: a training loader with our own sampler becomes resumable (Lightning's
+        ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
+        sampler = loader.sampler
+        if stage != "train" or type(sampler) is not EpochAwareDistributedSampler or sampler.position is None:
+            return
+        make_resumable(loader, sampler)
+        if loader.num_workers == 0:
+            seed_batches_in_main_process(loader, self._seed(), self._ranks()[0], sampler.position)
+            plan.notes.append(
+                "num_workers=0: each batch is fetched with random/NumPy/torch seeded from (seed, epoch, rank, "
+                "batch), your generators restored after it (same draws after a resume; ~0.2 ms per batch)"
+            )
+
+    def _decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
+        """``gpu_decode``: a hook's loader over encoded JPEGs comes back wrapped in a ``GpuDecodeLoader``."""
+        if self.gpu_decode is None or not isinstance(result, DataLoader) or not is_encoded_dataset(result.dataset):
+            return result
+        from lightning_dataperf.decode import GpuDecodeLoader
+
+        trainer = self._trainer_or_none()
+        options = {"device": trainer.strategy.root_device} if trainer is not None else {}
+        options.update(self.gpu_decode)
+        for plan in plans:
+            plan.notes.append(
+                f"GPU decode: wrapped in GpuDecodeLoader({', '.join(f'{k}={v}' for k, v in options.items())})"
+            )
+        return GpuDecodeLoader(result, **options)
+
+    def _run_autotune(self, explicit: dict[str, Any]) -> None:
+        from lightning_dataperf.datamodule.tuning import autotune_for_datamodule
+
+        with loaders_built_as_they_are():  # the search's own trial loaders
+            self.autotune_result = autotune_for_datamodule(self, explicit)
+        self._settings = self.autotune_result.settings
+
+    # ------------------------------------------------------------------ reporting
+    def _report(self, stage: str, plans: list[LoaderPlan]) -> None:
+        self.loader_plans[stage] = plans
+        if stage in self._reported or not plans:
+            return
+        self._reported.add(stage)
+        text = "\n".join(plan.format() for plan in plans)
+        if self.verbose:
+            _print_on_rank_zero(text)
+        trainer = self._trainer_or_none()
+        if trainer is None or not trainer.is_global_zero:
+            return
+        params = {f"dataperf/{stage}/{name}": value for plan in plans for name, value in plan.chosen.items()}
+        for logger in trainer.loggers:
+            if params:
+                logger.log_hyperparams(params)
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text(f"DataPerf/loader_settings_{stage}", f"```\n{text}\n```")
+
+
+TunedDataModule.teardown._dataperf_reclaims = True  # type: ignore[attr-defined]  # it reclaims itself
+
+
+@rank_zero_only
+def _print_on_rank_zero(text: str) -> None:
+    print(text, flush=True)

@@ -1,0 +1,115 @@
+"""Autotune inside a Lightning run: rank zero searches for a TunedDataModule's training loader, the others receive it.
+
+The trials take the path the Trainer's batches will take: the side stream (pinned loaders only, the
+strategy's ``device_transform`` and ``min_bytes``) under a ``SideStreamTransferMixin`` strategy on
+CUDA, the stock ``non_blocking`` copy otherwise; ``autotune_options={"step_seconds": ...}`` (or
+``"step_fn"``) adds a consumer as busy as the model's step. Progress shows on rank zero as a tqdm bar
+when the Trainer has a progress bar, as log lines otherwise; ``autotune_options={"progress": False}``
+silences it. The result's table (every trial's time, the search total, why it stopped) is printed,
+given to the loggers as hyperparameters and, on TensorBoard, as text.
+
+Example::
+
+    class Data(TunedDataModule):
+        ...
+    Trainer(...).fit(model, datamodule=Data(autotune=True))   # calls autotune_for_datamodule once
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from lightning.pytorch.loggers import TensorBoardLogger
+
+from lightning_dataperf import tags
+from lightning_dataperf.autotune.consumer import TransferPath
+from lightning_dataperf.autotune.tune import AutotuneResult, autotune_loader
+
+__all__ = ["autotune_for_datamodule", "transfer_path_of"]
+
+_PATH_OPTIONS = ("step_seconds", "host_step_seconds", "step_fn", "device_transform", "side_stream")
+
+
+def transfer_path_of(trainer: Any, options: Mapping[str, Any]) -> TransferPath:
+    """The path the Trainer's batches take: its device, stock copy or side stream, and the options' step."""
+    from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
+
+    strategy = trainer.strategy if trainer is not None else None
+    device = None
+    if strategy is not None and strategy.root_device.type == "cuda":
+        device = strategy.root_device
+    elif trainer is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    side = isinstance(strategy, SideStreamTransferMixin) and strategy.side_stream_active
+    step = {key: options[key] for key in ("step_seconds", "host_step_seconds", "step_fn") if key in options}
+    if side:
+        return TransferPath(
+            device=device,
+            side_stream=True,
+            pin_in_main=strategy.pin,
+            min_bytes=strategy.min_bytes,
+            device_transform=strategy.device_transform,
+            **step,
+        )
+    return TransferPath(
+        device=device,
+        side_stream=bool(options.get("side_stream", False)),
+        device_transform=options.get("device_transform"),
+        **step,
+    )
+
+
+def _progress_of(trainer: Any, options: Mapping[str, Any]) -> Any:
+    if "progress" in options:
+        return options["progress"]
+    if trainer is None:
+        return "auto"
+    return "bar" if getattr(trainer, "progress_bar_callback", None) is not None else "log"
+
+
+def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> AutotuneResult:
+    """Run the search for a TunedDataModule's training loader; rank zero searches, the others receive it."""
+    options = dict(module.autotune_options)
+    trainer = getattr(module, "trainer", None)
+    loader_kwargs = {key: value for key, value in explicit.items() if key not in {"dataset", "batch_size"}}
+    modelled = any(options.get(key) for key in ("step_seconds", "host_step_seconds", "step_fn"))
+    # Without a modelled step the trials would reward loading in the main process, which training keeps busy.
+    options.setdefault("min_workers", 0 if modelled else 1)
+    if trainer is not None:
+        options.setdefault("max_epochs", trainer.max_epochs)
+    path = transfer_path_of(trainer, options)
+    options["progress"] = _progress_of(trainer, options)
+    for key in _PATH_OPTIONS:
+        options.pop(key, None)
+    result = None
+    if trainer is None or trainer.is_global_zero:
+        result = autotune_loader(
+            explicit["dataset"],
+            explicit.get("batch_size", 1) or 1,
+            loader_kwargs,
+            hardware=module.hardware,
+            path=path,
+            **options,
+        )
+    if trainer is not None and trainer.world_size > 1:
+        result = trainer.strategy.broadcast(result, src=0)
+    assert result is not None
+    if trainer is None or trainer.is_global_zero:
+        if options["progress"] not in (False, None, "off", "none"):
+            print(result.format(), flush=True)
+        for logger in trainer.loggers if trainer is not None else []:
+            logger.log_hyperparams(
+                {
+                    "dataperf/autotune_batches_per_sec": result.chosen_batches_per_sec,
+                    "dataperf/autotune_ceiling_speedup": result.ceiling_speedup,
+                    "dataperf/autotune_search_s": result.search_seconds,
+                    "dataperf/autotune_trials": len(result.trials),
+                    "dataperf/autotune_stop_reason": result.stop_reason,
+                    "dataperf/autotune_cached": result.cached,
+                }
+            )
+            if isinstance(logger, TensorBoardLogger):
+                logger.experiment.add_text(tags.AUTOTUNE_TEXT, f"```\n{result.format()}\n```")
+    return result

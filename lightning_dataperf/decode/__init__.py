@@ -1,0 +1,34 @@
+"""Encoded JPEG batches decoded and augmented on the GPU, with their stats."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lightning_dataperf._lazy import attach
+
+__all__ = [
+    "DecodeError",
+    "DecodeStats",
+    "EncodedImageDataset",
+    "GpuDecodeLoader",
+    "JpegDecoder",
+    "collate_encoded",
+]
+
+if TYPE_CHECKING:
+    from lightning_dataperf.decode.decoder import DecodeError, JpegDecoder
+    from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
+    from lightning_dataperf.decode.loader import GpuDecodeLoader
+    from lightning_dataperf.decode.stats import DecodeStats
+
+__getattr__, __dir__ = attach(
+    __name__,
+    {
+        "DecodeError": "decoder",
+        "JpegDecoder": "decoder",
+        "GpuDecodeLoader": "loader",
+        "EncodedImageDataset": "encoded",
+        "collate_encoded": "encoded",
+        "DecodeStats": "stats",
+    },
+)

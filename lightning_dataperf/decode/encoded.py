@@ -1,0 +1,381 @@
+"""Encoded-JPEG batches: workers read bytes and draw augmentations, the GPU decodes (issue 17).
+
+The workers of a ``DataLoader`` over :class:`EncodedImageDataset` only read each file and parse its
+header (no decode). :func:`collate_encoded` packs a batch's bytes into ONE contiguous ``uint8``
+tensor plus offsets, and every sample's metadata (label, dataset index, kind, size, crop box, flip)
+into one ``int64`` tensor, so a batch crosses the worker queue as three shared-memory segments
+however many images it holds. :mod:`lightning_dataperf.decode.decoder` decodes and augments it.
+
+Augmentation parameters (RandomResizedCrop box in source pixels, horizontal flip) are drawn from a
+seed derived from ``(seed, epoch, dataset index)`` alone, so they are the same for any
+``num_workers``, any sampler order and after a resume. The epoch lives in shared memory
+(:class:`~lightning_dataperf.loader.seeding.SharedEpoch`), so persistent workers follow ``set_epoch``.
+
+Each sample is classified from its header: ``KIND_GPU`` (baseline or extended-sequential 8-bit
+three-component JPEG, nvJPEG's batched path), ``KIND_CPU`` (progressive, grayscale, CMYK/YCCK,
+missing end marker, PNG or another format PIL can open: decoded on the CPU and counted) and
+``KIND_BAD`` (zero bytes, no readable header: the decoder raises naming index and path, or
+substitutes zeros when asked).
+
+Example::
+
+    dataset = EncodedImageDataset.from_folder("/data/imagenet/train", seed=42)
+    loader = DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4,
+                        collate_fn=collate_encoded, persistent_workers=True)
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        for batch in loader:            # EncodedBatch
+            ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import math
+import os
+import random
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from lightning_dataperf.loader.seeding import SharedEpoch
+
+__all__ = [
+    "KIND_BAD",
+    "KIND_CPU",
+    "KIND_GPU",
+    "EncodedBatch",
+    "EncodedImageDataset",
+    "EncodedSample",
+    "collate_encoded",
+    "encoded_loader_defaults",
+    "is_encoded_dataset",
+    "probe_image",
+    "random_resized_crop_params",
+    "sample_seed",
+]
+
+KIND_GPU, KIND_CPU, KIND_BAD = 0, 1, 2
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+# Columns of EncodedBatch.meta.
+_LABEL, _INDEX, _KIND, _HEIGHT, _WIDTH, _TOP, _LEFT, _BOX_H, _BOX_W, _FLIP = range(10)
+_COLUMNS = 10
+_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed for one sample's augmentation that depends only on its three inputs."""
+    digest = hashlib.blake2b(f"sample/{seed}/{epoch}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+@dataclass(frozen=True)
+class ImageProbe:
+    """What the header says: decode path (``KIND_*``), size (0 if unknown) and why not the GPU."""
+
+    kind: int
+    height: int
+    width: int
+    reason: str = ""
+
+
+def probe_image(data: bytes) -> ImageProbe:
+    """Classify encoded image bytes and read their size from the header, without decoding.
+
+    JPEG: walks the markers up to the first SOF (start of frame). PNG: the IHDR chunk. Anything else
+    is offered to PIL's lazy ``Image.open`` (header only) when PIL is installed.
+    """
+    if len(data) == 0:
+        return ImageProbe(KIND_BAD, 0, 0, "zero-byte file")
+    if data[:2] == b"\xff\xd8":
+        return _probe_jpeg(data)
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return ImageProbe(KIND_CPU, height, width, "PNG")
+    try:
+        from PIL import Image
+    except ImportError:
+        return ImageProbe(KIND_BAD, 0, 0, "not a JPEG or PNG (and PIL is not installed)")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            name = image.format or "unknown format"
+    except Exception as error:  # any PIL failure: not an image we can read
+        return ImageProbe(KIND_BAD, 0, 0, f"not a readable image ({type(error).__name__}: {error})")
+    return ImageProbe(KIND_CPU, height, width, name)
+
+
+def _probe_jpeg(data: bytes) -> ImageProbe:
+    position, size, adobe = 2, len(data), False
+    while position + 4 <= size:
+        if data[position] != 0xFF:
+            return ImageProbe(KIND_BAD, 0, 0, f"corrupt JPEG: no marker at byte {position}")
+        marker = data[position + 1]
+        if marker == 0xFF:  # fill byte
+            position += 1
+            continue
+        position += 2
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            continue
+        if marker in (0xD9, 0xDA):
+            return ImageProbe(KIND_BAD, 0, 0, "corrupt JPEG: no frame header before the scan")
+        (length,) = struct.unpack(">H", data[position : position + 2])
+        if marker == 0xEE:  # Adobe APP14: CMYK/YCCK colour transforms
+            adobe = True
+        if marker in _SOF_MARKERS:
+            if position + 8 > size:
+                break
+            precision, height, width, components = struct.unpack(">BHHB", data[position + 2 : position + 8])
+            return _jpeg_kind(data, marker, precision, height, width, components, adobe)
+        position += length
+    return ImageProbe(KIND_BAD, 0, 0, "truncated JPEG: no frame header")
+
+
+def _jpeg_kind(
+    data: bytes, marker: int, precision: int, height: int, width: int, comps: int, adobe: bool
+) -> ImageProbe:
+    if height == 0 or width == 0:
+        return ImageProbe(KIND_CPU, height, width, "JPEG without height in the frame header (DNL)")
+    if marker not in (0xC0, 0xC1):
+        kind = "progressive" if marker == 0xC2 else f"SOF{marker - 0xC0}"
+        return ImageProbe(KIND_CPU, height, width, f"{kind} JPEG")
+    if precision != 8:
+        return ImageProbe(KIND_CPU, height, width, f"{precision}-bit JPEG")
+    if comps != 3:
+        name = {1: "grayscale", 4: "CMYK/YCCK"}.get(comps, f"{comps}-component")
+        return ImageProbe(KIND_CPU, height, width, f"{name} JPEG")
+    if adobe:  # Adobe APP14 with three components may be RGB, not YCbCr
+        return ImageProbe(KIND_CPU, height, width, "Adobe (APP14) JPEG")
+    if data[-2:] != b"\xff\xd9":
+        return ImageProbe(KIND_CPU, height, width, "JPEG without end marker (truncated?)")
+    return ImageProbe(KIND_GPU, height, width)
+
+
+def random_resized_crop_params(
+    rng: random.Random,
+    height: int,
+    width: int,
+    scale: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` as torchvision's ``RandomResizedCrop.get_params`` draws it, from ``rng``."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, height - h), rng.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, round(width / min(ratio))
+    elif in_ratio > max(ratio):
+        h, w = height, round(height * max(ratio))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, max(h, 1), max(w, 1)
+
+
+def center_crop_params(height: int, width: int, crop_fraction: float = 0.875) -> tuple[int, int, int, int]:
+    """Evaluation box: the centre square of ``crop_fraction`` times the short side (Resize 256 + CenterCrop 224)."""
+    side = max(1, round(min(height, width) * crop_fraction))
+    return (height - side) // 2, (width - side) // 2, side, side
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """One sample as a worker returns it: the file's bytes and everything drawn for it."""
+
+    data: bytes
+    label: int
+    index: int
+    kind: int
+    height: int
+    width: int
+    box: tuple[int, int, int, int]
+    flip: bool
+    path: str
+    reason: str = ""
+
+
+class EncodedImageDataset(Dataset):
+    """Reads encoded images and draws their augmentation; decodes nothing.
+
+    Args:
+        samples: ``(path, label)`` pairs.
+        seed: the run's seed; with the epoch and the dataset index it fixes each sample's crop and flip.
+        train: RandomResizedCrop + flip; ``False``: the evaluation centre crop, no flip.
+        scale, ratio: RandomResizedCrop's ranges.
+        flip_p: probability of a horizontal flip.
+        crop_fraction: evaluation crop side over the short side.
+    """
+
+    def __init__(
+        self,
+        samples: Sequence[tuple[str, int]],
+        seed: int = 0,
+        train: bool = True,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        flip_p: float = 0.5,
+        crop_fraction: float = 0.875,
+    ) -> None:
+        self.samples = [(os.fspath(path), int(label)) for path, label in samples]
+        self.seed, self.train, self.scale, self.ratio = seed, train, scale, ratio
+        self.flip_p, self.crop_fraction = flip_p, crop_fraction
+        self._epoch = SharedEpoch()  # shared memory: persistent workers see set_epoch
+        self.classes: list[str] = []
+
+    @classmethod
+    def from_folder(cls, root: str | os.PathLike, **kwargs: Any) -> EncodedImageDataset:
+        """An ``ImageFolder``-style tree: ``root/<class>/<image>``, classes sorted by name."""
+        root = os.fspath(root)
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        samples = []
+        for label, name in enumerate(classes):
+            for directory, _, files in sorted(os.walk(os.path.join(root, name))):
+                samples.extend(
+                    (os.path.join(directory, file), label)
+                    for file in sorted(files)
+                    if file.lower().endswith(IMAGE_EXTENSIONS)
+                )
+        dataset = cls(samples, **kwargs)
+        dataset.classes = classes
+        return dataset
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's augmentations (visible to persistent workers too)."""
+        self._epoch.set(int(epoch))
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> EncodedSample:
+        path, label = self.samples[index]
+        with open(path, "rb") as file:
+            data = file.read()
+        probe = probe_image(data)
+        if probe.kind == KIND_BAD:
+            return EncodedSample(data, label, index, KIND_BAD, 0, 0, (0, 0, 1, 1), False, path, probe.reason)
+        rng = random.Random(sample_seed(self.seed, self.epoch, index))
+        if self.train:
+            box = random_resized_crop_params(rng, probe.height, probe.width, self.scale, self.ratio)
+            flip = rng.random() < self.flip_p
+        else:
+            box, flip = center_crop_params(probe.height, probe.width, self.crop_fraction), False
+        return EncodedSample(data, label, index, probe.kind, probe.height, probe.width, box, flip, path, probe.reason)
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch of encoded images: one ``uint8`` byte tensor, ``int64`` offsets, one ``int64`` metadata table.
+
+    Sample ``i``'s bytes are ``data[offsets[i]:offsets[i + 1]]``. ``meta`` columns: label, dataset
+    index, kind, height, width, crop top, left, height, width, flip. A dataclass of tensors, so the
+    package's ``map_tensors`` (and Lightning's transfer) can move it; ``pin_memory()`` for the loader.
+    """
+
+    data: torch.Tensor
+    offsets: torch.Tensor
+    meta: torch.Tensor
+    paths: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.meta.shape[0])
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.meta[:, _LABEL]
+
+    @property
+    def indices(self) -> torch.Tensor:
+        return self.meta[:, _INDEX]
+
+    @property
+    def kinds(self) -> torch.Tensor:
+        return self.meta[:, _KIND]
+
+    @property
+    def sizes(self) -> torch.Tensor:
+        """``[B, 2]``: height, width from the header."""
+        return self.meta[:, _HEIGHT : _WIDTH + 1]
+
+    @property
+    def boxes(self) -> torch.Tensor:
+        """``[B, 4]``: top, left, height, width of the crop in source pixels."""
+        return self.meta[:, _TOP : _BOX_W + 1]
+
+    @property
+    def flips(self) -> torch.Tensor:
+        return self.meta[:, _FLIP].bool()
+
+    def encoded(self, i: int) -> torch.Tensor:
+        """Sample ``i``'s bytes (a view)."""
+        offsets = self.offsets.tolist() if self.offsets.device.type == "cpu" else self.offsets.cpu().tolist()
+        return self.data[offsets[i] : offsets[i + 1]]
+
+    def split(self) -> list[torch.Tensor]:
+        """Every sample's bytes as views of ``data``."""
+        offsets = self.offsets.tolist()
+        return [self.data[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+    def to(self, *args: Any, **kwargs: Any) -> EncodedBatch:
+        return dataclasses.replace(
+            self, data=self.data.to(*args, **kwargs), offsets=self.offsets.to(*args, **kwargs),
+            meta=self.meta.to(*args, **kwargs),
+        )  # fmt: skip
+
+    def pin_memory(self, device: Any = None) -> EncodedBatch:
+        del device
+        return dataclasses.replace(
+            self, data=self.data.pin_memory(), offsets=self.offsets.pin_memory(), meta=self.meta.pin_memory()
+        )
+
+
+def collate_encoded(samples: Sequence[EncodedSample]) -> EncodedBatch:
+    """Pack a batch of :class:`EncodedSample` into one :class:`EncodedBatch` (one byte copy)."""
+    lengths = [len(sample.data) for sample in samples]
+    offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    if samples:
+        offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    joined = bytearray(b"".join(sample.data for sample in samples))
+    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
+    rows = [
+        (s.label, s.index, s.kind, s.height, s.width, *s.box, int(s.flip)) for s in samples
+    ]  # fmt: skip
+    meta = torch.tensor(rows, dtype=torch.int64).reshape(len(samples), _COLUMNS)
+    paths = tuple(sample.path for sample in samples)
+    reasons = tuple(sample.reason for sample in samples)
+    return EncodedBatch(data, offsets, meta, paths, reasons)
+
+
+#: With GPU decode the workers only read files: this many are enough (measured on an H200: 2-4 workers).
+GPU_DECODE_MAX_WORKERS = 4
+
+
+def is_encoded_dataset(dataset: Any) -> bool:
+    return isinstance(dataset, EncodedImageDataset)
+
+
+def encoded_loader_defaults(explicit: dict[str, Any], policy_workers: int | None) -> dict[str, tuple[Any, str]]:
+    """``{argument: (value, reason)}`` for a DataLoader whose batches the GPU decodes (what you pass wins)."""
+    changes: dict[str, tuple[Any, str]] = {}
+    if explicit.get("collate_fn") is None:
+        changes["collate_fn"] = (collate_encoded, "")
+    if "num_workers" not in explicit and (policy_workers or 0) > GPU_DECODE_MAX_WORKERS:
+        reason = f"GPU decode: the workers only read files ({GPU_DECODE_MAX_WORKERS} at most)"
+        changes["num_workers"] = (GPU_DECODE_MAX_WORKERS, reason)
+    return changes

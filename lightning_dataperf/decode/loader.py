@@ -1,0 +1,302 @@
+"""The background decode thread behind :class:`GpuDecodeLoader` (import it from ``lightning_dataperf.decode``)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD, DecodeStats, JpegDecoder
+
+__all__ = ["GpuDecodeLoader"]
+
+_END = object()
+_POLL_S = 0.1
+_FORK_GUARD: list[bool] = []
+
+
+def guard_forked_workers() -> None:
+    """In every process forked from this one from now on, freeze what it inherits (``gc.freeze``).
+
+    A DataLoader worker forked while this process holds cyclic garbage (e.g. an earlier loader's
+    decoder: its nvImageCodec decoder, CUDA graphs, events) would otherwise collect it: the destructors
+    then call into CUDA / nvImageCodec in a child where neither works (CUDA "initialization error" ->
+    ``terminate``, or a segfault in nvImageCodec's thread pool). Frozen, the inherited objects are never
+    collected in the child; what the child itself allocates is collected as usual. Registered once.
+    """
+    if not _FORK_GUARD and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=gc.freeze)
+        _FORK_GUARD.append(True)
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _EpochRelay:
+    """What ``loader.sampler`` returns: ``set_epoch`` reaches the real sampler and the dataset."""
+
+    def __init__(self, owner: GpuDecodeLoader) -> None:
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+    def __getattr__(self, name: str) -> Any:
+        owner = self.__dict__.get("_owner")
+        if owner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(getattr(owner.loader, "sampler", None), name)
+
+
+class GpuDecodeLoader:
+    """Wrap a loader of :class:`~lightning_dataperf.decode.encoded.EncodedBatch`; yield decoded ``(images, labels)``.
+
+    A background thread takes the next encoded batches from ``loader`` and decodes and augments up to
+    ``lookahead`` of them ahead of the step, on its own CUDA stream; each batch is handed to the
+    consumer's current stream with a CUDA event (the host never waits for the GPU). On CPU the thread
+    decodes with PIL.
+
+    Args:
+        loader: a ``DataLoader`` (``collate_fn=collate_encoded``) or any iterable of ``EncodedBatch``.
+        device: where to decode; default ``cuda`` when available, else ``cpu``.
+        lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
+        size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment, compile_augment: see
+            :class:`JpegDecoder` (``backend="auto"``: torchvision's nvJPEG when it imports, else nvImageCodec).
+
+    Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
+    reachable from the dataset or the collate function the workers get. Forked workers freeze what
+    they inherit (:func:`guard_forked_workers`), so a garbage-collection in a worker never runs a CUDA
+    or nvImageCodec destructor there; ``spawn``/``forkserver`` contexts work too (slower start-up).
+
+    Lightning: return it from ``train_dataloader``. ``sampler.set_epoch`` (Lightning calls it each
+    epoch) reaches the wrapped sampler and the dataset's ``set_epoch``, so crops follow the epoch.
+    Lightning does not inject a distributed sampler into it: pass one to the wrapped ``DataLoader``.
+    """
+
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        device: str | torch.device | None = None,
+        lookahead: int = 3,
+        size: int = 224,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = True,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        on_error: str = "raise",
+        backend: str = "auto",
+        decode_threads: int | None = None,
+        graph_augment: bool = True,
+        compile_augment: bool = False,
+    ) -> None:
+        if lookahead < 1:
+            raise ValueError(f"lookahead must be at least 1, not {lookahead}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.loader = loader
+        self.lookahead = lookahead
+        self.decoder = JpegDecoder(
+            device,
+            size,
+            dtype,
+            channels_last,
+            mean,
+            std,
+            on_error,
+            backend=backend,
+            decode_threads=decode_threads,
+            graph_augment=graph_augment,
+            compile_augment=compile_augment,
+        )
+        self.device = self.decoder.device
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._active: _DecodeIterator | None = None
+        if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
+            # the wrapped loader's state (a TunedDataModule training loader has one): Lightning then checkpoints
+            # and restores this loader as stateful (it looks them up statically: instance attributes, not
+            # __getattr__). The position inside the epoch is not in it: the package's sampler reads Lightning's
+            # counters when the epoch's iteration starts, so a resumed epoch continues with the batches the
+            # interrupted run had not taken, whatever was decoded ahead.
+            self.state_dict = loader.state_dict
+            self.load_state_dict = loader.load_state_dict
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._active is not None:
+            self._active.close()
+        self._active = _DecodeIterator(self)
+        return self._active
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    @property
+    def dataset(self) -> Any:
+        return getattr(self.loader, "dataset", None)
+
+    @property
+    def sampler(self) -> _EpochRelay:
+        return _EpochRelay(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch of the wrapped sampler (if it has ``set_epoch``) and of the dataset's augmentations."""
+        for owner in (getattr(self.loader, "sampler", None), self.dataset):
+            set_epoch = getattr(owner, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+
+    def stats(self) -> DecodeStats:
+        """Decode telemetry so far (see :class:`DecodeStats`)."""
+        return self.decoder.stats()
+
+    def close(self) -> None:
+        """Stop the decode thread of the running epoch, if any (also done at the epoch's end)."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+
+class _DecodeIterator(Iterator):
+    """One epoch. Holds the loader's parts, not the loader (no reference cycle: a dropped loader is
+    freed at once, not by the cyclic garbage collector). Starts at the first ``next()``: an ``iter()``
+    that is never advanced (Lightning calls one to check that a loader is iterable) decodes nothing and
+    starts no worker."""
+
+    def __init__(self, owner: GpuDecodeLoader) -> None:
+        self._decoder, self._stream, self._device = owner.decoder, owner._stream, owner.device
+        self._loader = owner.loader
+        self._persistent = bool(getattr(owner.loader, "persistent_workers", False))
+        self._queue: queue.Queue = queue.Queue(maxsize=owner.lookahead)
+        self._stop = threading.Event()
+        self._done = False
+        self._source: Iterator[Any] | None = None
+        self._thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        if getattr(self._loader, "num_workers", 0):
+            guard_forked_workers()
+        self._source = iter(self._loader)  # in the calling thread: worker processes start here
+        self._loader = None
+        # the thread gets the parts, not this iterator: a dropped iterator is freed (and closed) at once
+        args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop)
+        self._thread = threading.Thread(target=_decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._done:
+            raise StopIteration
+        if self._thread is None:
+            self._start()
+        telemetry = self._decoder.telemetry
+        depth = self._queue.qsize()
+        waited = time.perf_counter()
+        try:
+            item = self._take()
+        except BaseException:  # e.g. a worker's death raised here by the DataLoader's SIGCHLD handler
+            self.close()
+            raise
+        if item is _END or isinstance(item, _Failed):  # not a batch taken: not counted
+            self.close()
+            if isinstance(item, _Failed):
+                raise item.error
+            raise StopIteration
+        with telemetry.lock:
+            telemetry.wait_s += time.perf_counter() - waited
+            telemetry.depth_sum += depth
+            telemetry.depth_n += 1
+        images, labels, event = item
+        if event is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(event)  # on the GPU; the host goes on
+            images.record_stream(current)  # made on the decode thread's stream, used on this one
+            labels.record_stream(current)
+        return images, labels
+
+    def _take(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._thread is not None and not self._thread.is_alive() and self._queue.empty():
+                    return _Failed(RuntimeError("the GPU decode thread exited without a result"))
+
+    def close(self) -> None:
+        """Stop the thread, drop decoded batches not taken, release the source iterator (and its workers)."""
+        if self._done:
+            return
+        self._done = True
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        with contextlib.suppress(queue.Empty):  # what a put blocked in the drain above got in before the stop
+            while True:
+                self._queue.get_nowait()
+        shutdown = getattr(self._source, "_shutdown_workers", None)
+        if callable(shutdown) and not self._persistent:
+            shutdown()
+        self._source = iter(())
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+
+def _decode_batches(
+    source: Iterator[Any],
+    decoder: JpegDecoder,
+    stream: torch.cuda.Stream | None,
+    device: torch.device,
+    out: queue.Queue,
+    stop: threading.Event,
+) -> None:
+    """The decode thread: decode each batch of ``source`` into ``out`` (with its CUDA event) until ``stop``."""
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def loop() -> None:
+        for batch in source:
+            if stop.is_set():
+                return
+            images, labels = decoder(batch)
+            event = None
+            if stream is not None:
+                event = torch.cuda.Event()
+                event.record(stream)
+            if not put((images, labels, event)):
+                return
+
+    try:
+        if stream is not None:
+            torch.cuda.set_device(device)
+            with torch.cuda.stream(stream):
+                loop()
+        else:
+            loop()
+    except BaseException as error:  # handed to the consumer
+        put(_Failed(error))
+    else:
+        put(_END)

@@ -1,0 +1,103 @@
+"""What a verdict may look at: one epoch's summary, the loader's settings, telemetry, the hardware.
+
+Example::
+
+    evidence = Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader))
+    evidence.timing(tags.DATA_LOADING)  # mean data wait per step (s)
+    evidence.step_work                  # the step's own work: host compute, or the device span on CUDA
+    evidence.step_mean                  # on the timeline that binds (device on CUDA)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lightning_dataperf import tags
+from lightning_dataperf.loader.settings import LoaderFacts
+from lightning_dataperf.telemetry.stats import SystemStats
+from lightning_dataperf.timing.summary import EpochSummary
+
+__all__ = ["STRAGGLER_RATIO", "Evidence", "MoreWorkersMeasured"]
+
+#: One rank waiting for data at least this many times longer than the fastest is a straggler.
+STRAGGLER_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class MoreWorkersMeasured:
+    """The fastest worker count above autotune's pick that its search measured, against the pick.
+
+    Example::
+
+        MoreWorkersMeasured(pick=10, workers=16, change=-0.13)   # 16 workers read 13% below 10
+    """
+
+    pick: int
+    workers: int
+    change: float  # its rate against the pick's, relative (-0.13: 13% slower)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything a rule may look at. ``system`` holds the epoch's telemetry means (empty if not sampled)."""
+
+    summary: EpochSummary
+    loader: LoaderFacts = field(default_factory=LoaderFacts)
+    system: SystemStats = field(default_factory=SystemStats)
+    side_stream_transfer: bool = False
+    usable_cpus: int | None = None
+    pcie_capacity_mbps: float | None = None
+    planned_epochs: int | None = None  # the Trainer's max_epochs (None: unknown or unlimited)
+    autotune: str | None = None  # what autotune measured for this loader, when it ran (quoted, not suggested)
+    autotune_more: MoreWorkersMeasured | None = None  # the most autotune measured above its pick, when it did
+    loader_blind: str | None = None  # why the loader's inside was not measured, when it was not
+
+    def timing(self, name: str, statistic: str = "mean") -> float | None:
+        summary = self.summary.timings.get(name)
+        return None if summary is None else getattr(summary, statistic)
+
+    @property
+    def step_work(self) -> float | None:
+        """Mean time of the step's own work: host compute on the CPU, the device span on CUDA.
+
+        The device span is GPU busy time plus the host gaps inside the step (``summary.host_gap`` splits
+        the two where the probe measured them).
+        """
+        host = self.timing(tags.COMPUTE)
+        return host if host is not None else self.timing(tags.DEVICE_SPAN)
+
+    @property
+    def step_mean(self) -> float | None:
+        """Mean step time on the timeline that binds: the device's on CUDA, the host's elsewhere.
+
+        On CUDA the host may run ahead of the GPU, so its step time can be shorter than the GPU's work;
+        the device step (end of step N-1 to end of step N) is idle + transfer + compute.
+        """
+        if self.summary.on_device:
+            parts = [self.timing(tags.DEVICE_IDLE), self.timing(tags.TRANSFER), self.step_work]
+            if parts[2] is not None:
+                return sum(part or 0.0 for part in parts)
+        return self.timing(tags.STEP)
+
+    @property
+    def idle_cpus(self) -> float | None:
+        """Idle cores this epoch, from the mean CPU busy % and the CPUs this rank may use (``None``: not measured)."""
+        busy = self.system.cpu_busy_percent_mean
+        return None if busy is None or self.usable_cpus is None else self.usable_cpus * (100.0 - busy) / 100.0
+
+    @property
+    def training_thread_starved(self) -> bool:
+        """CUDA, from the host-gap probe: the training thread waited for a CPU for much of the host gap."""
+        gap = self.summary.host_gap
+        return gap is not None and gap.training_thread_starved
+
+    @property
+    def straggling(self) -> bool:
+        """Several ranks, one waiting far longer for data: every rank's step then holds the wait for it."""
+        ratio = self.summary.straggler_ratio
+        return self.summary.world_size > 1 and ratio is not None and ratio >= STRAGGLER_RATIO
+
+    def host_explains_idle(self) -> bool:
+        """CUDA: was the host blocked in the loader for at least half of the GPU's idle time?"""
+        idle, wait = self.timing(tags.DEVICE_IDLE) or 0.0, self.timing(tags.DATA_LOADING) or 0.0
+        return wait >= 0.5 * idle

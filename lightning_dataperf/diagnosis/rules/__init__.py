@@ -1,0 +1,1 @@
+"""The rule families the diagnosis runs, one module each."""

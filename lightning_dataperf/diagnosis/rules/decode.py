@@ -1,0 +1,96 @@
+"""The input-bound cause on the GPU-decode path: what keeps a GpuDecodeLoader's step waiting for decoded batches.
+
+Judged from the loader's own telemetry for the epoch (:class:`~lightning_dataperf.decode.stats.DecodeStats`):
+the JPEG engines' utilisation (NVML), the decode thread's wall and CPU time per batch, the GPU time of decode
+and augment, against the step.
+
+Example::
+
+    kind, words, advice = gpu_decode_cause(evidence, evidence.summary.decode)
+    kind                  # "input_bound_decode"
+    words                 # "GPU decode, the decode thread's submission"
+"""
+
+from __future__ import annotations
+
+from lightning_dataperf.decode.stats import DecodeStats
+from lightning_dataperf.diagnosis.evidence import Evidence
+
+__all__ = ["gpu_decode_cause"]
+
+#: The JPEG engines busier than this (NVML) are the decode path's limit.
+ENGINE_BUSY_PERCENT = 80.0
+#: A decode thread (or its GPU work) needing at least this share of the step per batch keeps the step waiting.
+DECODE_PACE_SHARE = 0.8
+
+
+def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str, list[str]]:
+    """``(kind, words, advice)``: the engines, the decode thread, its GPU work, or the workers reading the files."""
+    step = evidence.step_mean
+    wall, cpu = decode.per_batch(decode.submit_seconds), decode.per_batch(decode.submit_cpu_seconds)
+    gpu, engine = decode.per_batch(decode.decode_seconds), decode.jpeg_util_percent
+    facts = (
+        f"the step waited {1e3 * decode.wait_per_take:.1f} ms per batch for decoded images, with "
+        f"{decode.lookahead_mean:.1f} of them ready on average ({decode.backend or 'GPU'} decode)"
+    )
+    if decode.backend == "pil":  # no CUDA: the same loader decodes with PIL in its thread
+        return (
+            "input_bound_decode",
+            "decode on the CPU (no CUDA device)",
+            [f"{facts}; without CUDA the decode thread decodes with PIL ({1e3 * wall:.1f} ms per batch): run on a GPU"],
+        )
+    if engine is not None and engine >= ENGINE_BUSY_PERCENT:
+        return (
+            "input_bound_decode",
+            "GPU decode, the JPEG engines are busy",
+            [
+                f"{facts}; the JPEG engines are {engine:.0f}% busy: the hardware decoder binds; store the images "
+                "smaller (fewer pixels to decode) or spread the decode over more GPUs"
+            ],
+        )
+    if not step:
+        return ("input_bound_unknown", "GPU decode, cause not measured", [f"{facts}; the step time was not measured"])
+    if wall >= DECODE_PACE_SHARE * step:
+        return (
+            "input_bound_decode",
+            "GPU decode, the decode thread's submission",
+            [
+                f"{facts}; the decode thread needs {1e3 * wall:.1f} ms per batch ({1e3 * cpu:.1f} ms of its own CPU, "
+                f"the rest waiting for the GIL or a core) for a {1e3 * step:.1f} ms step, and the JPEG engines are "
+                + ("not measured" if engine is None else f"only {engine:.0f}% busy")
+                + ": the submission binds, not the decoder; fewer Python calls in the training step (torch.compile, "
+                "CUDA graphs) leave the decode thread more of the GIL, and graph_augment=True keeps the augment "
+                "to one launch"
+            ],
+        )
+    if gpu >= DECODE_PACE_SHARE * step:
+        return (
+            "input_bound_decode",
+            "GPU decode, its time on the GPU",
+            [
+                f"{facts}; from the decode's start to the augment's end {1e3 * gpu:.1f} ms pass per batch on the "
+                "GPU (its work and its waits behind the step's), next to the step's own"
+            ],
+        )
+    # Neither the decode thread nor its GPU side keeps the step waiting: the encoded batches arrive late. The
+    # workers behind a GpuDecodeLoader are not instrumented, so only the machine's idle cores say whether more help.
+    idle, starved = evidence.idle_cpus, evidence.training_thread_starved
+    workers = evidence.loader.num_workers
+    now = f" (now {workers})" if workers is not None else ""
+    if starved:
+        more = "the training thread already waits for a CPU: make reading cheaper (local storage, larger files)"
+    elif idle is None:
+        more = f"idle cores were not measured this epoch: raise the wrapped loader's num_workers{now} if some are"
+    elif idle >= 1.0:
+        more = f"about {idle:.0f} cores are idle: raise the wrapped loader's num_workers{now}"
+    else:
+        more = "no core is idle to run more of them: make reading cheaper (local storage, larger files)"
+    return (
+        "input_bound_workers",
+        "the workers reading the files for the GPU decode",
+        [
+            f"{facts}; the decode thread ({1e3 * wall:.1f} ms per batch) and its GPU side ({1e3 * gpu:.1f} ms) keep up "
+            f"with the {1e3 * step:.1f} ms step, so the encoded batches arrive late (the workers behind the "
+            f"GpuDecodeLoader are not measured inside); {more}"
+        ],
+    )

@@ -1,0 +1,398 @@
+"""The input-bound verdict: why the step waits for the loader, and what would help by how much.
+
+The cause comes from what was measured in this epoch, in this order: the loader's inside
+(:class:`~lightning_dataperf.loader.stats.LoaderStats`: fetch and collate time per batch, the workers'
+busy fraction measured in the workers), telemetry (iowait, disk, each worker's CPU against its fair
+share of the cores), the loader's own settings. What was not measured is said, not guessed. Advice
+that changes a setting carries the gain it predicts from those figures.
+
+Example::
+
+    finding = input_bound(evidence)
+    finding.kind          # "input_bound_cpu"
+    finding.advice[0]     # "15 workers are 97% busy and the CPUs are spent: more workers cannot help ..."
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lightning_dataperf import tags
+from lightning_dataperf.diagnosis.evidence import Evidence
+from lightning_dataperf.diagnosis.findings import Finding
+from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
+
+__all__ = ["SIGNIFICANT_SHARE", "input_bound"]
+
+#: A stage that costs at least this share of the step is called a bottleneck.
+SIGNIFICANT_SHARE = 0.10
+#: Workers busier than this (fetch + collate over wall time, measured in the workers) are the limit.
+SATURATED_BUSY = 0.85
+#: ... or, when the CPUs are spent, busier than this (idle workers on a busy machine are not its CPU load).
+BUSY_WHEN_SPENT = 0.5
+#: Fewer idle cores than this (measured: mean CPU busy % of the usable CPUs) leave no room for another worker.
+MIN_SPARE_CPUS = 0.5
+#: A worker using less CPU than this share of its fair share of the cores is waiting (I/O, sleeps), not computing.
+CPU_SHARE_OF_FAIR = 0.6
+#: ... and, measured in the worker itself: CPU time over wall time in fetch + collate below this is waiting.
+FETCH_CPU_WAITING = 0.3
+#: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
+IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
+#: ... but only when this run itself read at least this much (MiB/s, this process and its workers, any
+#: filesystem): iowait and %util are machine-wide, and another process's writes (a ``pip install`` next to
+#: the run, measured) made a loader that reads no files look storage-bound.
+OWN_READ_MBPS = 1.0
+#: A worker count above autotune's pick that read at most this much faster than the pick did not help
+#: (autotune's default noise): the verdict then quotes it instead of advising more workers.
+MORE_DID_NOT_HELP = 0.03
+
+
+@dataclass(frozen=True)
+class _Cause:
+    kind: str
+    words: str
+    advice: list[str]
+
+
+def input_bound(evidence: Evidence) -> Finding | None:
+    summary = evidence.summary
+    share = summary.input_stall_fraction
+    if share is None or share < SIGNIFICANT_SHARE:
+        return None
+    if summary.on_device and not evidence.host_explains_idle():
+        return None  # the GPU idles but the host was not waiting for data: host-bound, not input-bound
+    numbers: dict[str, float] = {"input_stall_fraction": share}
+    if (wait := evidence.timing(tags.DATA_LOADING)) is not None:
+        numbers["data_wait_ms"] = 1e3 * wait
+    if summary.on_device and (idle := evidence.timing(tags.DEVICE_IDLE)) is not None:
+        numbers["device_idle_ms"] = 1e3 * idle
+    if evidence.loader.num_workers is not None:
+        numbers["num_workers"] = float(evidence.loader.num_workers)
+    inside = summary.loader
+    if inside is not None:
+        numbers["loader_fetch_ms"] = 1e3 * inside.fetch_s
+        numbers["loader_collate_ms"] = 1e3 * inside.collate_s
+        if inside.busy_fraction is not None:
+            numbers["workers_busy_fraction"] = inside.busy_fraction
+    system = evidence.system
+    for key in ("worker_cpu_percent_mean", "cpu_busy_percent_mean", "runnable_tasks", "cpu_iowait_percent_mean"):
+        if (value := getattr(system, key)) is not None:
+            numbers[key] = value
+    cause = _cause(evidence)
+    if cause.kind == "input_bound_storage" and system.disk_util_percent is not None:
+        numbers["disk_util_percent"] = system.disk_util_percent
+    if system.own_read_mbps is not None:
+        numbers["own_read_mbps"] = system.own_read_mbps
+    where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
+    advice = list(cause.advice)
+    if evidence.straggling:
+        advice.append(
+            f"no gain is predicted for this rank's loader: every rank's step also holds the wait for rank "
+            f"{summary.slowest_rank} (the straggler above); fix that first, then judge this loader again"
+        )
+    if evidence.loader.persistent_workers is False and evidence.loader.num_workers and _several_epochs(evidence):
+        advice.append("set persistent_workers=True so workers are not restarted every epoch")
+    return Finding(
+        kind=cause.kind,
+        headline=f"input-bound ({cause.words}): {where} {100 * share:.0f}% of the step time",
+        share=share,
+        evidence=numbers,
+        advice=advice,
+    )
+
+
+def _several_epochs(evidence: Evidence) -> bool:
+    return evidence.planned_epochs is None or evidence.planned_epochs > 1
+
+
+def _cause(evidence: Evidence) -> _Cause:
+    system, loader, inside = evidence.system, evidence.loader, evidence.summary.loader
+    iowait, disk = system.cpu_iowait_percent_mean, system.disk_util_percent
+    busy_storage = (iowait is not None and iowait > IOWAIT_PERCENT) or (disk is not None and disk > DISK_UTIL_PERCENT)
+    own = system.own_read_mbps
+    if busy_storage and (own is None or own >= OWN_READ_MBPS):  # unknown: the machine-wide figures decide
+        return _Cause("input_bound_storage", "storage", [_STORAGE_ADVICE])
+    if (decode := evidence.summary.decode) is not None and decode.takes:
+        return _Cause(*gpu_decode_cause(evidence, decode))
+    if loader.num_workers == 0:
+        return _in_main_process(evidence)
+    if inside is None or inside.busy_fraction is None:
+        return _without_inside(evidence)
+    if inside.busy_fraction >= SATURATED_BUSY or (inside.busy_fraction >= BUSY_WHEN_SPENT and _cpus_spent(evidence)):
+        if _waiting_not_computing(evidence):
+            return _latency_bound(evidence)
+        return _cpu_bound(evidence)
+    if inside.handover_s <= inside.worker_wait_s:  # the wait is for a batch still being made
+        return _Cause(
+            "input_bound_workers",
+            "batches arrive late though the workers idle at times",
+            [
+                f"the workers are {100 * inside.busy_fraction:.0f}% busy, yet each batch is waited for "
+                f"{1e3 * inside.worker_wait_s:.1f} ms while it is still being made: uneven samples (one slow "
+                f"sample holds its batch) or too little in flight; raise prefetch_factor (now {loader.prefetch_factor})"
+            ],
+        )
+    if inside.busy_fraction >= BUSY_WHEN_SPENT and not _waiting_not_computing(evidence):
+        return _Cause(
+            "input_bound_cpu",
+            "CPU preprocessing in the workers, which also delays their hand-over",
+            [
+                f"the workers are {100 * inside.busy_fraction:.0f}% busy computing, and each finished batch waits "
+                f"{1e3 * inside.handover_s:.1f} ms before the training process has it: a DataLoader worker sends its "
+                "batch from a second thread of its process, which needs the worker's GIL while the worker computes "
+                f"the next batch; make __getitem__ ({1e3 * inside.fetch_s:.1f} ms of worker time per batch) cheaper "
+                "or GIL-free (vectorised or C-backed transforms, decode on the GPU)"
+            ],
+        )
+    spent = f"each batch spends {1e3 * inside.handover_s:.1f} ms in the hand-over (worker queue, unpickling in the " + (
+        "training process)" + (f" and {1e3 * inside.pin_s:.1f} ms being pinned" if inside.pin_s else "")
+    )
+    if _oversubscribed(evidence):
+        others = _others_cpus(evidence)
+        outside = f", {others:.1f} cores' worth by processes outside this run" if others is not None else ""
+        return _Cause(
+            "input_bound_handover",
+            "the hand-over, slowed by CPU contention",
+            [
+                f"the workers are only {100 * inside.busy_fraction:.0f}% busy, yet {spent}: the training process "
+                f"takes each batch itself and waits for a CPU to do it ({evidence.system.runnable_tasks:.0f} runnable "
+                f"tasks on {evidence.usable_cpus} usable CPUs{outside}); free CPUs for it, then judge again"
+            ],
+        )
+    return _Cause(
+        "input_bound_handover",
+        "the batches' hand-over to the training process",
+        [
+            f"the workers are only {100 * inside.busy_fraction:.0f}% busy, yet the step waits: {spent}; send fewer, "
+            "larger tensors per batch (one stacked tensor instead of many small ones) and raise prefetch_factor "
+            f"(now {loader.prefetch_factor}) so ready batches queue up"
+        ],
+    )
+
+
+def _oversubscribed(evidence: Evidence) -> bool:
+    """Measured: more runnable tasks than usable CPUs this epoch (every task waits for a core at times)."""
+    runnable, cpus = evidence.system.runnable_tasks, evidence.usable_cpus
+    return runnable is not None and cpus is not None and runnable > cpus
+
+
+def _cpus_spent(evidence: Evidence) -> bool:
+    """No core to spare, measured: the CPUs this rank may use are busy (by this run or others) this epoch."""
+    spare = evidence.idle_cpus
+    return spare is not None and spare < MIN_SPARE_CPUS
+
+
+def _others_cpus(evidence: Evidence) -> float | None:
+    """Cores' worth of CPU used by processes other than this run (machine busy less the training tree's own)."""
+    system, cpus = evidence.system, evidence.usable_cpus
+    if system.cpu_busy_percent_mean is None or system.main_cpu_percent is None or cpus is None:
+        return None
+    own = system.main_cpu_percent + (system.workers_cpu_percent or 0.0)
+    return max(0.0, cpus * system.cpu_busy_percent_mean / 100.0 - own / 100.0)
+
+
+def _waiting_not_computing(evidence: Evidence) -> bool:
+    """Busy in ``__getitem__`` but using little CPU there: the time goes to I/O latency or sleeps.
+
+    Measured in the workers (their threads' CPU time over wall time in fetch + collate) where possible.
+    Otherwise from process CPU%: on a saturated machine a CPU-bound worker gets only its fair share of a
+    core (``100 * C / R`` % with ``R`` runnable tasks on ``C`` CPUs), so it is compared with that share.
+    """
+    inside = evidence.summary.loader
+    if inside is not None and (ratio := inside.cpu_fraction) is not None:  # time-shared cores lower it too
+        return ratio < FETCH_CPU_WAITING * _fair_share_percent(evidence) / 100.0
+    cpu = evidence.system.worker_cpu_percent_mean
+    if cpu is None:
+        return False
+    return cpu < CPU_SHARE_OF_FAIR * _fair_share_percent(evidence)
+
+
+def _fair_share_percent(evidence: Evidence) -> float:
+    runnable, cpus = evidence.system.runnable_tasks, evidence.usable_cpus
+    if runnable is None or cpus is None:
+        return 100.0
+    return 100.0 * min(1.0, cpus / max(1.0, runnable))
+
+
+def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
+    """The step and its work to predict from; no step (so no prediction) while the ranks wait for a straggler."""
+    step = None if evidence.straggling else evidence.step_mean
+    compute = evidence.step_work
+    return step, compute
+
+
+def _gain(step: float | None, new_step: float) -> str:
+    if not step or new_step <= 0:
+        return ""
+    return f" (predicted from this epoch: {step / new_step:.2f}x faster, {1e3 * step:.1f} -> {1e3 * new_step:.1f} ms)"
+
+
+def _budget(evidence: Evidence) -> int | None:
+    """Workers this rank can run next to its training process."""
+    return None if evidence.usable_cpus is None else max(1, evidence.usable_cpus - 1)
+
+
+def _in_main_process(evidence: Evidence) -> _Cause:
+    inside, step, compute = evidence.summary.loader, *_step_and_compute(evidence)
+    budget = _budget(evidence)
+    advice = []
+    if inside is not None and compute and budget:
+        work = inside.work_s + inside.pin_s
+        workers = max(1, min(budget, math.ceil(work / compute) + 1))
+        advice.append(
+            f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
+            f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
+            f"num_workers={workers}" + _gain(step, max(compute, work / workers))
+        )
+    else:
+        advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
+    advice.append(evidence.autotune or "TunedDataModule picks num_workers from the CPUs this process may use")
+    return _Cause("input_bound_workers", "batches are loaded in the training process (num_workers=0)", advice)
+
+
+def _cpu_bound(evidence: Evidence) -> _Cause:
+    inside, loader, system = evidence.summary.loader, evidence.loader, evidence.system
+    assert inside is not None and inside.busy_fraction is not None
+    workers = loader.num_workers or inside.workers
+    step, compute = _step_and_compute(evidence)
+    busy_pct = 100 * inside.busy_fraction
+    spare = evidence.idle_cpus
+    advice = []
+    starved = evidence.training_thread_starved
+    if spare is None:
+        advice.append(
+            f"{workers} workers are {busy_pct:.0f}% busy; the machine's idle cores were not measured this epoch "
+            "(no telemetry sample): raise num_workers only if cores are idle"
+        )
+        words = "CPU preprocessing"
+    elif spare >= MIN_SPARE_CPUS and not starved and workers:
+        added = max(1, round(spare))
+        predicted = max(compute or 0.0, (step or 0.0) * workers / (workers + min(added, spare)))
+        advice.append(
+            f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
+            "raise num_workers "
+            f"from {workers} to {workers + added}" + _gain(step, predicted)
+        )
+        words = "CPU preprocessing, with idle cores"
+    else:
+        runnable = f", {system.runnable_tasks:.0f} runnable tasks" if system.runnable_tasks is not None else ""
+        cpus = f" on {evidence.usable_cpus} usable CPUs" if evidence.usable_cpus is not None else ""
+        others = _others_cpus(evidence)
+        shared = not starved and others is not None and others >= 1.0 and _oversubscribed(evidence) and workers
+        if shared:
+            # The scheduler shares the cores per runnable task: one worker more takes its share from the others.
+            tasks = evidence.system.runnable_tasks or 1.0
+            faster = (workers + 1) / workers * tasks / (tasks + 1)
+            # the training process loses the same share of its core: on the CPU its own work slows too
+            slower = 1.0 if evidence.summary.on_device else (tasks + 1) / tasks
+            predicted = max((compute or 0.0) * slower, (step or 0.0) / faster)
+            advice.append(
+                f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
+                f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "
+                f"num_workers={workers + 1}" + _gain(step, predicted) + "; on a machine of your own, free the CPUs"
+            )
+            words = "CPU preprocessing, CPUs shared with other processes"
+        else:
+            why = "the training thread already waits for a CPU" if starved else f"the CPUs are spent{runnable}{cpus}"
+            advice.append(f"{workers} workers are {busy_pct:.0f}% busy and {why}: more workers cannot help")
+            words = "CPU preprocessing, the CPUs are spent"
+    advice.append(
+        f"__getitem__ (read, decode, augment) takes {1e3 * inside.fetch_s:.1f} ms of worker time per batch "
+        f"({100 * inside.fetch_share:.0f}% of the workers' time; collate {1e3 * inside.collate_s:.1f} ms): make it "
+        "cheaper (smaller stored images, cached decoded samples)"
+    )
+    if evidence.summary.on_device:
+        share = evidence.summary.input_stall_fraction or 0.0
+        advice.append(
+            "decode and augment on the GPU instead (JPEG: lightning_dataperf.decode, docs/gpu_decode.md; "
+            "otherwise ship uint8 and normalise with SideStreamStrategy(device_transform=...)): ceiling "
+            f"{1 / max(1e-6, 1 - share):.2f}x if input cost nothing"
+        )
+    if line := evidence.autotune:
+        advice.append(line)
+    return _Cause("input_bound_cpu", words, advice)
+
+
+def _latency_bound(evidence: Evidence) -> _Cause:
+    inside, loader = evidence.summary.loader, evidence.loader
+    assert inside is not None and inside.busy_fraction is not None
+    workers = loader.num_workers or inside.workers
+    step, compute = _step_and_compute(evidence)
+    more = workers * 2
+    predicted = max(compute or 0.0, (step or 0.0) * workers / more)
+    ratio = inside.cpu_fraction
+    computing = (
+        f"compute only {100 * ratio:.0f}% of that time"
+        if ratio is not None
+        else f"use only {evidence.system.worker_cpu_percent_mean or 0.0:.0f}% of a core each"
+    )
+    waiting = (
+        f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time loading batches but {computing}: "
+        "they wait (I/O latency, remote storage, sleeps)"
+    )
+    if lost := _more_workers_lost(evidence):
+        advice = [f"{waiting}; {lost}"]
+    else:
+        advice = [
+            f"{waiting}, so more of them overlap the waits: raise num_workers from {workers} to {more}"
+            + _gain(step, predicted)
+            + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
+        ]
+    if line := evidence.autotune:
+        advice.append(line)
+    return _Cause("input_bound_workers", "the workers wait on I/O latency", advice)
+
+
+def _without_inside(evidence: Evidence) -> _Cause:
+    """No in-loader figures: judge from process CPU%, and say so."""
+    blind = evidence.loader_blind or "no batch timings reached the training process this epoch"
+    note = f"inside the loader not measured ({blind}); judged from process CPU% only"
+    cpu = evidence.system.worker_cpu_percent_mean
+    if cpu is None:
+        return _Cause(
+            "input_bound_unknown",
+            "cause not measured",
+            [f"{note}, and no worker CPU sample was taken in this epoch (too short, or telemetry off)"],
+        )
+    fair = _fair_share_percent(evidence)
+    if cpu >= CPU_SHARE_OF_FAIR * fair:
+        return _Cause(
+            "input_bound_cpu",
+            "CPU preprocessing",
+            [
+                f"{note}: the workers use {cpu:.0f}% of a core each ({fair:.0f}% is their fair share): make "
+                "preprocessing cheaper or move it to the GPU"
+            ],
+        )
+    loader = evidence.loader
+    settings = (
+        f"raise num_workers from {loader.num_workers} and prefetch_factor (now {loader.prefetch_factor})"
+        if loader.num_workers is not None and loader.prefetch_factor is not None
+        else "raise the loader's workers and prefetch (its settings were not readable)"
+    )
+    settings = _more_workers_lost(evidence) or settings
+    return _Cause(
+        "input_bound_workers",
+        "too few loader workers",
+        [f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: {settings}"],
+    )
+
+
+def _more_workers_lost(evidence: Evidence) -> str | None:
+    """Where the loader runs autotune's pick and autotune measured more workers no faster (within
+    :data:`MORE_DID_NOT_HELP`): that, instead of advice to add workers the search already measured."""
+    more, workers = evidence.autotune_more, evidence.loader.num_workers
+    if more is None or workers != more.pick or more.change > MORE_DID_NOT_HELP:
+        return None
+    return (
+        f"autotune measured {more.workers} workers at {100 * more.change:+.0f}% against these {more.pick}: more "
+        "workers did not help here (each costs CPU and hand-over time); shorten what each sample waits on (a "
+        "local or cached copy of the data, fewer reads per sample)"
+    )
+
+
+_STORAGE_ADVICE = (
+    "storage is the limit: copy the dataset to local NVMe or RAM (/dev/shm), use a sequential format "
+    "(WebDataset/LitData shards) and raise prefetch_factor to keep more reads in flight"
+)

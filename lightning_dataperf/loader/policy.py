@@ -1,0 +1,164 @@
+"""DataLoader settings from the hardware this process really has, each with the reason it was chosen.
+
+The source article's decision tree is kept as :func:`article_settings` (the documented starting point
+and a benchmark baseline). :func:`recommend_loader_settings` corrects it:
+
+* ``num_workers``: the CPUs *this process* may use (affinity, cgroup quota, SLURM) divided by the
+  ranks on this node, minus one for the main process — the article counts the machine's cores and
+  ignores the other ranks (8 ranks x 8 workers on a 16-core node is 64 processes).
+* ``pin_memory``: on whenever a CUDA device will receive the batches. The article switches it off
+  above batch 16 from one unrepeated measurement; what decides it is whether the copy is
+  ``non_blocking`` and overlapped (then pinned is always at least as fast) and whether there is RAM.
+* ``prefetch_factor``: 2 (PyTorch's default), raised to 4 on slow or remote storage to keep more reads
+  in flight, and lowered until ``workers x prefetch`` batches fit in a quarter of the free
+  ``/dev/shm`` and RAM — the article raises it with the worker count regardless of memory.
+* ``persistent_workers``: on when there are workers and more than one epoch, because restarting
+  workers every epoch repeats the start-up (the full dataset pickling and imports under ``spawn``);
+  the article wants 100+ epochs before it pays, but start-up is paid every epoch however many.
+
+Example::
+
+    from lightning_dataperf import recommend_loader_settings
+
+    settings = recommend_loader_settings(batch_bytes=64 * 3 * 224 * 224 * 4)
+    loader = DataLoader(dataset, batch_size=64, **settings.as_kwargs())
+    print(settings.explain())
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_dataperf.loader.settings import LoaderSettings
+from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
+
+__all__ = [
+    "LoaderSettings",
+    "article_settings",
+    "check_loader_kwargs",
+    "recommend_loader_settings",
+]
+
+#: Share of free ``/dev/shm`` (and of available RAM) that batches in flight may take.
+MEMORY_SHARE = 0.25
+MAX_WORKERS = 16
+_MB = 2**20
+
+
+def recommend_loader_settings(
+    hardware: Hardware | None = None,
+    *,
+    batch_bytes: int | None = None,
+    max_epochs: int | None = None,
+    accelerator: str | None = None,
+) -> LoaderSettings:
+    """The settings this package recommends for this hardware (see the module docstring for the rules).
+
+    Args:
+        hardware: from :func:`~lightning_dataperf.probe_hardware` (probed now when ``None``).
+        batch_bytes: size of one batch, to bound ``prefetch_factor`` by memory.
+        max_epochs: planned epochs (``None``: unknown, assume several).
+        accelerator: where batches go (``"cuda"``, ``"mps"``, ``"cpu"``); default the hardware's.
+    """
+    hardware = hardware or probe_hardware()
+    accelerator = accelerator or hardware.accelerator
+    reasons: dict[str, str] = {}
+
+    budget = hardware.cpus_per_rank
+    workers = min(MAX_WORKERS, max(1, budget - 1))
+    reasons["num_workers"] = (
+        f"{hardware.usable_cpus} usable CPUs ({hardware.usable_cpus_source}) / {hardware.local_world_size} "
+        f"local rank(s) = {budget} per rank, minus 1 for the main process"
+        + (f", capped at {MAX_WORKERS}" if budget - 1 > MAX_WORKERS else "")
+        + (" (at least 1 so loading overlaps the step)" if budget < 2 else "")
+    )
+
+    pin = accelerator == "cuda"
+    reasons["pin_memory"] = (
+        "a CUDA device receives the batches: pinned pages allow asynchronous DMA copies"
+        if pin
+        else f"no CUDA device ({accelerator}): pinning would only cost RAM and time"
+    )
+
+    prefetch, reasons["prefetch_factor"] = _prefetch(hardware, workers, batch_bytes)
+
+    persistent = max_epochs != 1
+    reasons["persistent_workers"] = (
+        f"keep workers alive across epochs: a restart repeats worker start-up ({hardware.start_method} start "
+        "method) every epoch"
+        if persistent
+        else "a single epoch: nothing to keep alive"
+    )
+    return LoaderSettings(workers, pin, persistent, prefetch, reasons)
+
+
+def _prefetch(hardware: Hardware, workers: int, batch_bytes: int | None) -> tuple[int, str]:
+    slow_storage = hardware.storage is not None and hardware.storage.kind in {"network", "hdd"}
+    prefetch = 4 if slow_storage else 2
+    reason = (
+        f"{hardware.storage.kind} storage: more reads in flight hide its latency"  # type: ignore[union-attr]
+        if slow_storage
+        else "PyTorch's default of 2 batches per worker keeps the queue full once loading keeps up"
+    )
+    if batch_bytes:
+        budgets = [hardware.ram_available_mb * MEMORY_SHARE]
+        if hardware.shm_free_mb is not None:
+            budgets.append(hardware.shm_free_mb * MEMORY_SHARE)
+        fits = int(min(budgets) * _MB // (batch_bytes * max(1, workers)))
+        if fits < prefetch:
+            prefetch = max(1, fits)
+            reason = (
+                f"bounded by memory: {workers} workers x {prefetch} x {batch_bytes / _MB:.1f} MB batches must fit "
+                f"in {100 * MEMORY_SHARE:.0f}% of free /dev/shm and RAM ({min(budgets) / MEMORY_SHARE:.0f} MB)"
+            )
+    return prefetch, reason
+
+
+def article_settings(cpu_cores: int, batch_size: int, ddp: bool = False, epochs: int = 10) -> LoaderSettings:
+    """The source article's decision tree, verbatim (a baseline for benchmarks, not a recommendation)."""
+    if cpu_cores <= 4:
+        workers = min(2, cpu_cores)
+    elif cpu_cores <= 16:
+        workers = cpu_cores // 2
+    else:
+        workers = 8
+    pin = batch_size <= (8 if ddp else 16)
+    persistent = epochs > 100
+    prefetch = 2 if workers <= 4 else 3 if workers < 8 else 4  # the article lists 8 under both "5~8" and ">=8"
+    return LoaderSettings(workers, pin, persistent, prefetch, {"all": "the article's decision tree"})
+
+
+def check_loader_kwargs(explicit: Mapping[str, Any], hardware: Hardware, accelerator: str | None = None) -> None:
+    """Refuse or warn about settings the user passed that cannot work or will hurt.
+
+    Raises:
+        ValueError: negative ``num_workers``, ``prefetch_factor`` without workers or below 1.
+    """
+    workers = explicit.get("num_workers")
+    if workers is not None and workers < 0:
+        raise ValueError(f"DataLoader(num_workers={workers}): must be >= 0; use 0 to load in the main process.")
+    prefetch = explicit.get("prefetch_factor")
+    if prefetch is not None:
+        if workers == 0:
+            raise ValueError(
+                f"DataLoader(prefetch_factor={prefetch}, num_workers=0): prefetch_factor needs worker processes; "
+                "drop prefetch_factor or set num_workers > 0."
+            )
+        if prefetch < 1:
+            raise ValueError(f"DataLoader(prefetch_factor={prefetch}): must be >= 1 batch per worker.")
+    accelerator = accelerator or hardware.accelerator
+    if explicit.get("pin_memory") and accelerator != "cuda":
+        warnings.warn(
+            f"DataLoader(pin_memory=True) without a CUDA device ({accelerator}): pinning costs RAM and time for "
+            "nothing here; set pin_memory=False or leave it out and let TunedDataModule decide.",
+            stacklevel=3,
+        )
+    if workers is not None and workers > hardware.cpus_per_rank:
+        warnings.warn(
+            f"DataLoader(num_workers={workers}) is more than the {hardware.cpus_per_rank} CPUs this rank may use "
+            f"({hardware.usable_cpus} usable / {hardware.local_world_size} local ranks): workers will time-share "
+            f"the cores. Use at most {max(1, hardware.cpus_per_rank - 1)}, or leave it out.",
+            stacklevel=3,
+        )
