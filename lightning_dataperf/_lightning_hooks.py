@@ -53,6 +53,7 @@ __all__ = [
     "shutdown_loader_iterator",
     "single_device_root",
     "tensorboard_prefixed",
+    "validation_batches_seen",
 ]
 
 FETCH_HOOKS = ("_on_before_fetch", "_on_after_fetch")
@@ -181,6 +182,11 @@ def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
     if batches.is_last_batch:
         return epoch + 1, 0
     return epoch, int(batches.current.processed)
+
+
+def validation_batches_seen(trainer: pl.Trainer) -> int:
+    """Validation batches run so far in this fit (the fit loop's progress counter; moves when validation ran)."""
+    return int(trainer.fit_loop.epoch_loop.val_loop.batch_progress.total.ready)
 
 
 def tensorboard_prefixed(logger: TensorBoardLogger, metrics: Mapping[str, float]) -> dict[str, float]:

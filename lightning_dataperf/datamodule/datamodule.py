@@ -36,7 +36,9 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import resume_position
+from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
+from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
 from lightning_dataperf.loader.sampler import (
@@ -64,8 +66,11 @@ class TunedDataModule(pl.LightningDataModule):
         unpadded_eval: shard validation/test loaders without padding, so distributed metrics count
             every sample exactly once (ranks may then run one step fewer).
         data_path: where the data lives, to take the storage into account.
-        autotune: measure loader settings on the real training set before training
+        autotune: ``True``: measure loader settings on the real training set before training
             (see :func:`lightning_dataperf.autotune_loader`); ``autotune_options`` are passed on.
+            ``"online"``: start from the policy's settings and try neighbouring ones (workers, prefetch,
+            pinning on CUDA, the training process's intra-op threads on CPU) on the training steps
+            themselves, keeping the fastest (:attr:`online_result`); samples and their order are unchanged.
         verbose: print the chosen settings and reasons once on rank zero.
         gpu_decode: decode JPEGs on the GPU (``True``, or the options of
             :class:`~lightning_dataperf.decode.GpuDecodeLoader`, e.g. ``{"size": 224, "dtype":
@@ -103,7 +108,7 @@ class TunedDataModule(pl.LightningDataModule):
         shard_drop_last: bool = False,
         unpadded_eval: bool = False,
         data_path: str | os.PathLike[str] | None = None,
-        autotune: bool = False,
+        autotune: bool | str = False,
         autotune_options: dict[str, Any] | None = None,
         verbose: bool = True,
         gpu_decode: bool | dict[str, Any] | None = False,
@@ -115,11 +120,14 @@ class TunedDataModule(pl.LightningDataModule):
         self.shard_drop_last = shard_drop_last
         self.unpadded_eval = unpadded_eval
         self.data_path = data_path
+        if autotune not in (False, True, "online"):
+            raise ValueError(f"autotune={autotune!r}: use False, True (a search before training) or 'online'")
         self.autotune = autotune
         self.autotune_options = dict(autotune_options or {})
         self.verbose = verbose
         self.loader_plans: dict[str, list[LoaderPlan]] = {}
         self.autotune_result: Any = None
+        self._online: OnlineTuner | None = None
         self._hardware: Hardware | None = None
         self._settings: LoaderSettings | None = None
         self._reported: set[str] = set()
@@ -135,6 +143,13 @@ class TunedDataModule(pl.LightningDataModule):
         nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
         leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
         reclaim_sharing(self)
+        if self._online is not None and stage == "fit":
+            self._online.close()
+
+    @property
+    def online_result(self) -> OnlineResult | None:
+        """With ``autotune="online"``: what the loop measured on this run's steps and what it kept."""
+        return None if self._online is None else self._online.result
 
     # ------------------------------------------------------------------ settings
     @property
@@ -173,7 +188,7 @@ class TunedDataModule(pl.LightningDataModule):
     def _plan(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
         check_loader_kwargs(explicit, self.hardware, self._accelerator())
         encoded = self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset"))
-        if stage == "train" and self.autotune and self.autotune_result is None:
+        if stage == "train" and self.autotune is True and self.autotune_result is None:
             # the trials read the batches the way training will: encoded, through collate_encoded
             collate = {name: value for name, (value, _) in encoded_loader_defaults(explicit, None).items()}
             self._run_autotune({**explicit, **collate} if encoded else explicit)
@@ -196,7 +211,7 @@ class TunedDataModule(pl.LightningDataModule):
             workers = updates.get("num_workers", workers)
         shared = SharedEpoch()
         updates.update(self._sampler(stage, explicit, plan, shared, workers))
-        if workers:
+        if workers or self.autotune == "online":  # the loop may start workers later
             user_init = explicit.get("worker_init_fn")
             updates["worker_init_fn"] = EpochSeededWorkerInit(self._seed(), self._ranks()[0], shared, user_init)
             tuned = self.autotune_result if stage == "train" else None  # autotune measures the training loader
@@ -286,6 +301,11 @@ class TunedDataModule(pl.LightningDataModule):
             plan.notes.append(
                 "num_workers=0: each batch is fetched with random/NumPy/torch seeded from (seed, epoch, rank, "
                 "batch), your generators restored after it (same draws after a resume; ~0.2 ms per batch)"
+            )
+        trainer = self._trainer_or_none()
+        if self.autotune == "online" and trainer is not None:
+            self._online = attach_online(
+                loader, trainer, self.hardware.cpus_per_rank, plan.notes, self.autotune_options
             )
 
     def _decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:

@@ -1,0 +1,165 @@
+"""The closed loop's decisions: which loader setting to try next on the real steps, and which one wins."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field, replace
+
+from lightning_dataperf.autotune.trial import DECIDED_GAP, DECIDED_SE
+
+__all__ = ["Measured", "OnlineResult", "Setting", "SettingSpace", "online_search"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point the loop can try: the loader's settings and the training process's intra-op threads."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    pin_memory: bool
+    threads: int
+
+    def describe(self) -> str:
+        prefetch = f", prefetch_factor={self.prefetch_factor}" if self.num_workers else ""
+        return f"num_workers={self.num_workers}{prefetch}, pin_memory={self.pin_memory}, threads={self.threads}"
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A setting's steady step rate on the real training steps, and what trying it cost."""
+
+    setting: Setting
+    steps_per_sec: float
+    error: float
+    """Relative standard error of ``steps_per_sec`` (``inf`` when it was cut before two rounds)."""
+    batches: int
+    seconds: float
+    switch_s: float = 0.0
+    """Seconds the switch to this setting stalled training (old workers stopped, new ones started)."""
+
+    def pooled(self, again: Measured) -> Measured:
+        """The two measurements of one setting as one (batch-weighted rate, the mean's error)."""
+        batches, seconds = self.batches + again.batches, self.seconds + again.seconds
+        error = math.hypot(self.error, again.error) / 2
+        return replace(self, steps_per_sec=batches / seconds, error=error, batches=batches, seconds=seconds)
+
+
+@dataclass(frozen=True)
+class SettingSpace:
+    """The settings the loop may try around a starting point (bounded by the machine)."""
+
+    max_workers: int
+    cpus: int
+    tune_threads: bool
+    """CPU runs: the training process's intra-op threads compete with the workers for the cores."""
+    tune_pinning: bool
+    """CUDA runs without the side stream: pinned and pageable host memory are both tried."""
+
+    def neighbours(self, at: Setting) -> Iterator[Setting]:
+        """Worker counts up and down, then threads, prefetch and pinning at ``at``'s workers."""
+        workers = at.num_workers
+        ups = [workers + 1, 2 * workers] if workers else [1, 2]
+        for count in sorted({w for w in ups if workers < w <= self.max_workers}):
+            yield self._with_workers(at, count)
+        if workers:
+            yield self._with_workers(at, max(0, min(workers - 1, workers // 2 if workers > 3 else workers - 1)))
+        if self.tune_threads:
+            for threads in sorted({1, max(1, self.cpus - workers), self.cpus} - {at.threads}):
+                yield replace(at, threads=threads)
+        if workers and at.prefetch_factor is not None and at.prefetch_factor < 8:
+            yield replace(at, prefetch_factor=at.prefetch_factor * 2)
+        if self.tune_pinning:
+            yield replace(at, pin_memory=not at.pin_memory)
+
+    @staticmethod
+    def _with_workers(at: Setting, workers: int) -> Setting:
+        prefetch = (at.prefetch_factor or 2) if workers else None
+        return replace(at, num_workers=workers, prefetch_factor=prefetch)
+
+
+def faster(trial: Measured, than: Measured, noise: float) -> bool:
+    """Faster beyond noise: by ``noise`` or twice the two rates' combined standard error, whichever is larger."""
+    gap = max(noise, 2 * math.hypot(trial.error, than.error))
+    return trial.steps_per_sec > than.steps_per_sec * (1 + gap)
+
+
+def slower_for_sure(rate: float, error: float, than: Measured) -> bool:
+    """A trial so far behind ``than`` that measuring on cannot make it a tie (the trial is cut there)."""
+    combined = math.hypot(error, than.error)
+    return math.isfinite(combined) and rate < than.steps_per_sec * (1 - DECIDED_GAP - DECIDED_SE * combined)
+
+
+@dataclass
+class OnlineResult:
+    """What the loop measured, what it kept, and what the trying cost."""
+
+    start: Measured | None = None
+    kept: Measured | None = None
+    trials: list[Measured] = field(default_factory=list)
+    done: bool = False
+    stop_reason: str = ""
+
+    @property
+    def gain(self) -> float | None:
+        """The kept setting's rate over the starting one's (measured on this run)."""
+        if self.start is None or self.kept is None:
+            return None
+        return self.kept.steps_per_sec / self.start.steps_per_sec
+
+    @property
+    def cost_s(self) -> float:
+        """Seconds the trials took beyond what the kept setting would have: slower steps and switch stalls."""
+        if self.kept is None:
+            return sum(trial.switch_s for trial in self.trials)
+        best = self.kept.steps_per_sec
+        slower = sum(max(0.0, trial.seconds - trial.batches / best) for trial in self.trials)
+        return slower + sum(trial.switch_s for trial in self.trials)
+
+    def summary(self) -> str:
+        if self.start is None or self.kept is None:
+            return f"online tuning: {self.stop_reason or 'nothing measured yet'}"
+        seconds = sum(trial.seconds + trial.switch_s for trial in self.trials)
+        words = f"{self.gain:.2f}x the start's {self.start.steps_per_sec:.1f} steps/s" if self.gain else ""
+        return (
+            f"online tuning kept {self.kept.setting.describe()}: {self.kept.steps_per_sec:.1f} steps/s, {words}"
+            f" (measured on this run's steps, {len(self.trials)} trials in {seconds:.1f} s; cost"
+            f" {self.cost_s:.1f} s; {self.stop_reason})"
+        )
+
+
+#: What the generator yields: the setting to measure next and the measurement a trial may be cut against.
+Ask = tuple[Setting, Measured | None]
+
+
+def online_search(start: Setting, space: SettingSpace, noise: float = 0.03) -> Generator[Ask, Measured, Measured]:
+    """Coordinate search over ``space`` from ``start``, one trial per ``send``; returns the setting to keep.
+
+    A neighbour that reads faster beyond noise is kept only after the incumbent, measured again right after
+    it, still reads slower (so a drifting step rate cannot make a setting look faster).
+
+    Example::
+
+        search = online_search(Setting(0, None, False, 2), SettingSpace(4, 2, True, False))
+        setting, against = next(search)
+        setting, against = search.send(measure(setting, against))  # ... until StopIteration.value
+    """
+    best = yield (start, None)
+    tried = {start}
+    improved = True
+    while improved:
+        improved = False
+        for candidate in space.neighbours(best.setting):
+            if candidate in tried:
+                continue
+            tried.add(candidate)
+            trial = yield (candidate, best)
+            if not faster(trial, best, noise):
+                continue
+            again = yield (best.setting, None)
+            reference = best.pooled(again)
+            if faster(trial, reference, noise):
+                best, improved = trial, True
+                break
+            best = reference
+    return best

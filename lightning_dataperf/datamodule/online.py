@@ -1,0 +1,284 @@
+"""``TunedDataModule(autotune="online")``: loader settings tried on the run's own training steps, the best kept."""
+
+from __future__ import annotations
+
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from torch.utils.data import DataLoader
+
+from lightning_dataperf._lightning_hooks import shutdown_loader_iterator, validation_batches_seen
+from lightning_dataperf.autotune.online import (
+    Measured,
+    OnlineResult,
+    Setting,
+    SettingSpace,
+    online_search,
+    slower_for_sure,
+)
+from lightning_dataperf.autotune.trial import steady_rate
+
+__all__ = ["OnlineIterator", "OnlineTuner", "attach_online", "make_online"]
+
+Position = Callable[[], tuple[int, int]]
+
+
+class _Trial:
+    """The step periods of the setting in use, since it was switched to."""
+
+    def __init__(self, setting: Setting, against: Measured | None) -> None:
+        self.setting, self.against = setting, against
+        self.skip = self.skipped = 0
+        self.switch_s = 0.0
+        self.periods: list[float] = []
+
+    def add(self, period: float) -> None:
+        if self.skip > 0:
+            self.skip, self.skipped = self.skip - 1, self.skipped + 1
+            self.switch_s += period
+        else:
+            self.periods.append(period)
+
+    def rate(self) -> tuple[float, float, int]:
+        arrivals = [0.0]
+        for period in self.periods:
+            arrivals.append(arrivals[-1] + period)
+        return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
+
+    def measured(self) -> Measured:
+        _, error, counted = self.rate()
+        seconds = sum(self.periods[:counted]) if counted else sum(self.periods)
+        batches = counted or len(self.periods)
+        # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
+        stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
+        return Measured(self.setting, batches / seconds if seconds else 0.0, error, batches, seconds, stall)
+
+
+class OnlineTuner:
+    """Drives :func:`~lightning_dataperf.autotune.online.online_search` from the training loader's iterator.
+
+    Example::
+
+        tuner = OnlineTuner(trainer, start, space, position=sampler.position, **(options or {}))
+        sampler.position = tuner.position
+        make_online(loader, tuner)
+    """
+
+    def __init__(
+        self,
+        trainer: Any,
+        start: Setting,
+        space: SettingSpace,
+        position: Position,
+        precision: float = 0.03,
+        max_batches: int = 200,
+        max_cost: float = 0.05,
+    ) -> None:
+        self.trainer, self.space, self._position = trainer, space, position
+        self.precision, self.max_batches, self.max_cost = precision, max_batches, max_cost
+        self.result = OnlineResult()
+        self.override: tuple[int, int] | None = None
+        self.user_threads = torch.get_num_threads()
+        self._search = online_search(start, space)
+        first, _ = next(self._search)
+        self.trial: _Trial | None = _Trial(first, None)
+        self._last: tuple[float, Any] | None = None
+
+    def position(self) -> tuple[int, int]:
+        """Where the sampler starts: the tuner's own count while it rebuilds, else Lightning's loop counters."""
+        return self.override if self.override is not None else self._position()
+
+    def restart_segment(self, burst: int) -> None:
+        """A new iterator (an epoch's, or a switch's): the next ``burst`` periods are its start-up."""
+        self._last = None
+        if self.trial is not None:
+            self.trial.skip = max(self.trial.skip, burst)
+
+    def step(self, now: float) -> Setting | None:
+        """Called before each batch is fetched: records the step period that ended; the setting to switch to."""
+        trial = self.trial
+        if trial is None:
+            return None
+        # a period with validation or an epoch's end in it is not a training step's
+        marker = (self.trainer.current_epoch, validation_batches_seen(self.trainer))
+        last, self._last = self._last, (now, marker)
+        if last is None or last[1] != marker:
+            return None
+        trial.add(now - last[0])
+        rate, error, counted = trial.rate()
+        enough = counted >= max(8, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
+        cut = trial.against is not None and counted >= 4 and slower_for_sure(rate, error, trial.against)
+        if not (enough or cut or len(trial.periods) >= self.max_batches):
+            return None
+        return self._next(trial.measured())
+
+    def _next(self, measured: Measured) -> Setting | None:
+        result = self.result
+        result.trials.append(measured)
+        result.start = result.start or measured
+        current = measured.setting
+        try:
+            if self._over_budget():
+                self._search.close()
+                raise StopIteration(max(result.trials, key=lambda trial: trial.steps_per_sec))
+            setting, against = self._search.send(measured)
+        except StopIteration as stop:
+            result.kept, result.done = stop.value, True
+            result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
+            self.trial = None
+            rank_zero_info(result.summary())
+            return stop.value.setting if stop.value.setting != current else None
+        self.trial = _Trial(setting, against)
+        return setting if setting != current else None
+
+    def _over_budget(self) -> bool:
+        """The slower trials already cost ``max_cost`` of the run (its length at the best rate measured)."""
+        best = max(self.result.trials, key=lambda trial: trial.steps_per_sec)
+        batches = _planned_batches(self.trainer)
+        over = batches is not None and self.result.cost_s > self.max_cost * batches / best.steps_per_sec
+        if over:
+            self.result.stop_reason = f"the trials had cost {self.max_cost:.0%} of the run"
+        return over
+
+    def switched(self, switch_s: float, setting: Setting) -> None:
+        if self.trial is not None:
+            self.trial.switch_s += switch_s
+        torch.set_num_threads(setting.threads)
+
+    def close(self) -> None:
+        """At teardown: the user's intra-op threads back (the kept setting lasts as long as the fit)."""
+        torch.set_num_threads(self.user_threads)
+
+
+def _planned_batches(trainer: Any) -> float | None:
+    epochs, per_epoch = getattr(trainer, "max_epochs", None), getattr(trainer, "num_training_batches", None)
+    if not epochs or epochs < 0 or not per_epoch or per_epoch == float("inf"):
+        return None
+    return float(epochs * per_epoch)
+
+
+class OnlineIterator(Iterator[Any]):
+    """A training epoch's iterator that rebuilds the loader's own iterator at a batch boundary, other settings."""
+
+    def __init__(self, loader: DataLoader, tuner: OnlineTuner, base: type[DataLoader]) -> None:
+        self.loader, self.tuner, self.base = loader, tuner, base
+        self.epoch, self.first = tuner.position()
+        self.yielded = 0
+        self.inner: Iterator[Any] | None = base.__iter__(loader)
+        tuner.restart_segment(_burst(loader))
+
+    def __next__(self) -> Any:
+        setting = self.tuner.step(time.perf_counter())
+        if setting is not None:
+            self._switch(setting)
+        assert self.inner is not None
+        batch = next(self.inner)
+        self.tuner.override = None
+        self.yielded += 1
+        return batch
+
+    def _switch(self, setting: Setting) -> None:
+        started = time.perf_counter()
+        self.close()
+        loader = self.loader
+        loader.num_workers = setting.num_workers
+        loader.prefetch_factor = setting.prefetch_factor
+        loader.pin_memory = setting.pin_memory
+        self.tuner.override = (self.epoch, self.first + self.yielded)
+        # a new iterator draws its base seed: from a forked generator, so the model's own draws do not move
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            # the loop's own trial of more workers than PyTorch suggests is not the user's setting
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+            self.inner = self.base.__iter__(loader)
+        self.tuner.switched(time.perf_counter() - started, setting)
+        self.tuner.restart_segment(_burst(loader))
+
+    def close(self) -> None:
+        """Stop this iterator's workers now (a persistent loader's iterator is dropped, so it is not reused)."""
+        if self.loader.persistent_workers:
+            self.loader._iterator = None
+        shutdown_loader_iterator(self.inner)
+        self.inner = None
+
+    def __del__(self) -> None:
+        if getattr(self, "inner", None) is not None and not self.loader.persistent_workers:
+            shutdown_loader_iterator(self.inner)
+
+
+def _burst(loader: DataLoader) -> int:
+    """Batches a new iterator's workers had queued while the others started: not the steady rate."""
+    return loader.num_workers * (loader.prefetch_factor or 1) if loader.num_workers else 1
+
+
+_ONLINE_CLASSES: dict[type, type] = {}
+
+
+def make_online(loader: DataLoader, tuner: OnlineTuner) -> None:
+    """Make ``loader``'s iterators :class:`OnlineIterator` (it keeps its class for ``isinstance`` checks)."""
+    base = type(loader)
+    if base not in _ONLINE_CLASSES:
+
+        def __iter__(self: DataLoader) -> Iterator[Any]:  # noqa: N807
+            online = vars(self).get("_dataperf_online")
+            if online is None:  # a copy Lightning rebuilt from the arguments: plain iteration
+                return base.__iter__(self)
+            active = vars(self).get("_dataperf_active")
+            if active is not None and (iterator := active()) is not None:
+                iterator.close()
+            iterator = OnlineIterator(self, online, base)
+            # held weakly: an iterator kept alive here would keep its workers alive past the fit
+            self._dataperf_active = weakref.ref(iterator)
+            return iterator
+
+        _ONLINE_CLASSES[base] = type(f"Online{base.__name__}", (base,), {"__iter__": __iter__})
+    loader.__class__ = _ONLINE_CLASSES[base]
+    loader._dataperf_online = tuner  # type: ignore[attr-defined]
+
+
+def attach_online(
+    loader: DataLoader, trainer: Any, cpus: int, notes: list[str], options: dict[str, Any] | None = None
+) -> OnlineTuner | None:
+    """The tuner for the training ``loader``, or ``None`` with the reason in ``notes`` where the loop cannot run.
+
+    ``options``: :class:`OnlineTuner`'s ``precision``, ``max_batches`` (per trial) and ``max_cost`` (share of the run).
+    """
+    sampler = loader.sampler
+    refusal = _refusal(trainer)
+    if refusal:
+        notes.append(f"online tuning off: {refusal}; the loader keeps the settings above")
+        return None
+    device = trainer.strategy.root_device.type
+    side_stream = "SideStream" in type(trainer.strategy).__name__
+    start = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, torch.get_num_threads())
+    space = SettingSpace(
+        max_workers=max(2 * cpus, loader.num_workers),
+        cpus=cpus,
+        tune_threads=device == "cpu",
+        tune_pinning=device == "cuda" and not side_stream,
+    )
+    tuner = OnlineTuner(trainer, start, space, position=sampler.position, **(options or {}))
+    sampler.position = tuner.position
+    if (seeding := vars(loader).get("_dataperf_batch_seeding")) is not None:
+        # batches seeded in the main process are numbered from where the rebuilt iterator starts
+        loader._dataperf_batch_seeding = (*seeding[:2], tuner.position)  # type: ignore[attr-defined]
+    make_online(loader, tuner)
+    notes.append(
+        "online tuning: these settings are the start; neighbouring settings are tried on the training steps"
+        " and the fastest kept (same samples in the same order; the result in TunedDataModule.online_result)"
+    )
+    return tuner
+
+
+def _refusal(trainer: Any) -> str:
+    if trainer.world_size > 1:
+        return "it tunes one process (under DDP use autotune=True, which searches on rank zero)"
+    if trainer.fast_dev_run:
+        return "fast_dev_run runs too few steps to measure"
+    if trainer.overfit_batches:
+        return "overfit_batches rebuilds the loader"
+    return ""

@@ -1,0 +1,125 @@
+"""autotune="online": settings tried on the training steps, the same samples in the same order."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import psutil
+import pytest
+import torch
+from helpers import IndexData, RecordingModel, trainer_kwargs
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from lightning_dataperf.autotune.online import Measured, Setting, SettingSpace, online_search
+
+#: every trial ends at its first 8 counted batches, so the loop switches whatever the machine's speed
+QUICK = {"precision": 10.0, "max_batches": 8, "max_cost": 10.0}
+
+
+def fit(tmp_path, datamodule, epochs=3, ckpt_path=None, every=None, callbacks=()):
+    model = RecordingModel()
+    callbacks = list(callbacks)
+    if every:
+        callbacks.append(ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1))
+    options = trainer_kwargs(tmp_path, enable_checkpointing=bool(every), num_sanity_val_steps=0)
+    trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **options)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    return model
+
+
+def indices(model):
+    return [(epoch, index) for epoch, index, _, _ in model.rows]
+
+
+def online(**kwargs):
+    return IndexData(length=240, workers=1, seed=5, verbose=False, autotune="online", autotune_options=QUICK, **kwargs)
+
+
+def test_the_loop_switches_settings_and_the_model_sees_the_untuned_order(tmp_path):
+    untuned = fit(tmp_path / "untuned", IndexData(length=240, workers=1, seed=5, verbose=False))
+    datamodule = online()
+    tuned = fit(tmp_path / "online", datamodule)
+    result = datamodule.online_result
+    assert len({trial.setting for trial in result.trials}) >= 2, "the loop tried more than its start"
+    assert indices(tuned) == indices(untuned), "nothing lost, duplicated or reordered"
+    assert len(indices(tuned)) == 3 * 240
+    assert not psutil.Process().children(), "no worker left behind"
+
+
+def test_a_resume_in_the_middle_of_a_trial_continues_the_untuned_order(tmp_path):
+    untuned = fit(tmp_path / "untuned", IndexData(length=240, workers=1, seed=5, verbose=False), epochs=2)
+
+    class Stop(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if trainer.global_step == 75:  # epoch 1, batch 15: the loop is mid-trial
+                raise RuntimeError("stopped mid-epoch")
+
+    stopped_module = online()
+    stopped = RecordingModel()
+    options = trainer_kwargs(tmp_path / "stopped", enable_checkpointing=True, num_sanity_val_steps=0)
+    checkpoint = ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1)
+    trainer = pl.Trainer(max_epochs=2, callbacks=[checkpoint, Stop()], **options)
+    with pytest.raises(RuntimeError, match="stopped mid-epoch"):
+        trainer.fit(stopped, datamodule=stopped_module)
+    assert stopped_module.online_result.trials, "a trial had ended before the stop"
+    resumed = fit(tmp_path / "resumed", online(), epochs=2, ckpt_path=tmp_path / "ckpt" / "epoch=1-step=75.ckpt")
+    assert indices(stopped) + indices(resumed) == indices(untuned)
+
+
+def test_the_loop_restores_the_users_threads_and_leaves_the_training_generator_alone(tmp_path):
+    threads = torch.get_num_threads()
+    pl.seed_everything(3)
+    fit(tmp_path / "a", IndexData(length=240, workers=1, seed=5, verbose=False), epochs=1)
+    untuned_draw = torch.rand(1)
+    pl.seed_everything(3)
+    fit(tmp_path / "b", online(), epochs=1)
+    assert torch.rand(1) == untuned_draw, "rebuilding the iterator draws from a forked generator"
+    assert torch.get_num_threads() == threads
+
+
+def test_online_is_off_with_a_reason_where_it_cannot_run(tmp_path):
+    datamodule = online()
+    trainer = pl.Trainer(fast_dev_run=2, **trainer_kwargs(tmp_path))
+    trainer.fit(RecordingModel(), datamodule=datamodule)
+    assert datamodule.online_result is None
+    assert any("online tuning off: fast_dev_run" in note for note in datamodule.loader_plans["train"][0].notes)
+
+
+def test_a_bad_autotune_value_names_the_choices():
+    with pytest.raises(ValueError, match="'online'"):
+        IndexData(autotune="onlin")
+
+
+def _measured(setting, rate, error=0.01):
+    return Measured(setting, rate, error, batches=50, seconds=50 / rate)
+
+
+def test_the_search_keeps_a_neighbour_only_when_the_incumbent_measured_again_is_still_slower():
+    start = Setting(0, None, False, 2)
+    space = SettingSpace(max_workers=4, cpus=2, tune_threads=True, tune_pinning=False)
+    rates = {Setting(1, 2, False, 2): 9.0, Setting(2, 2, False, 2): 13.0, Setting(2, 2, False, 1): 18.0}
+    search = online_search(start, space)
+    asked = [next(search)]
+    try:
+        while True:
+            setting, _ = asked[-1]
+            asked.append(search.send(_measured(setting, rates.get(setting, 10.0))))
+    except StopIteration as stop:
+        kept = stop.value
+    assert kept.setting == Setting(2, 2, False, 1), "2 workers and one intra-op thread: the fastest"
+    settings = [setting for setting, _ in asked]
+    assert settings[:4] == [start, Setting(1, 2, False, 2), Setting(2, 2, False, 2), start], "re-measured after a win"
+
+
+def test_a_drifting_incumbent_does_not_make_a_neighbour_a_winner():
+    start = Setting(1, 2, False, 2)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    search = online_search(start, space)
+    next(search)
+    setting, _ = search.send(_measured(start, 10.0))
+    again, _ = search.send(_measured(setting, 11.0))  # 10% faster than the first look at the start
+    assert again == start, "measured again before the neighbour is kept"
+    other, _ = search.send(_measured(start, 12.0))  # the step itself got faster: the start reads as fast
+    with pytest.raises(StopIteration) as stop:
+        while True:  # every other neighbour is slower
+            other, _ = search.send(_measured(other, 5.0))
+    assert stop.value.value.setting == start
