@@ -1,18 +1,4 @@
-"""What the machine can give one search: the memory guard and the most workers each resource allows.
-
-:class:`Resources` knows the batch's bytes (learnt from the first batch), the machine
-(:class:`~lightning_dataperf.telemetry.Hardware`) and the share of free memory the search may fill. It refuses a
-configuration whose batches in flight would not fit (:meth:`Resources.refusal`), finds the nearest one that does
-(:meth:`Resources.affordable`), and bounds the worker count by what the measured trials say each resource
-allows (:meth:`Resources.worker_bounds`): the search never goes past the smallest bound, and says which stopped it.
-
-Example::
-
-    resources = Resources(probe_hardware(), memory_fraction=0.5, batches_per_epoch=1000)
-    resources.learn(BatchFootprint.of(batch).bytes, tensors=2)
-    resources.refusal(64, 8, True)          # None, or why it would not fit
-    resources.worker_bounds(2, True, trials)  # {"/dev/shm": 410, "CPU share": 33, ...}
-"""
+"""What the machine can give one search: the memory guard and the most workers each resource allows."""
 
 from __future__ import annotations
 
@@ -36,7 +22,15 @@ CPU_PLATEAU = 0.1
 
 @dataclasses.dataclass
 class Resources:
-    """The machine's limits for one search, and the batch they are counted in."""
+    """The machine's limits for one search, and the batch they are counted in.
+
+    Example::
+
+        resources = Resources(probe_hardware(), memory_fraction=0.5, batches_per_epoch=1000)
+        resources.learn(BatchFootprint.of(batch).bytes, tensors=2)
+        resources.refusal(64, 8, True)          # None, or why it would not fit
+        resources.worker_bounds(2, True, trials)  # {"/dev/shm": 410, "CPU share": 33, ...}
+    """
 
     hardware: Hardware
     memory_fraction: float
@@ -85,18 +79,13 @@ class Resources:
           within ``memory_fraction`` of the available RAM;
         * ``"file descriptors"``: a worker's queues and shared tensors within half the free descriptors;
         * ``"CPU share"``: twice the rank's CPUs over a worker's busy share: the share at the most workers
-          measured, the nearest to what more workers would each use (an I/O-latency loader's workers, busy 3%
-          of the time at 41 workers on 2 cores, may be 133), unless the workers' CPU time together stopped
-          growing between the two highest counts (within :data:`CPU_PLATEAU`): then more workers only split the
-          CPUs they can get, each one's share falls with their number, and the busiest share measured is read
-          (CPU-bound workers: about twice the CPUs, however loaded the machine is);
+          measured, the nearest to what more workers would each use, unless the workers' CPU time together
+          stopped growing between the two highest counts (within :data:`CPU_PLATEAU`): then more workers only
+          split the CPUs they can get, and the busiest share measured is read;
         * ``"dataset"``: no more workers than batches in one epoch.
 
-        The busiest share alone bounds a latency loader too early: on 2 cores one worker of the I/O-latency
-        loader was busy 10% of the time and 41 workers 3% each (together 0.10 and 1.2 CPUs: still growing), so
-        it bounded the climb at 42 workers where the grid's best had 64. The share at the most workers alone
-        never binds a CPU-bound climb (``workers x share`` cannot pass the CPUs, so the bound is at least twice
-        the workers measured): on the 2-core CPU-heavy loader 3 workers used 1.9 CPUs together and 4 workers 1.9.
+        The busiest share alone bounds a latency loader too early; the share at the most workers alone never
+        binds a CPU-bound climb (``workers x share`` cannot pass the CPUs).
         """
         prefetch = prefetch or 2
         fraction = self.memory_fraction

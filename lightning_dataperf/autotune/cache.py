@@ -1,10 +1,4 @@
-"""The autotune cache: one JSON file of results, keyed by what decides the answer.
-
-The key changes with the hardware (CPUs per rank, RAM, GPU), the transfer path the batches take
-(device, stock copy or side stream, device transform, step), the dataset (type, length, simple
-attributes and its ``transform``, or its ``dataperf_fingerprint()``), the batch size and the collate
-function. A cache that cannot be read or written warns once, naming the path and the reason;
-training goes on and the next run searches again.
+"""The autotune cache: one JSON file of results, keyed by what decides the answer (docs/autotune.md, section 11).
 
 Example::
 
@@ -123,7 +117,8 @@ def write_entry(path: Path, key: str, entry: Mapping[str, Any]) -> bool:
 
 
 def _warn_once(path: Path, action: str, error: BaseException) -> None:
-    if str(path) in _WARNED:  # once per path: a cache that can be neither read nor written says it once
+    # once per path: a cache that can be neither read nor written says it once
+    if str(path) in _WARNED:
         return
     _WARNED.add(str(path))
     warnings.warn(

@@ -1,46 +1,6 @@
 """Autotune's answer from its trials: the cheapest as fast as the fastest, never worse than the policy's pick.
 
-:func:`choose` takes the measured trials of a :class:`~lightning_dataperf.autotune.search.Search`:
-
-* the contenders are the trials as fast as the fastest within noise (``noise``, or twice the two rates'
-  combined standard error); the cheapest of them wins (fewer workers, less memory, no pinning);
-* a close call (the cheapest contender more than ``choose_within`` below the fastest, but within noise)
-  is measured again, both configurations interleaved, each time twice as long and twice as precise,
-  until it is decided or ``refine`` rounds are spent. Still undecided after at least one such round, the
-  re-measured means decide: the fastest, unless the cheaper is within ``choose_within`` of it (the
-  cheaper would give up more throughput than the user's tolerance on the best estimate there is). Not
-  re-measured at all (the time budget was spent), the tie goes to the cheaper. A round the budget cannot fit
-  at twice the cap is measured shorter, both sides alike, or not at all (:func:`_pair_scale`). Where the two
-  have the same workers and pinning (only the queue's depth, a little memory the guard allowed, or the way the
-  workers send differs), the faster is taken as measured: there is no worker or pinned buffer to save, and on the
-  2-core VM re-measuring such a call (66 workers, prefetch 2 against 4, 9% apart) took 9.6 s of a 28-s search;
-* a costlier contender (more workers, or the other pinning) that read within ``noise`` of the cheapest, or
-  faster, each measured once, is raced against it the same way, one round (:func:`_unresolved_rival`): one
-  short trial each cannot order settings 5-10% apart, and without the race the tie always went to the
-  cheaper (on the H200, JPEG -> ResNet-18, stock copy: 18 workers 8% above the policy's 15 over ten
-  trials each, where one trial of each read 15 1% ahead);
-* the policy's pick (measured first) is the floor: it is replaced by a configuration faster beyond
-  noise, by a cheaper one as fast, or, when it was one of a re-measured close call, by the faster mean;
-  a costlier pick measured twice and still faster by more than ``noise`` (but within the two rates' error) has
-  the floor's one look measured again, and the means decide (:func:`_floor_against_a_confirmed_gain`).
-  Between two settings as fast with the same workers, the policy's pinning counts as the cheaper (then
-  less memory), so the other pinning at the floor's workers must be faster beyond noise to replace it:
-  pinning costs only the memory the guard allows, and one trial each cannot tell the two apart (on the
-  H200, JPEG -> ResNet-18 at 15-18 workers, unpinned against pinned read +21%, tie, tie, -11% and -17% in
-  five calls; a tie taken for the unpinned copy re-measured 14% below the policy's pinned one). A close call that
-  is only the other pinning at the same workers is not measured again (:func:`_other_pinning`).
-
-:data:`CHOICE_RESERVE` of the time budget is kept from the climb for that re-measurement: a search that
-spent its budget climbing could not resolve the one comparison its answer depends on (measured on the
-H200: 18 workers read 7.7% faster than the policy's 15, within that trial's 11% error, and with no
-time left the tie went to 15, 13% below the grid's best).
-
-Example::
-
-    baseline = runner.measure(*policy_config)
-    with runner.reserved(CHOICE_RESERVE * budget):
-        ...                                  # climb, prefetch, pinning
-    chosen = choose(compare, baseline, choose_within=0.02, seconds=CHOICE_RESERVE * budget)
+The rules and the budget kept for a close call are section 9 of docs/autotune.md.
 """
 
 from __future__ import annotations
@@ -62,8 +22,14 @@ def choose(
     """The configuration to train with (``floor``, the policy's pick, when nothing beats it).
 
     ``seconds``: the most a close call's re-measurement may take (the search passes its reserve: a climb
-    that ended early leaves budget, but a close call is not worth more than the share kept for it; on the
-    2-core VM the refinement of prefetch 2 against 4 at 3 workers, 3% apart, took 20 s of a 30-s budget).
+    that ended early leaves budget, but a close call is not worth more than the share kept for it).
+
+    Example::
+
+        baseline = runner.measure(*policy_config)
+        with runner.reserved(CHOICE_RESERVE * budget):
+            ...                                  # climb, prefetch, pinning
+        chosen = choose(compare, baseline, choose_within=0.02, seconds=CHOICE_RESERVE * budget)
     """
     if seconds is None:
         return _choose(compare, floor, choose_within, refine)
@@ -87,7 +53,8 @@ def _choose(compare: Compare, floor: Trial, choose_within: float, refine: int) -
         chosen = min(contenders, key=cheaper)
         slower = chosen.batches_per_sec < top.batches_per_sec * (1 - choose_within)
         if slower and _same_cost(chosen, top):
-            chosen = top  # only the queue's depth or the way sent differs: nothing a re-measurement could save
+            # only the queue's depth or the way sent differs: nothing a re-measurement could save
+            chosen = top
         close = slower and chosen.measured_as != top.measured_as and not _other_pinning(chosen, top, floor)
         if not close and round_index == 0 and (rival := _unresolved_rival(compare, chosen, contenders, floor)):
             top, close, raced = rival, True, True  # one look each cannot order them: race the two, one round
@@ -114,7 +81,8 @@ def _choose(compare: Compare, floor: Trial, choose_within: float, refine: int) -
     if compare.better(chosen, floor) or (cheaper(chosen) < cheaper(floor) and compare.as_fast(chosen, floor)):
         return chosen
     if _floor_against_a_confirmed_gain(compare, floor, chosen):
-        floor = runner.remeasure(floor)  # its one look is all that holds the gain back: again, the means decide
+        # its one look is all that holds the gain back: again, the means decide
+        floor = runner.remeasure(floor)
         # at the floor's workers only the pinning differs: the policy's still counts as the cheaper (noise, at least)
         gap = choose_within if chosen.num_workers != floor.num_workers else max(choose_within, compare.limits.noise)
         if floor.measurements > 1 and chosen.batches_per_sec > floor.batches_per_sec * (1 + gap):
@@ -128,10 +96,7 @@ def _pair_scale(remaining: float, pair: tuple[Trial, Trial], wanted: float) -> f
     they do, less (both sides alike, at least one trial's cap) where they do not, ``None`` where not even that
     fits or nothing is left: half a pair decides nothing (one side measured again leaves the tie to the cheaper).
 
-    Each side's time is its start-up plus its steady part times the scale, from its own measurements so far. On
-    the H200 (JPEG -> ResNet-18, side stream) a round at twice the cap re-measured the policy's 15 workers in
-    5.5 s of the 9 s left, and the budget cut 18 workers' repeat before one steady round: the tie went to 15
-    (18 had read 3% faster twice), 87% of the grid's best.
+    Each side's time is its start-up plus its steady part times the scale, from its own measurements so far.
     """
     if remaining <= 0:
         return None
@@ -150,11 +115,6 @@ def _unresolved_rival(compare: Compare, chosen: Trial, contenders: list[Trial], 
     """The fastest contender that costs more than ``chosen`` (more workers, or the other pinning where that is not
     all that differs: :func:`_other_pinning`) and read within ``noise`` of it or faster, both measured once: one
     trial each cannot tell which is faster.
-
-    Measured on the H200 (JPEG -> ResNet-18, stock copy; ``benchmarks/trial_noise.py``, ten fresh trials of
-    each): 18 workers pinned made 38.0 batches/s and the policy's 15 35.2 (8% apart), where single trials
-    of 3-4 s have a 5-8% standard error; in a search 18 read 1% below 15, the climb stopped there, and the pick
-    re-measured 89% of the grid's best.
     """
     least = chosen.batches_per_sec * (1 - compare.limits.noise)
     rivals = [
@@ -173,10 +133,6 @@ def _floor_against_a_confirmed_gain(compare: Compare, floor: Trial, chosen: Tria
     where ``chosen`` is not the cheaper: the rules before it take a cheaper one as fast). Measured again, the
     floor gives way where ``chosen``'s mean is ``choose_within`` above its own, or, at the same workers (only the
     pinning apart), ``noise`` above it. A repeat that measured nothing leaves the floor.
-
-    Measured on the H200 (JPEG -> ResNet-18, side stream): 18 workers read 39.3 and 41.1 batches/s (6.2% error),
-    the policy's 15 read 36.0 once (2.7%): the climb confirmed 18 (+12%), the floor rule asked +14% and kept 15,
-    98.2% of the grid's best.
     """
     if chosen.measurements < 2 or floor.measurements != 1 or compare.runner.remaining <= 0:
         return False
@@ -185,14 +141,11 @@ def _floor_against_a_confirmed_gain(compare: Compare, floor: Trial, chosen: Tria
 
 def _other_pinning(kept: Trial, other: Trial, floor: Trial) -> bool:
     """``other`` has ``kept``'s workers (not 0) and the other pinning, ``kept`` the policy's (``floor``'s): the
-    policy's pinning stands unless the other is faster beyond noise, unmeasured again. With workers the pinning is
-    done off the main thread, and a pinning call within noise is noise: on the H200 (4 cores, CPU-heavy transform)
-    the grid read 6 workers pinned 51.0-62.3 batches/s and unpinned 46.1-57.2, and re-measuring a +4% call for
-    the unpinned copy at 5 workers took 8.9 s of a 21.4-s search; on JPEG -> ResNet-18 at 15-18 workers unpinned
-    against pinned read +21%, tie, tie, -11% and -17% in five calls; over six stock-copy grids (tiny, cpu, JPEG)
-    the same point unpinned against pinned had a median of 0.95-1.02, pairs either way (``benchmarks/pin_pairs.py``).
-    Without workers the main thread pins every batch itself, and such a call is measured again as any other (the
-    H200 tiny row: 0 workers unpinned read 384-386 against pinned 367-375 in every look).
+    policy's pinning stands unless the other is faster beyond noise, unmeasured again.
+
+    With workers the pinning is done off the main thread, and one trial each cannot order pinned against unpinned
+    (``benchmarks/pin_pairs.py``). Without workers the main thread pins every batch itself, and such a call is
+    measured again as any other.
     """
     same_workers = bool(kept.num_workers) and kept.num_workers == other.num_workers
     return same_workers and kept.pin_memory == floor.pin_memory != other.pin_memory

@@ -60,15 +60,14 @@ class Compare:
         """``trial`` (measured again where it was unsure) and whether it is faster than ``best``: beyond noise
         at once, or faster by ``noise`` alone but not beyond its own error, then still so once measured again
         with the same workers (alive still: no start-up). Still ahead but by less than ``noise`` then, ``best``
-        (measured once) is measured again too, and the two means decide: on the 2-core VM, I/O-latency loader,
-        64 workers read 697 batches/s the default way once, where the grid's trials read 551-579 and 679-735
-        sent by file name; the hand-over trial read +5%, then +1% measured twice, and was not kept. A repeat
-        that measured nothing (the budget ran out, or it was cut before one steady round:
-        :meth:`TrialRunner.remeasure` returns the trial itself) confirms nothing.
+        (measured once) is measured again too, and the two means decide. A repeat that measured nothing (the
+        budget ran out, or it was cut before one steady round: :meth:`TrialRunner.remeasure` returns the trial
+        itself) confirms nothing.
 
         ``race``: also where ``trial`` read within noise *below* ``best`` (each measured once), both are measured
         again and the means decide (the hand-over's trial where the workers were mostly idle: see
-        :meth:`~lightning_dataperf.autotune.handover.Handover.attempt`)."""
+        :meth:`~lightning_dataperf.autotune.handover.Handover.attempt`).
+        """
         best = self.runner.latest(best)  # measured again since the caller read it, perhaps (by this method)
         if self.better(trial, best):
             return trial, True

@@ -1,20 +1,6 @@
 """What an autotune trial does with each batch: the transfer training will use, then a step as busy as training.
 
-A trial that only counts batches arriving from the loader measures a loader nobody trains with: training
-copies each batch to the device (the stock ``.to(device, non_blocking=True)`` on the compute stream, or
-the side stream of :class:`~lightning_dataperf.transfer.copier.SideStreamCopier` under a
-``SideStreamTransferMixin`` strategy), runs the ``device_transform``, and keeps the main thread busy with
-the step, so loader settings that steal CPU from the main thread (too many workers, a pin thread) lose
-there. :class:`TransferPath` describes that path; :meth:`TransferPath.consumer` builds a fresh
-:class:`Consumer` for one trial.
-
-Example::
-
-    path = TransferPath(device=torch.device("cuda", 0), side_stream=True, step_seconds=0.011)
-    consume = path.consumer()
-    for batch in loader:
-        consume(batch)          # copy (side stream), device transform, 11 ms of GPU "step"
-    consume.finish()            # waits for the device
+A trial that only counted arrivals would measure a loader nobody trains with (docs/autotune.md, section 1).
 """
 
 from __future__ import annotations
@@ -53,6 +39,14 @@ class TransferPath:
         host_step_seconds: main-thread host work per step on top (kernel launches, Python, logging): a busy-wait.
         step_fn: your own step, called with the device batch (e.g. forward + backward of the model); used
             instead of ``step_seconds``.
+
+    Example::
+
+        path = TransferPath(device=torch.device("cuda", 0), side_stream=True, step_seconds=0.011)
+        consume = path.consumer()
+        for batch in loader:
+            consume(batch)          # copy (side stream), device transform, 11 ms of GPU "step"
+        consume.finish()            # waits for the device
     """
 
     device: torch.device | None = None

@@ -1,16 +1,4 @@
-"""Consuming one autotune trial's batches: their arrivals, the start-up, what the workers and the main thread did.
-
-:func:`drain` runs the batches of a trial loader through the training path until the trial's rate is known
-within ``Limits.precision``, decided against the trial it is compared with, or at its time or batch cap;
-:class:`~lightning_dataperf.autotune.runner.TrialRunner` turns what it returns into a
-:class:`~lightning_dataperf.autotune.trial.Trial`.
-
-Example::
-
-    drained = drain(runner, iter(loader), time.perf_counter(), workers=4, skip=7, in_flight=8, scale=1.0,
-                    against=None)
-    drained.arrivals, drained.startup, drained.busy
-"""
+"""Consuming one autotune trial's batches: their arrivals, the start-up, what the workers and the main thread did."""
 
 from __future__ import annotations
 
@@ -63,6 +51,12 @@ def drain(
     :func:`~lightning_dataperf.autotune.trial.made_rate`), unless the search's budget runs out: many
     workers on few cores take seconds to start, and a trial cut short then measures only their
     staggered arrival.
+
+    Example::
+
+        drained = drain(runner, iter(loader), time.perf_counter(), workers=4, skip=7, in_flight=8, scale=1.0,
+                        against=None)
+        drained.arrivals, drained.startup, drained.busy
     """
     out = Drained()
     arrivals, timings = out.arrivals, []

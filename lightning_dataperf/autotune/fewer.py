@@ -1,18 +1,4 @@
-"""Autotune's way down: fewer workers where they are as fast as more.
-
-:class:`FewerWorkers` holds the probes a :class:`~lightning_dataperf.autotune.search.Search` makes below its
-start: where the training path limits the start (:meth:`FewerWorkers.predicted`: the workers the cost model
-says its rate needs), where the first step up gained nothing (:meth:`FewerWorkers.below_start`: halving while
-fewer are as fast), and after the climb where the main thread or the path limits
-(:meth:`FewerWorkers.after_climb`). No trial is spent on a count too few for the CPU a batch costs
-(:meth:`FewerWorkers.too_few`). Ties go to fewer workers.
-
-Example::
-
-    search = Search(runner, fixed={}, pins=(True, False), limits=limits, cpus=16)
-    best = compare.climb_workers(start)          # calls compare.fewer.predicted / below_start where they apply
-    best = compare.fewer.after_climb(best, start)
-"""
+"""Autotune's way down: fewer workers where they are as fast as more (docs/autotune.md, section 5)."""
 
 from __future__ import annotations
 
@@ -30,7 +16,14 @@ MODEL_SLACK = 0.1
 
 
 class FewerWorkers:
-    """The probes down of one :class:`~lightning_dataperf.autotune.search.Search` (its trials, budget and stop)."""
+    """The probes down of one :class:`~lightning_dataperf.autotune.search.Search` (its trials, budget and stop).
+
+    Example::
+
+        search = Search(runner, fixed={}, pins=(True, False), limits=limits, cpus=16)
+        best = search.climb_workers(start)          # calls search.fewer.predicted / below_start where they apply
+        best = search.fewer.after_climb(best, start)
+    """
 
     def __init__(self, compare: Compare) -> None:
         self.compare = compare
@@ -113,12 +106,11 @@ class FewerWorkers:
         (:func:`~lightning_dataperf.autotune.model.main_thread_rate`:
         loading in the main thread would still reach the best rate; or the main thread hardly waited).
         Not after a climb whose first step up gained beyond noise: the rate was still rising at the start, and
-        with diminishing returns per worker, fewer workers lose at least as much per worker as the step gained
-        (measured on the H200 side-stream row: 15 -> 18 workers gained 5%, and the probe of 7 that an earlier
-        rule made there read 17 batches/s against 36). A climb whose first step gained nothing already went down
-        (:meth:`below_start`). Within noise is a tie, resolved towards fewer workers; a count that loses beyond
-        noise ends the way down (0 workers, tried only where the model predicts it, is measured regardless: it
-        has no hand-over to pay), and so does a count too few for the CPU a batch costs (:meth:`too_few`).
+        with diminishing returns per worker, fewer workers lose at least as much per worker as the step gained.
+        A climb whose first step gained nothing already went down (:meth:`below_start`). Within noise is a tie,
+        resolved towards fewer workers; a count that loses beyond noise ends the way down (0 workers, tried only
+        where the model predicts it, is measured regardless: it has no hand-over to pay), and so does a count too
+        few for the CPU a batch costs (:meth:`too_few`).
         """
         compare = self.compare
         if "num_workers" in compare.fixed:

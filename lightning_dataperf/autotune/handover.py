@@ -1,17 +1,6 @@
 """Autotune's hand-over trial: the workers sending their batches by shared-memory file name, where that can help.
 
-The default ``file_descriptor`` sharing strategy costs the main thread a connection to the worker per shared
-tensor (2.4 ms a batch on the 2-core VM: it bound the I/O-latency loader at 260-340 batches/s). One trial
-of the best settings so far with the workers sending by file name (``file_system``,
-:class:`~lightning_dataperf.loader.sharing.ShareBy`) tells whether that was the limit; faster beyond noise, the
-search adopts it (:meth:`~lightning_dataperf.autotune.runner.TrialRunner.adopt`: every later trial sends
-that way) and the climb goes on from it.
-
-Example::
-
-    handover = Handover()
-    faster = handover.attempt(compare, best)      # None: not tried, or not faster beyond noise
-    handover.detail                              # "file_system sharing measured +27% (335.8 against ...)"
+When it is made and kept is section 8 of docs/autotune.md.
 """
 
 from __future__ import annotations
@@ -25,9 +14,7 @@ from lightning_dataperf.loader.sharing import FAST_HANDOVER, process_strategy
 
 __all__ = ["NO_TRIAL_AFTER", "Handover", "gain_beyond_reach"]
 
-#: Climb stops after which no hand-over trial is made: the training path (the main thread hardly waited, so
-#: its hand-over is not what limits), settings that are yours, refusals. After the time budget it is made:
-#: the climb keeps a share back for it.
+#: Climb stops after which no hand-over trial is made: the training path, settings that are yours, refusals.
 NO_TRIAL_AFTER = frozenset({"path", "fixed", "memory guard", "dataset", ""})
 
 
@@ -36,9 +23,7 @@ def gain_beyond_reach(best: Trial, noise: float) -> str:
 
     The most one can gain (:func:`~lightning_dataperf.autotune.model.loader_headroom`: the main thread's
     wait) is within the least gap :meth:`~lightning_dataperf.autotune.search.Search.better` would ask of a
-    new trial against ``best`` (``best``'s own error, and half the noise for the new one). Measured on the
-    H200 side stream at 18 workers: the main thread waited 9% (at most +10%) with a 6.7% error (a gap of
-    14%); the hand-over and prefetch trials made there read +1% and -18%.
+    new trial against ``best`` (``best``'s own error, and half the noise for the new one).
     """
     headroom = loader_headroom(best)
     least = max(noise, 2 * math.hypot(best.relative_error(noise / 2), noise / 2))
@@ -50,7 +35,14 @@ def gain_beyond_reach(best: Trial, noise: float) -> str:
 
 class Handover:
     """One search's hand-over trial: the seconds the climb keeps back for it (:attr:`reserve`), whether it was
-    made, and what it measured (:attr:`detail`)."""
+    made, and what it measured (:attr:`detail`).
+
+    Example::
+
+        handover = Handover()
+        faster = handover.attempt(compare, best)      # None: not tried, or not faster beyond noise
+        handover.detail                              # "file_system sharing measured +27% (335.8 against ...)"
+    """
 
     def __init__(self, reserve: float = 0.0) -> None:
         self.reserve = reserve
@@ -76,13 +68,9 @@ class Handover:
         that way, where no gain could be shown (:func:`gain_beyond_reach`), or where the workers were busy
         :data:`~lightning_dataperf.autotune.model.SATURATED_WORKERS` of their time (said in :attr:`detail`).
         Faster, but not beyond the noise of one trial each, it is measured once more with the same workers and
-        kept if still faster beyond the noise (as the climb does: on 2 cores one such trial read +14%, 362.9
-        against 318.5 batches/s at 37 workers, within its 14% gap, where the grid's best sent by file name).
-        Where the workers were mostly idle (busy under
+        kept if still faster beyond the noise, as the climb does. Where the workers were mostly idle (busy under
         :data:`~lightning_dataperf.autotune.model.IDLE_WORKERS`: they do not limit, the hand-over may), a trial
-        within noise *below* is measured again too, and so is ``best``: on the 2-core VM, I/O-latency loader at
-        64 workers, the hand-over trial read -3% (682.8 against 700.4 batches/s), where 64 workers sending the
-        default way read 526-734 in the grid and sending by file name 646-710 in the benchmark's re-measurements.
+        within noise *below* is measured again too, and so is ``best``.
         Mid-climb, the climb still keeps :attr:`reserve` back for this trial: it is given back as the trial is made.
         """
         runner = compare.runner
@@ -98,7 +86,8 @@ class Handover:
             busy = f"the workers were busy {100 * best.worker_busy:.0f}% of their time: they made what arrived"
             self.detail = f"{FAST_HANDOVER} sharing not measured ({busy})"
             return None
-        if not stopped:  # what the climb keeps for this trial is spent on it; what it leaves, the climb's
+        # what the climb keeps for this trial is spent on it; what it leaves, the climb's
+        if not stopped:
             runner.release(self.reserve)
         if runner.remaining <= 0:
             self.detail = f"{FAST_HANDOVER} sharing not measured (the time budget ran out)"
@@ -112,8 +101,7 @@ class Handover:
                 f"round{rough})"
             )
             return None
-        # beyond noise, or still faster beyond it measured twice; where the workers were mostly idle (not what
-        # limits: the hand-over may be) a reading within noise either side is raced too
+        # mostly idle workers do not limit, the hand-over may: a reading within noise either side is raced too
         idle = best.worker_busy is not None and best.worker_busy < IDLE_WORKERS
         before = runner.latest(best)
         trial, faster = compare.confirmed(trial, before, race=idle)

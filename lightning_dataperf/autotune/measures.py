@@ -1,10 +1,4 @@
-"""Measurements one autotune trial takes besides batch arrivals: the workers' CPU and memory, open files.
-
-Example::
-
-    cpu = WorkerCpu()            # this process's children: the trial loader's workers
-    before = cpu.seconds(); ...; busy = cpu.since(before) / (wall * workers)
-"""
+"""Measurements one autotune trial takes besides batch arrivals: the workers' CPU and memory, open files."""
 
 from __future__ import annotations
 
@@ -47,8 +41,7 @@ def gc_frozen() -> Iterator[None]:
     """Objects that exist on entry are left out of garbage collections until exit (:func:`gc.freeze`).
 
     A trial's loader is collected at once after its shutdown (its pinned and shared buffers freed before the
-    next trial); with the frameworks loaded a full collection took 0.35 s on a 2-core VM, paid after every
-    trial. Frozen, a collection walks only what the search created. A freeze already in place (a training
+    next trial); frozen, a collection walks only what the search created. A freeze already in place (a training
     script's own ``gc.freeze()`` before forking workers, or an outer ``gc_frozen``) is extended to the objects
     alive since (one collection first, so no garbage is frozen), and stays so after exit: :func:`gc.unfreeze`
     cannot undo part of a freeze, so those objects, like the script's own frozen ones, are not collected if
@@ -80,7 +73,13 @@ def pooled_error(first: Trial, again: Trial, count: int) -> float | None:
 
 
 class WorkerCpu:
-    """CPU seconds and unique memory of this process's children (the trial loader's workers)."""
+    """CPU seconds and unique memory of this process's children (the trial loader's workers).
+
+    Example::
+
+        cpu = WorkerCpu()            # this process's children: the trial loader's workers
+        before = cpu.seconds(); ...; busy = cpu.since(before) / (wall * workers)
+    """
 
     def __init__(self) -> None:
         try:
@@ -125,9 +124,8 @@ class WorkerCpu:
     def unique_mb(self, sample: int = MEMORY_SAMPLE) -> float | None:
         """The largest unique memory (USS, MB) of up to ``sample`` children, spread over them in pid order.
 
-        Reading a process's USS walks its page tables (``smaps_rollup``): on the 2-core VM it took 9 ms a
-        worker, 4.8 s of a 28-s search over 503 reads (``benchmarks/profile_autotune.py``). The workers of one
-        loader are forks of one process running the same code, so a few tell a worker's memory.
+        Reading a process's USS walks its page tables (``smaps_rollup``), so only a few are read: the workers of
+        one loader are forks of one process running the same code, and a few tell a worker's memory.
         """
         children = self._children()
         if len(children) > sample > 0:

@@ -1,19 +1,6 @@
-"""Autotune's cost model: from one trial's measurements, what the path could take and the workers it needs.
+"""Autotune's cost model: pure functions of one trial's measurements (what the path could take, the workers it needs).
 
-Each :class:`~lightning_dataperf.autotune.trial.Trial` carries the in-loader timing (a worker's wall and
-CPU time per batch), the main thread's (its share of time waiting for batches, its time per batch
-otherwise) and the whole path's CPU time per batch read from the OS. From them: the most batches/s the
-CPUs can make (:func:`cpu_ceiling`) and the main thread can take, the worker count that rate needs
-(:func:`next_workers`, instead of doubling blindly), what fewer workers could make at most
-(:func:`fewer_capacity`), whether the training path rather than the loader
-limits (:func:`path_bound`), whether a deeper queue may help (:func:`queue_starved`), and what loading
-in the main thread would reach (:func:`main_thread_rate`). Pure functions; the search's decisions are
-in :mod:`~lightning_dataperf.autotune.search`.
-
-Example::
-
-    trial = Trial(4, 2, False, 50.0, batches=40, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.9)
-    next_workers(trial, limit=1000, cpus=2)       # 16: a latency loader, x MAX_JUMP at most
+The decisions that use them are in :mod:`~lightning_dataperf.autotune.search` (docs/autotune.md, sections 4-5).
 """
 
 from __future__ import annotations
@@ -43,19 +30,17 @@ __all__ = [
 #: A trial whose main thread waited less than this share of its time for batches is limited by the training path.
 PATH_BOUND = 0.05
 #: Share more than arrived that mostly idle workers must have made for :func:`handover_bound` (2.5 times the
-#: 2 x noise a deeper queue is tried at; on the I/O-latency loader 16 workers made 7% more, 34 made 41% more).
+#: 2 x noise a deeper queue is tried at).
 HANDOVER_SHORTFALL = 0.15
 #: Busy share under which workers are mostly idle (waiting on I/O, or on their full queue).
 IDLE_WORKERS = 0.5
-#: Busy share at and above which the workers themselves made what arrived: no hand-over can deliver more
-#: (measured: four ``file_system`` trials of the H200 JPEG rows, workers busy 91-100%, read -11% to +3%).
+#: Busy share at and above which the workers themselves made what arrived: no hand-over can deliver more.
 SATURATED_WORKERS = 0.9
 #: Spare capacity the cost model adds to the workers a rate needs.
 HEADROOM = 0.15
 #: Largest factor between one worker count and the next (the model extrapolates from one point).
 MAX_JUMP = 4
-#: How much less CPU a batch may cost with fewer workers (less contention for cores and caches; measured on
-#: the H200's 16 vCPUs: 364 ms per batch at 7 workers against 422 at 15).
+#: How much less CPU a batch may cost with fewer workers (less contention for cores and caches).
 CONTENTION_SLACK = 0.25
 
 
@@ -77,10 +62,7 @@ def queue_starved(trial: Trial, noise: float) -> bool:
 
 def handover_bound(trial: Trial) -> bool:
     """Workers mostly idle made :data:`HANDOVER_SHORTFALL` more than arrived, and the main thread waited for
-    them: what holds the batches back is their hand-over to the main thread, not the workers.
-
-    Measured on the 2-core VM, I/O-latency loader (workers busy 3-5%): 34 workers could make 373 batches/s
-    and 264 arrived, 16 workers 184 and 173; sending by file name, 34 workers delivered 336. Unknown timing
+    them: what holds the batches back is their hand-over to the main thread, not the workers. Unknown timing
     or CPU: ``False``.
     """
     capacity = trial.loader_capacity()
@@ -170,6 +152,11 @@ def next_workers(best: Trial, limit: int, cpus: int = 1) -> int:
     that the predicted rate needs (:func:`predicted_rate` x time per batch, plus ``HEADROOM``), at
     least 20% more than now and at most ``MAX_JUMP`` times. Without it: x2 while each worker is mostly
     idle (latency-bound), x1.5 when busy.
+
+    Example::
+
+        trial = Trial(4, 2, False, 50.0, batches=40, work_s=0.08, cpu_s=0.001, main_s=0.002, wait_share=0.9)
+        next_workers(trial, limit=1000, cpus=2)       # 16: a latency loader, x MAX_JUMP at most
     """
     workers = best.num_workers
     if workers == 0:

@@ -1,13 +1,4 @@
-"""The sample order autotune's trials read: one fixed, shuffle-like order, each trial its own slice of it.
-
-No trial rereads another's samples (a cached sample would read faster than training will), and the
-order is computed per position, not drawn: a 4 M ``randperm`` took 0.5 s of the search.
-
-Example::
-
-    order = TrialOrder(length=1000, start=0, stride=coprime_stride(1000))
-    first = list(order)[:4]      # four distinct indices spread over the dataset
-"""
+"""The sample order autotune's trials read: one fixed, shuffle-like order, each trial its own slice of it."""
 
 from __future__ import annotations
 
@@ -22,7 +13,13 @@ __all__ = ["TrialOrder", "coprime_stride"]
 
 class TrialOrder(Sampler[int]):
     """Each trial reads its own slice of one fixed order (no trial rereads another's samples): a seeded affine
-    permutation, spread over the dataset like a shuffle but computed per position (a 4 M randperm took 0.5 s)."""
+    permutation, spread over the dataset like a shuffle but computed per position, not drawn.
+
+    Example::
+
+        order = TrialOrder(length=1000, start=0, stride=coprime_stride(1000))
+        first = list(order)[:4]      # four distinct indices spread over the dataset
+    """
 
     def __init__(self, length: int, start: int, stride: int) -> None:
         self.length, self.start, self.stride = length, start, stride

@@ -1,22 +1,4 @@
-"""Autotune's progress while it searches: a tqdm bar, log lines, or nothing.
-
-A search takes seconds to tens of seconds before the first epoch; without a sign of life it looks like a
-hang. :func:`make_progress` turns the ``progress`` option into a listener the trial runner calls with
-``("start", config)``, ``("progress", batches_per_sec_so_far)``, ``("done", trial)`` (or ``("nothing", trial)``:
-a repeat of ``trial`` that measured nothing, cut by the budget before one steady round) and, at the end,
-:meth:`SearchProgress.close`:
-
-* ``"bar"``: a tqdm bar on stderr (what the Trainer's ``TQDMProgressBar`` uses): trial k of ~n, the
-  setting, the rate so far;
-* ``"log"`` (or ``True``): one line per finished trial on stderr, ``DataPerf autotune: trial 3/~9 ...``;
-* ``"auto"``: a bar when stderr is a terminal, log lines otherwise;
-* ``False`` / ``None`` / ``"off"``: silent.
-
-Example::
-
-    progress = make_progress("log")
-    progress("start", (8, 2, True)); progress("done", trial); progress.close(result)
-"""
+"""Autotune's progress while it searches: a tqdm bar, log lines, or nothing (a silent search looks like a hang)."""
 
 from __future__ import annotations
 
@@ -142,7 +124,23 @@ class BarProgress(SearchProgress):
 
 
 def make_progress(spec: Any, stream: TextIO | None = None) -> SearchProgress:
-    """``"bar"``, ``"log"``/``True``, ``"auto"``, ``False``/``None``/``"off"``, or a :class:`SearchProgress`."""
+    """``"bar"``, ``"log"``/``True``, ``"auto"``, ``False``/``None``/``"off"``, or a :class:`SearchProgress`.
+
+    The listener is called with ``("start", config)``, ``("progress", batches_per_sec_so_far)``, ``("done", trial)``
+    (or ``("nothing", trial)``: a repeat of ``trial`` that measured nothing, cut by the budget before one steady
+    round) and, at the end, :meth:`SearchProgress.close`:
+
+    * ``"bar"``: a tqdm bar on stderr (what the Trainer's ``TQDMProgressBar`` uses): trial k of ~n, the
+      setting, the rate so far;
+    * ``"log"`` (or ``True``): one line per finished trial on stderr, ``DataPerf autotune: trial 3/~9 ...``;
+    * ``"auto"``: a bar when stderr is a terminal, log lines otherwise;
+    * ``False`` / ``None`` / ``"off"``: silent.
+
+    Example::
+
+        progress = make_progress("log")
+        progress("start", (8, 2, True)); progress("done", trial); progress.close(result)
+    """
     if isinstance(spec, SearchProgress):
         return spec
     if spec in (False, None, "off", "none"):

@@ -1,11 +1,4 @@
-"""The outcome of an autotune search: the chosen settings, every trial, why the search stopped.
-
-Example::
-
-    result = autotune_loader(dataset, batch_size=64)
-    print(result.format())            # the table of trials, the winner, the speed-up
-    print(result.summary_line())      # "autotune measured 16 workers ... at 3,810 samples/s; ..."
-"""
+"""The outcome of an autotune search: the chosen settings, every trial, why the search stopped."""
 
 from __future__ import annotations
 
@@ -143,7 +136,8 @@ class AutotuneResult:
         for trial in self.trials:
             if trial.refused:
                 status = f"refused: {trial.refused}"
-            else:  # a rough rate (cut before one steady round) is the start-up burst's: not ranked
+            else:
+                # a rough rate (cut before one steady round) is the start-up burst's: not ranked
                 status = f"{trial.batches_per_sec:.0f} rough" if trial.rough else f"{trial.batches_per_sec:9.1f}"
             busy = "-" if trial.worker_busy is None else f"{100 * trial.worker_busy:.0f}%"
             lines.append(

@@ -1,23 +1,4 @@
-"""Autotune's trials: run one DataLoader configuration on the real dataset, the way training will consume it.
-
-:class:`TrialRunner` holds one search's state: the budgets, every :class:`Trial` measured so far (those of
-the workers' current way of sending apart from the others), the machine's limits
-(:class:`~lightning_dataperf.autotune.bounds.Resources`) and the fixed sample order each trial reads a fresh
-slice of. Each batch goes through the :class:`~lightning_dataperf.autotune.consumer.TransferPath` training
-uses (copy, device transform, a step as busy as training). A trial's rate excludes the worker start-up
-(reported apart as ``startup_s``) and the batches the workers had queued by then (``workers x prefetch``),
-and is never above what the workers made inside the window (a full deep queue is consumed faster than it
-refills); the batches are consumed by :func:`~lightning_dataperf.autotune.drain.drain` until the rate is
-known, decided against ``against``, or at the trial's time or batch cap. Trial
-loaders draw from their own generator and are shut down at once (workers and pin thread); the search
-restores the global RNGs (:func:`~lightning_dataperf.loader.seeding.rng_restored`).
-
-Example::
-
-    runner = TrialRunner(dataset, 64, {}, hardware, TransferPath(), limits=Limits(10.0, 200, 0.03, 0.5, None, 0))
-    runner.learn_batch_size()
-    trial = runner.measure(4, 2, False)      # Trial(num_workers=4, ..., batches_per_sec=..., startup_s=...)
-"""
+"""Autotune's trials: run one DataLoader configuration on the real dataset, the way training will consume it."""
 
 from __future__ import annotations
 
@@ -73,7 +54,16 @@ _LATEST_KNOWN = ("worker_busy", "worker_mb", "wait_share", "work_s", "cpu_s", "m
 
 
 class TrialRunner:
-    """State of one search: budgets, the measured trials, the memory guard, the machine's bounds."""
+    """State of one search: budgets, the measured trials, the memory guard, the machine's bounds.
+
+    What a trial measures and how its rate is read is in docs/autotune.md, sections 1-2.
+
+    Example::
+
+        runner = TrialRunner(dataset, 64, {}, hardware, TransferPath(), limits=Limits(10.0, 200, 0.03, 0.5, None, 0))
+        runner.learn_batch_size()
+        trial = runner.measure(4, 2, False)      # Trial(num_workers=4, ..., batches_per_sec=..., startup_s=...)
+    """
 
     def __init__(
         self,
@@ -122,9 +112,8 @@ class TrialRunner:
         """Load one batch in this process, so the memory guard knows the batch bytes before any trial.
 
         The load uses at most the rank's CPUs as PyTorch threads (:func:`threads_at_most`): a process whose
-        thread count was set from the whole machine (a CPU quota, an affinity set after start-up) loaded one
-        batch of a CPU-heavy dataset (32 images, resize + blur) in 7.8 s with 16 threads on 4 cores (the H200,
-        ``benchmarks/profile_autotune.py``), a third of the search.
+        thread count was set from the whole machine (a CPU quota, an affinity set after start-up) loads a batch
+        of a CPU-heavy dataset many times slower.
         """
         kwargs = {key: value for key, value in self.loader_kwargs.items() if key in {"collate_fn", "drop_last"}}
         sampler = TrialOrder(self.length, self.offset, self.stride) if self.length else None
@@ -204,9 +193,7 @@ class TrialRunner:
         self.listener("start", trial.config)
         before = trial
         again = self.run(*trial.config, cap_scale=cap_scale, against=against, sharing=trial.sharing)
-        # a repeat the budget cut before one steady round is not averaged in: its rate includes the burst of
-        # queued batches, or a few staggered arrivals (measured on the H200: one such repeat took 18 workers'
-        # mean from 37.7 to 29.6 batches/s, and the close call it was resolving to the other side)
+        # a repeat cut before one steady round is not averaged in: its rate is the burst of queued batches
         if trial.rough and again.batches > 1 and not again.rough:
             trial = again  # the first was rough (the burst's rate): the steady repeat replaces it
         elif again.batches > 1 and again.batches_per_sec > 0 and not again.rough:
@@ -277,7 +264,8 @@ class TrialRunner:
         started = time.perf_counter()
         if not reused:
             iterator = iter(self._loader(*config, sharing=sharing))
-        in_flight = workers * (prefetch or 0)  # the batches the workers may hold made (queued, or in hand-over)
+        # the batches the workers may hold made (queued, or in hand-over)
+        in_flight = workers * (prefetch or 0)
         skip = max(0, in_flight - 1)  # the burst: the batches after the first queued during start-up
         try:
             drained = drain(self, iterator, started, workers, skip, in_flight, cap_scale, against)

@@ -1,19 +1,4 @@
-"""Autotune's decisions: the worker climb, prefetch and pinning, noise-aware comparisons.
-
-:class:`Search` drives a :class:`~lightning_dataperf.autotune.runner.TrialRunner`. The cost model
-(:mod:`~lightning_dataperf.autotune.model`) predicts from each trial the worker count the fastest
-possible rate needs, instead of doubling blindly, and where the CPUs are spent; a start that the
-training path already limits (its main thread hardly waited) does not climb at all; the probes below the
-start are :class:`~lightning_dataperf.autotune.fewer.FewerWorkers`'s. Two rates count as
-different only beyond :func:`~lightning_dataperf.autotune.trial.margin` (noise, or twice their
-combined standard error): when two configurations are within noise, either is fine.
-
-Example::
-
-    search = Search(runner, fixed={}, pins=(True, False), limits=limits, cpus=16)
-    best = search.climb_workers(runner.measure(15, 2, True))
-    best = search.tune_prefetch(best)
-"""
+"""Autotune's decisions: the worker climb, prefetch and pinning, noise-aware comparisons (docs/autotune.md, 3-6)."""
 
 from __future__ import annotations
 
@@ -52,7 +37,14 @@ MAX_PREFETCH = 16
 
 
 class Search:
-    """One search's decisions over a :class:`TrialRunner`."""
+    """One search's decisions over a :class:`TrialRunner`.
+
+    Example::
+
+        search = Search(runner, fixed={}, pins=(True, False), limits=limits, cpus=16)
+        best = search.climb_workers(runner.measure(15, 2, True))
+        best = search.tune_prefetch(best)
+    """
 
     def __init__(
         self,
@@ -75,12 +67,8 @@ class Search:
 
         Measured from the OS (``tree_cpu_s``), the ceiling needs two worker counts at ``best``'s prefetch
         and pinning (one point cannot say how a batch's CPU changes with the worker count), and takes the
-        cheapest CPU per batch at ``best``'s count or above: only that says what more workers would pay.
-        A batch need not cost the same CPU at every worker count: on the H200's 16 vCPUs 15 -> 18 workers cut
-        it by 10% and gained 13% (the stop waits for the second point, and then reads 18's own cost); on the
-        2-core VM fewer workers made cheaper batches (1 worker 64-70 ms, 3 workers 68-97 ms, 4 workers 108-115
-        ms, sessions 9-10), so a ceiling from the fewer workers' cost let the climb measure 4 workers, which
-        lost every time. Without the OS figure: the in-loader model of
+        cheapest CPU per batch at ``best``'s count or above: a batch need not cost the same CPU at every worker
+        count, and only that says what more workers would pay. Without the OS figure: the in-loader model of
         :func:`~lightning_dataperf.autotune.model.cpu_ceiling`, from one point.
         """
         if best.tree_cpu_s is None:
@@ -195,9 +183,7 @@ class Search:
                 self.compare.stop("cut short", f"{step} workers were cut before one steady round (not ranked)")
                 return best
             if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
-                # far slower with more workers: an artefact (start-up, memory) until seen twice; its workers are
-                # still alive, so the repeat pays no start-up. A smaller loss is taken as measured: the middle
-                # (below) tells where the rate turned
+                # far slower: an artefact (start-up, memory) until seen twice; a smaller loss is taken as measured
                 trial = runner.remeasure(trial, against=best)
                 if self.compare.better(trial, best):
                     best = trial
@@ -216,12 +202,9 @@ class Search:
 
         Worth it where ``more`` lost beyond noise and is at least a step above ``best``
         (:func:`~lightning_dataperf.autotune.model.smallest_step`, 20%: the rate fell somewhere between), or
-        tied but the middle is itself a step: past a rising rate, two equal readings bracket the peak. Measured
-        on the 2-core VM, I/O-latency loader sending by file name: the climb's step 48 -> 81 workers read -1%,
-        where the grid's best was 64 (+16-30% over 48 in the grid's own trials, +13% in the head-to-head pairs).
-        A bracket narrower than a step is not halved: its middle is within 10% of a measured count, and a trial
-        cannot tell their rates apart. On the 2-core VM (session 18) halving 59 -> 68 measured 63 and 65, and the
-        choice then re-measured 59 against 63 (4% apart): 13 s of a 28-s search.
+        tied but the middle is itself a step: past a rising rate, two equal readings bracket the peak. A bracket
+        narrower than a step is not halved: its middle is within 10% of a measured count, and a trial cannot
+        tell their rates apart.
 
         Not past what the climb itself would not pass: a bound (from every trial so far, ``more``'s included),
         a ``best`` the training path or the CPUs already limit. A middle cut short (refused, or rough: no

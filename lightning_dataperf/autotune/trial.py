@@ -45,17 +45,14 @@ __all__ = [
 #: The cheapest trial within this share of the best is re-measured too: the choice is the cheapest
 #: configuration within noise of the best, and one unlucky measurement must not rule it out.
 CONFIRM_BAND = 0.7
-#: A trial slower than this share of both its neighbours in worker count is measured again
-#: (:func:`~lightning_dataperf.autotune.runner.repeat_outliers`), and so is a step up in the climb slower than
-#: this share of the best: an artefact (start-up, memory) until seen twice; a smaller loss is taken as measured.
+#: A trial slower than this share of both its neighbours (:func:`~lightning_dataperf.autotune.runner.repeat_outliers`),
+#: or a step up slower than this share of the best, is measured again: an artefact until seen twice.
 OUTLIER_SHARE = 0.8
 #: Fewest rounds of ``num_workers`` batches a trial's rate is computed from.
 MIN_ROUNDS = 3
 #: Fewest steady batches a trial's rate is computed from.
 MIN_STEADY_BATCHES = 6
-#: Busy workers per CPU the search may try. Past 1 it still pays when workers also wait (the queue, the
-#: pin thread, shared-memory hand-over): measured on the H200, PIL decode + crop workers busy 92% of the
-#: time delivered most at 20-32 workers on 16 cores. Past 2 it only costs memory and main-thread CPU.
+#: Busy workers per CPU the search may try: past 1 it still pays when workers also wait, past 2 it only costs.
 CPU_OVERSUBSCRIPTION = 2.0
 #: Share of the free file descriptors the loader's workers may take.
 FD_SHARE = 0.5
@@ -69,9 +66,7 @@ DATASET_REFUSAL = "the dataset ran out before two batches"
 DECIDED_GAP = 0.1
 #: Standard errors beyond :data:`DECIDED_GAP` a decided trial must be (3: about one in a thousand by chance).
 DECIDED_SE = 3.0
-#: Most a tie may span: on a loaded machine a trial's standard error can reach 30%, and "within twice the
-#: combined error" would then call a configuration 40% slower as fast (measured: 14 workers at 88 batches/s
-#: tied with 17 at 131 on the 2-core VM). Past this share slower it is slower, whatever the error says.
+#: Most a tie may span: past this share slower it is slower, whatever a large standard error says.
 TIE_BAND = DECIDED_GAP
 
 
@@ -203,9 +198,7 @@ def made_rate(made_at: list[float], arrivals: list[float], skip: int, in_flight:
     was consumed, so every batch made before that moment has been received, and counting the ``made_at``
     (``perf_counter``, the same clock in every process) inside the window misses none. Unlike the arrivals'
     rate it does not count batches made before the window: a deep queue full at its start is consumed
-    faster than the workers can refill it (measured on 2 cores, 48 workers x prefetch 8, a 5 ms-per-sample
-    latency loader: arrivals' rates of 650-854 batches/s where 48 workers can make at most 600, and ~400 in
-    2,500-batch runs). ``None`` without :data:`MIN_STEADY_BATCHES` made inside the window.
+    faster than the workers can refill it. ``None`` without :data:`MIN_STEADY_BATCHES` made inside the window.
     """
     end = len(arrivals) - 1 - in_flight
     if end <= skip:
@@ -229,7 +222,8 @@ def trial_rate(
     if rough:
         rate = (len(arrivals) - 1) / max(arrivals[-1] - arrivals[0], 1e-9)
     elif (made := made_rate(made_at, arrivals, skip, in_flight)) is not None:
-        rate = min(rate, made)  # not the batches the workers had made before the window (a full deep queue)
+        # not the batches the workers had made before the window (a full deep queue)
+        rate = min(rate, made)
     return rate, error, rough
 
 
@@ -285,9 +279,8 @@ TrialListener = Callable[[str, Any], None]
 def rated(trials: Iterable[Trial]) -> list[Trial]:
     """The trials that measured a rate (not refused, at least two batches, not rough).
 
-    A rough trial was cut before one steady round: its rate is the burst of batches made during start-up
-    (on 2 cores, 52 I/O-bound workers at prefetch 4 read 1,950 batches/s over 8 batches, where the same 52
-    at prefetch 2 made 438 and the benchmark re-measured 500): it is neither ranked nor taken.
+    A rough trial was cut before one steady round: its rate is the burst of batches made during start-up,
+    many times the steady rate, so it is neither ranked nor taken.
     """
     return [trial for trial in trials if trial.judged and trial.batches > 1]
 

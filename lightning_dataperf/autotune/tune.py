@@ -1,72 +1,4 @@
-"""Measured DataLoader autotuning: a short hill-climb on the user's real dataset, the way training consumes it.
-
-Every trial runs the batches through the path training will use (:class:`TransferPath`: the stock
-``non_blocking`` copy or the side stream, the ``device_transform``, and a step as busy as training when
-its time or function is given), so settings that steal CPU from the main thread lose. From the
-hardware policy's recommendation the search
-
-1. grows ``num_workers`` to the count the cost model predicts (:mod:`~lightning_dataperf.autotune.model`:
-   each worker's time per batch measured inside the worker, the most the main thread and the CPUs can
-   take) while the gain holds, never past the smallest of the machine's bounds
-   (:meth:`~lightning_dataperf.autotune.bounds.Resources.worker_bounds`: ``/dev/shm``, memory per worker,
-   file descriptors, the rank's CPUs over a worker's busy share at the most workers measured, the
-   dataset), nor past the rate the CPUs can make (the CPUs over the whole path's CPU time per batch, read
-   from the OS at two worker counts); a step that gains nothing brackets the peak, and the count halfway
-   is measured (where it is itself a step, or the step lost and was a step, 20%, above the best), the bracket
-   halved again while it gains; a start
-   the training path already limits (its main thread hardly waited for batches) does not climb, and
-   tries the fewer workers its rate needs instead. After the climb it probes downwards too (fewer
-   workers than the start, and 0 when allowed) where the cost model says the main thread or the path
-   limits (a first step up that gained says the rate was still rising: fewer workers would lose);
-2. doubles ``prefetch_factor`` only when the workers could make more than they delivered, then tries
-   the other ``pin_memory`` where the path allows both (the side stream wants pinned batches from the
-   loader: only ``True``);
-3. repeats a trial far slower than its neighbours or than the best it would end the climb against (below
-   80% of it: an artefact until seen twice), and one faster but not beyond its own noise (still ahead, but
-   within noise, the best it is compared with is measured again too, and the means decide); a repeat of
-   the configuration just measured continues with its workers (kept alive, no start-up);
-4. measures the best so far once more with its workers sending their batches by shared-memory file name
-   (``torch.multiprocessing``'s ``file_system`` strategy, set in the workers by
-   :class:`~lightning_dataperf.loader.sharing.ShareBy`) instead of a connection per tensor
-   (:mod:`~lightning_dataperf.autotune.handover`): as soon as mostly idle workers made much more than
-   arrived, or where the climb stops (more workers gave nothing, the CPUs or a bound), not where the main
-   thread's wait could not hold a gain beyond noise nor where the workers were busy 90% of their time or
-   more (they made what arrived); a share of the budget is kept for it
-   (:data:`SHARING_TRIALS` trial caps, at most :data:`SHARING_SHARE`). Faster beyond noise, every later
-   trial sends that way (``AutotuneResult.sharing_strategy``), and mid-climb or after a stop for lack of
-   gain the climb goes on from there: the hand-over, not the workers, had been the limit.
-
-Two rates differ only beyond noise (``noise``, or twice their combined standard error): within noise
-is a tie, resolved towards fewer workers and less memory. A trial's rate excludes the worker start-up
-(kept apart as ``startup_s``; it decides ``persistent_workers``) and stops as soon as it is known
-within ``precision``, or, compared with the best so far, once it is clearly slower (decided: below the
-tie band by three standard errors; more batches would not change the decision; a faster one is measured
-to its precision, since it becomes the reference). The answer
-(:func:`~lightning_dataperf.autotune.choice.choose`) is the cheapest
-configuration as fast as the fastest; a close call (more than ``choose_within`` apart, within noise) is
-measured again, interleaved and longer, in a share of the budget the climb leaves for it
-(:data:`~lightning_dataperf.autotune.choice.CHOICE_RESERVE`), and still undecided the re-measured means
-decide; the policy's pick, measured first, is the floor: only a configuration faster beyond noise, a
-cheaper one as fast, or the faster side of a re-measured close call replaces it. The climb stops where
-the CPUs are spent: each trial reads the CPU time of this process and its workers from the OS, and the
-CPUs over that time per batch is the most any worker count can make. The result records why the search
-stopped (``stop_reason``: ``"gain"``, a bound's name, ``"time budget"``, ...), each trial's time and
-the total; :meth:`AutotuneResult.summary_line` says it in one line.
-
-The search never leaves anything behind: every trial loader is shut down, trial loaders draw from
-their own ``torch.Generator`` and the global RNGs are restored, so the training order is the same as
-without autotuning. Results are cached in JSON keyed by hardware, dataset fingerprint (including its
-``transform``), batch size, collate function and the transfer path.
-
-Example::
-
-    from lightning_dataperf import autotune_loader
-
-    result = autotune_loader(train_set, batch_size=64, loader_kwargs={"collate_fn": my_collate})
-    print(result.format())          # the trials, the winner, why the search stopped
-    print(result.summary_line())    # "autotune measured 16 workers ... at 3,810 samples/s; more gave nothing ..."
-    loader = DataLoader(train_set, batch_size=64, shuffle=True, **result.settings.as_kwargs())
-"""
+"""autotune_loader: a short measured search for DataLoader settings on the real dataset (see docs/autotune.md)."""
 
 from __future__ import annotations
 
@@ -179,6 +111,15 @@ def autotune_loader(
         force: search again even when the cache has an answer.
         progress: ``"auto"`` (a bar on a terminal, log lines otherwise), ``"bar"``, ``"log"``, or
             ``False`` for silence.
+
+    Example::
+
+        from lightning_dataperf import autotune_loader
+
+        result = autotune_loader(train_set, batch_size=64, loader_kwargs={"collate_fn": my_collate})
+        print(result.format())          # the trials, the winner, why the search stopped
+        print(result.summary_line())    # "autotune measured 16 workers ... at 3,810 samples/s; more gave nothing ..."
+        loader = DataLoader(train_set, batch_size=64, shuffle=True, **result.settings.as_kwargs())
     """
     if time_budget <= 0 or batch_budget < 2:
         raise ValueError(
@@ -257,7 +198,8 @@ def _search(
     if process_strategy() == FAST_HANDOVER:  # the workers send by file name already: no such trial
         handover_reserve = 0.0
     search = Search(runner, fixed, pins, limits, hardware.cpus_per_rank, handover_reserve)
-    with gc_frozen():  # each trial's loader is collected after it; frozen, that walks only the search's objects
+    # each trial's loader is collected after it; frozen, that walks only the search's objects
+    with gc_frozen():
         try:
             return _climb(search, runner, policy, pins, limits, choose_within, batch_size)
         finally:
@@ -281,7 +223,8 @@ def _climb(
     baseline = best = runner.measure(*runner.resources.affordable(start))
     if baseline.rough and runner.remaining > 0:  # the start-up burst's rate cannot be the floor: a steady look
         baseline = best = runner.remeasure(baseline)
-    with runner.reserved(CHOICE_RESERVE * limits.time_budget):  # for choose() to resolve a close call
+    # kept for choose() to resolve a close call
+    with runner.reserved(CHOICE_RESERVE * limits.time_budget):
         best = search.climb_workers(best)  # as last measured (the climb's confirmations may measure it again)
         best = search.probe_fewer(best, baseline)
         best = search.tune_prefetch(best)
