@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from lightning_dataperf.autotune.trial import rated
 from lightning_dataperf.diagnosis.evidence import Evidence, MoreWorkersMeasured
@@ -21,7 +22,7 @@ from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.timing.summary import EpochSummary
 from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
 
-__all__ = ["autotune_seconds", "autotune_words", "gather_evidence", "more_workers_measured"]
+__all__ = ["autotune_seconds", "autotune_words", "gather_evidence", "more_workers_measured", "online_words"]
 
 
 def gather_evidence(
@@ -35,6 +36,7 @@ def gather_evidence(
     stage = Stage(summary.stage)
     max_epochs = trainer.max_epochs
     tuned = getattr(trainer.datamodule, "autotune_result", None)
+    online = getattr(trainer.datamodule, "online_result", None)
     return Evidence(
         summary=summary,
         loader=LoaderFacts.of(first_loader(_stage_loaders(trainer, stage))),
@@ -46,6 +48,8 @@ def gather_evidence(
         autotune=autotune_words(tuned) if stage is Stage.TRAIN else None,
         autotune_more=more_workers_measured(tuned) if stage is Stage.TRAIN else None,
         loader_blind=loader_blind,
+        measured_online=online_words(online) if stage is Stage.TRAIN else None,
+        intra_op_threads=torch.get_num_threads(),
     )
 
 
@@ -58,6 +62,15 @@ def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
         Stage.PREDICT: trainer.predict_dataloaders,
     }[stage]
     return loaders[0] if isinstance(loaders, (list, tuple)) and loaders else loaders
+
+
+def online_words(result: Any) -> str | None:
+    """What ``TunedDataModule(autotune="online")`` measured on this run's steps (``None``: it did not run)."""
+    if result is None or not result.trials:
+        return None
+    if result.done:
+        return str(result.summary())
+    return f"online tuning is trying settings on this run's steps ({len(result.trials)} measured so far)"
 
 
 def autotune_words(result: Any) -> str | None:

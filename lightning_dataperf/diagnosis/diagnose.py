@@ -272,7 +272,13 @@ def _compute_bound(evidence: Evidence) -> Finding | None:
     if compute is None:
         return None
     share = compute / step if step else 1.0
-    advice = ["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"]
+    if evidence.summary.on_device:
+        advice = ["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"]
+    else:
+        # bf16 and torch.compile measured slower or no faster for small models on the CPU (issue 37)
+        advice = ["profile the model (torch.profiler); on the CPU try larger batches and the intra-op threads"]
+    if contention := evidence.contention():
+        advice.insert(0, contention)
     if (evidence.system.gpu_slowdown or 0.0) > 0.1:
         advice.append(
             "the GPU clocks are slowed by heat or a hardware slowdown (not just the power cap): check cooling"

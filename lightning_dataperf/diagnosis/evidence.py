@@ -51,6 +51,8 @@ class Evidence:
     autotune: str | None = None  # what autotune measured for this loader, when it ran (quoted, not suggested)
     autotune_more: MoreWorkersMeasured | None = None  # the most autotune measured above its pick, when it did
     loader_blind: str | None = None  # why the loader's inside was not measured, when it was not
+    measured_online: str | None = None  # what the online loop measured on this run's steps, when it ran
+    intra_op_threads: int | None = None  # torch.get_num_threads() of the training process
 
     def timing(self, name: str, statistic: str = "mean") -> float | None:
         summary = self.summary.timings.get(name)
@@ -90,6 +92,29 @@ class Evidence:
         """CUDA, from the host-gap probe: the training thread waited for a CPU for much of the host gap."""
         gap = self.summary.host_gap
         return gap is not None and gap.training_thread_starved
+
+    @property
+    def queued_per_step(self) -> float | None:
+        """CPU runs: seconds per step this process's threads were runnable but waited for a core (measured)."""
+        queued, step = self.system.main_runqueue_percent, self.timing(tags.STEP)
+        if self.summary.on_device or queued is None or step is None:
+            return None
+        return queued / 100.0 * step
+
+    def contention(self) -> str | None:
+        """The step's wait for a core in words, where it is at least a tenth of the step (CPU runs)."""
+        queued, step = self.queued_per_step, self.timing(tags.STEP)
+        if queued is None or not step or queued < 0.1 * step:
+            return None
+        workers = self.loader.num_workers or 0
+        threads = f"{self.intra_op_threads} intra-op threads" if self.intra_op_threads else "its threads"
+        cores = f" share {self.usable_cpus} cores" if self.usable_cpus else " share the cores"
+        return (
+            f"contention, measured: this process's threads waited {1e3 * queued:.1f} ms per {1e3 * step:.1f}-ms step"
+            f" for a core ({workers} worker processes and {threads}{cores}), so Time/Compute includes waiting, not"
+            " only the model's work; fewer intra-op threads (torch.set_num_threads) or workers may be faster:"
+            ' TunedDataModule(autotune="online") measures both on these steps'
+        )
 
     @property
     def straggling(self) -> bool:

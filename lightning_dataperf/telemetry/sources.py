@@ -227,6 +227,7 @@ class ProcessSource:
         self._cpu_seconds: dict[int, float] = {}
         self._major_faults: dict[int, float] = {}
         self._read_chars: dict[int, float] = {}
+        self._runqueue: dict[int, float] = {}
         self._pss: dict[str, float] = {}
         self._pss_read_at = -float("inf")
 
@@ -254,6 +255,12 @@ class ProcessSource:
             "workers_rss_mb": worker_rss,
             **self._proportional_memory(alive),
         }
+        waited, threads = _threads_runqueue_wait(self.main.pid)
+        if threads:
+            values["main_threads"] = float(threads)
+        queued = None if waited is None else _change(self._runqueue, self.main.pid, waited)
+        if queued is not None and elapsed > 0:
+            values["main_runqueue_percent"] = 100.0 * queued / elapsed
         if main_cpu is not None and elapsed > 0:
             values["main_cpu_percent"] = 100.0 * main_cpu / elapsed
             values["workers_cpu_percent"] = 100.0 * worker_cpu / elapsed
@@ -296,6 +303,24 @@ class ProcessSource:
 
     def close(self) -> None:
         pass
+
+
+def _threads_runqueue_wait(pid: int) -> tuple[float | None, int]:
+    """Seconds all of ``pid``'s threads (intra-op ones too) spent runnable but waiting for a CPU, and how many
+    threads it has (Linux ``/proc/<pid>/task/*/schedstat``; ``(None, 0)`` elsewhere)."""
+    total, threads = 0.0, 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None, 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as handle:
+                total += int(handle.read().split()[1]) / 1e9
+            threads += 1
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended between the listing and the read
+    return (total, threads) if threads else (None, 0)
 
 
 def _change(last_readings: dict[int, float], pid: int, now: float) -> float | None:

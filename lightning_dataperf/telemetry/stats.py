@@ -51,6 +51,8 @@ class SystemStats:
     # this process and its loader workers
     loader_workers_alive: float | None = None
     main_cpu_percent: float | None = None
+    main_runqueue_percent: float | None = None  # this process's threads waiting for a core (% of one core)
+    main_threads: float | None = None
     workers_cpu_percent: float | None = None
     worker_cpu_percent_mean: float | None = None
     main_rss_mb: float | None = None

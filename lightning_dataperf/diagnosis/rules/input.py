@@ -80,12 +80,19 @@ def input_bound(evidence: Evidence) -> Finding | None:
         if (value := getattr(system, key)) is not None:
             numbers[key] = value
     cause = _cause(evidence)
+    if evidence.measured_online:
+        # the loop measured worker settings on this run: its result, not a model's, speaks for them
+        cause = _Cause(
+            cause.kind, cause.words, [evidence.measured_online] + [a for a in cause.advice if "num_workers" not in a]
+        )
     if cause.kind == "input_bound_storage" and system.disk_util_percent is not None:
         numbers["disk_util_percent"] = system.disk_util_percent
     if system.own_read_mbps is not None:
         numbers["own_read_mbps"] = system.own_read_mbps
     where = "the GPU sits idle waiting for input" if summary.on_device else "the step waits for the loader"
     advice = list(cause.advice)
+    if contention := evidence.contention():
+        advice.append(contention)
     if evidence.straggling:
         advice.append(
             f"no gain is predicted for this rank's loader: every rank's step also holds the wait for rank "
@@ -222,10 +229,25 @@ def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
     return step, compute
 
 
-def _gain(step: float | None, new_step: float) -> str:
-    if not step or new_step <= 0:
+#: What an estimate from one epoch cannot see, by the change it is for.
+UNSEEN_FIRST_WORKERS = (
+    "not measured at num_workers=0: the hand-over of each batch from a worker process, and the workers"
+    " competing with this process's own threads for the cores"
+)
+UNSEEN_MORE_WORKERS = "not measured: what the added workers take from this process's threads and the hand-over"
+UNSEEN_MORE_READS = "not measured: whether the storage serves more reads at once, and the hand-over"
+
+
+def _estimate(evidence: Evidence, step: float | None, new_step: float, unseen: str) -> str:
+    """A predicted gain, said to be an estimate, never above the ceiling of removing the wait altogether."""
+    if not step or new_step <= 0 or evidence.measured_online:
         return ""
-    return f" (predicted from this epoch: {step / new_step:.2f}x faster, {1e3 * step:.1f} -> {1e3 * new_step:.1f} ms)"
+    ceiling = 1.0 / max(1e-6, 1.0 - (evidence.summary.input_stall_fraction or 0.0))
+    gain = min(step / new_step, ceiling)
+    return (
+        f" (an estimate from this epoch: up to {gain:.2f}x, {1e3 * step:.1f} -> {1e3 * step / gain:.1f} ms; {unseen};"
+        ' TunedDataModule(autotune="online") measures it on your steps)'
+    )
 
 
 def _budget(evidence: Evidence) -> int | None:
@@ -243,7 +265,7 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
             f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
-            f"num_workers={workers}" + _gain(step, max(compute, work / workers))
+            f"num_workers={workers}" + _estimate(evidence, step, max(compute, work / workers), UNSEEN_FIRST_WORKERS)
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
@@ -272,7 +294,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
             "raise num_workers "
-            f"from {workers} to {workers + added}" + _gain(step, predicted)
+            f"from {workers} to {workers + added}" + _estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
     else:
@@ -290,7 +312,9 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             advice.append(
                 f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
                 f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "
-                f"num_workers={workers + 1}" + _gain(step, predicted) + "; on a machine of your own, free the CPUs"
+                f"num_workers={workers + 1}"
+                + _estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
+                + "; on a machine of your own, free the CPUs"
             )
             words = "CPU preprocessing, CPUs shared with other processes"
         else:
@@ -336,7 +360,7 @@ def _latency_bound(evidence: Evidence) -> _Cause:
     else:
         advice = [
             f"{waiting}, so more of them overlap the waits: raise num_workers from {workers} to {more}"
-            + _gain(step, predicted)
+            + _estimate(evidence, step, predicted, UNSEEN_MORE_READS)
             + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
         ]
     if line := evidence.autotune:

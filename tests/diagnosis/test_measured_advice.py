@@ -1,0 +1,73 @@
+"""Advice says what was measured and what is an estimate; contention on the CPU is named (issue 37)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+
+import pytest
+from diagnosis.test_diagnose import INPUT_BOUND, inside, summary
+
+from lightning_dataperf.diagnosis.diagnose import diagnose
+from lightning_dataperf.diagnosis.evidence import Evidence
+from lightning_dataperf.loader.settings import LoaderFacts
+from lightning_dataperf.telemetry.sources import ProcessSource
+from lightning_dataperf.telemetry.stats import SystemStats
+
+MEASURED = (
+    "online tuning kept num_workers=2, prefetch_factor=2, pin_memory=False, threads=1: 30.0 steps/s, 1.78x the"
+    " start's 16.9 steps/s (measured on this run's steps, 9 trials in 20.0 s; cost 1.2 s; ...)"
+)
+
+
+def test_no_estimate_exceeds_the_ceiling_printed_beside_it():
+    measured = dataclasses.replace(INPUT_BOUND, loader=inside(None, workers=0, fetch=0.028, collate=0.002))
+    verdict = diagnose(Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=8))
+    finding = verdict.findings[0]
+    assert f"ceiling speed-up if removed: {finding.ceiling_speedup:.2f}x" in verdict.format()
+    assert f"up to {finding.ceiling_speedup:.2f}x" in finding.advice[0], "capped at the ceiling (2.78x unbounded)"
+
+
+def test_a_setting_the_online_loop_measured_is_quoted_instead_of_an_estimate():
+    measured = dataclasses.replace(INPUT_BOUND, loader=inside(None, workers=0, fetch=0.028, collate=0.002))
+    evidence = Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=8, measured_online=MEASURED)
+    advice = diagnose(evidence).findings[0].advice
+    assert advice[0] == MEASURED
+    assert not any("estimate" in line or "num_workers=" in line for line in advice[1:]), advice
+
+
+def test_contention_for_the_cores_is_named_on_a_cpu_run():
+    system = SystemStats(main_runqueue_percent=60.0, cpu_busy_percent_mean=100.0)
+    compute_bound = summary(stall=0.02, DataLoading=0.001, Transfer=0.0, Compute=0.080, Step=0.083)
+    evidence = Evidence(compute_bound, LoaderFacts(num_workers=2), system, usable_cpus=2, intra_op_threads=2)
+    advice = " ".join(diagnose(evidence).findings[0].advice)
+    # 60% of a core waiting over an 83-ms step: about 50 ms per step spent runnable without a core
+    assert "waited 49.8 ms per 83.0-ms step for a core (2 worker processes and 2 intra-op threads share 2" in advice
+    assert "mixed precision" not in advice, "bf16 measured slower on a CPU: not advised there"
+
+
+def test_a_quiet_cpu_run_and_a_cuda_run_get_no_contention_words():
+    quiet = SystemStats(main_runqueue_percent=2.0)
+    compute_bound = summary(stall=0.02, DataLoading=0.001, Transfer=0.0, Compute=0.080, Step=0.083)
+    assert "contention" not in " ".join(diagnose(Evidence(compute_bound, system=quiet)).findings[0].advice)
+    on_gpu = summary(on_device=True, stall=0.02, DataLoading=0.001, Transfer=0.0, Compute=0.080, Step=0.083)
+    busy = SystemStats(main_runqueue_percent=60.0)
+    advice = " ".join(diagnose(Evidence(on_gpu, system=busy)).findings[0].advice)
+    assert "contention" not in advice and "mixed precision" in advice
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="Linux /proc")
+def test_the_process_source_reads_every_threads_wait_for_a_core():
+    source = ProcessSource()
+    source.read(0.1)
+    stop = threading.Event()
+    spinners = [threading.Thread(target=lambda: stop.wait(0.3)) for _ in range(2)]
+    for spinner in spinners:
+        spinner.start()
+    reading = source.read(0.3)
+    stop.set()
+    for spinner in spinners:
+        spinner.join()
+    assert reading["main_threads"] >= 3, "the spinning threads are counted"
+    assert reading["main_runqueue_percent"] >= 0.0
