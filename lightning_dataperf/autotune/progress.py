@@ -44,7 +44,8 @@ class SearchProgress:
         elif event == "done":
             self.finished(value)
         elif event == "nothing":
-            self.measured_nothing(value)
+            trial, why = value if isinstance(value, tuple) else (value, None)
+            self.measured_nothing(trial, why)
         elif event == "estimate":
             self.estimate = max(self.index + 1, int(value))
 
@@ -57,8 +58,9 @@ class SearchProgress:
     def finished(self, trial: Any) -> None:
         pass
 
-    def measured_nothing(self, trial: Any) -> None:
-        """A repeat of ``trial`` that measured nothing (by default: as :meth:`finished`, the trial unchanged)."""
+    def measured_nothing(self, trial: Any, why: tuple[str, str] | None = None) -> None:
+        """A repeat of ``trial`` that measured nothing, cut by ``why`` (the limit, more about it; by default: as
+        :meth:`finished`, the trial unchanged)."""
         self.finished(trial)
 
     def close(self, result: Any = None) -> None:
@@ -77,10 +79,12 @@ class LogProgress(SearchProgress):
         )
         self.stream.flush()
 
-    def measured_nothing(self, trial: Any) -> None:
+    def measured_nothing(self, trial: Any, why: tuple[str, str] | None = None) -> None:
+        limit, more = why or ("the time budget ran out", "")
+        more = f"; {more}" if more else ""
         self.stream.write(
-            f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: measured nothing more (the "
-            f"time budget ran out before one steady round); kept at {_rate_text(trial)}\n"
+            f"DataPerf autotune: trial {self.index}/~{self.estimate} {_trial_text(trial)}: measured nothing more "
+            f"({limit} before one steady round{more}); kept at {_rate_text(trial)}\n"
         )
         self.stream.flush()
 
@@ -111,8 +115,9 @@ class BarProgress(SearchProgress):
         self.bar.set_postfix_str(f"{_trial_text(trial)}: {_rate_text(trial)}", refresh=False)
         self.bar.update(1)
 
-    def measured_nothing(self, trial: Any) -> None:
-        self.bar.set_postfix_str(f"{_trial_text(trial)}: measured nothing more", refresh=False)
+    def measured_nothing(self, trial: Any, why: tuple[str, str] | None = None) -> None:
+        cut = f" ({why[0]})" if why else ""
+        self.bar.set_postfix_str(f"{_trial_text(trial)}: measured nothing more{cut}", refresh=False)
         self.bar.update(1)
 
     def close(self, result: Any = None) -> None:
@@ -127,8 +132,8 @@ def make_progress(spec: Any, stream: TextIO | None = None) -> SearchProgress:
     """``"bar"``, ``"log"``/``True``, ``"auto"``, ``False``/``None``/``"off"``, or a :class:`SearchProgress`.
 
     The listener is called with ``("start", config)``, ``("progress", batches_per_sec_so_far)``, ``("done", trial)``
-    (or ``("nothing", trial)``: a repeat of ``trial`` that measured nothing, cut by the budget before one steady
-    round) and, at the end, :meth:`SearchProgress.close`:
+    (or ``("nothing", (trial, why))``: a repeat of ``trial`` that measured nothing, ``why`` the limit that cut it
+    before one steady round: the time budget or the dataset) and, at the end, :meth:`SearchProgress.close`:
 
     * ``"bar"``: a tqdm bar on stderr (what the Trainer's ``TQDMProgressBar`` uses): trial k of ~n, the
       setting, the rate so far;

@@ -49,6 +49,9 @@ __all__ = [
     "threads_at_most",
 ]
 
+#: The limits that end a trial before one steady round (:attr:`TrialRunner.last_cut`): the search's time budget
+#: (less what it keeps back), or the trial's pass over the dataset.
+BUDGET_CUT = ("the time budget ran out", "")
 #: What a repeat's record takes from the latest measurement, or the earlier one where the repeat could not read it.
 _LATEST_KNOWN = ("worker_busy", "worker_mb", "wait_share", "work_s", "cpu_s", "main_s", "tree_cpu_s")
 
@@ -88,6 +91,9 @@ class TrialRunner:
         self.length, self.stride, self.offset = length, coprime_stride(length), 0
         self._kept: tuple[Any, Iterator[Any]] | None = None  # the last trial's live workers: ((config, sharing), them)
         self._reserve = 0.0
+        #: Why the last :meth:`run` ended before one steady round (``None``: it did not): the limit that cut it and
+        #: what to know about it, e.g. ``("the dataset ran out", "one pass of it is 24 batches, ...")``.
+        self.last_cut: tuple[str, str] | None = None
 
     @property
     def remaining(self) -> float:
@@ -212,8 +218,22 @@ class TrialRunner:
             self.trials[trial.config] = trial
         else:  # a trial measured before the search adopted another hand-over: it stays where it was
             self.earlier = [trial if kept.measured_as == trial.measured_as else kept for kept in self.earlier]
-        self.listener("done" if trial is not before else "nothing", trial)  # "nothing": the repeat measured nothing
+        if trial is before:  # the repeat measured nothing: say which limit cut it (not always the time budget)
+            self.listener("nothing", (trial, self.last_cut or BUDGET_CUT))
+        else:
+            self.listener("done", trial)
         return trial
+
+    def _cut_by(self, exhausted: bool, batches: int, workers: int, in_flight: int) -> tuple[str, str]:
+        """The limit that ended a trial before one steady round, in words (the progress line and the stop name it)."""
+        if exhausted:
+            per_pass = -(-self.length // max(1, self.batch_size)) if self.length else batches
+            held = f", {in_flight} of them in flight at {workers} workers" if in_flight else ""
+            return (
+                "the dataset ran out",
+                f"one pass of it is {per_pass} batches{held}: a longer time_budget cannot help",
+            )
+        return BUDGET_CUT
 
     def close(self) -> None:
         """Shut down the workers kept from the last trial."""
@@ -281,6 +301,9 @@ class TrialRunner:
         seconds = time.perf_counter() - started
         self.offset += len(arrivals) * self.batch_size
         rate, error, rough = trial_rate(arrivals, drained.made_at, workers, skip, in_flight)  # rough: no steady round
+        self.last_cut = None
+        if rough or len(arrivals) < 2:
+            self.last_cut = self._cut_by(drained.exhausted, len(arrivals), workers, in_flight)
         memory = self.resources.memory_mb(workers, prefetch, pin)
         startup = -1.0 if reused else drained.startup
         if len(arrivals) < 2:  # no rate could be measured: not a result

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from lightning_dataperf.autotune.cache import cache_key, default_cache_path, read_entry, write_entry
 from lightning_dataperf.autotune.choice import CHOICE_RESERVE, choose
@@ -41,10 +41,29 @@ __all__ = [
     "autotune_loader",
     "confirmation_candidates",
     "default_cache_path",
+    "not_map_style",
 ]
 
 
 SEARCH_FIELDS = ("num_workers", "prefetch_factor", "pin_memory")
+
+
+def not_map_style(dataset: Any) -> str | None:
+    """Why the search cannot run on ``dataset`` (each trial reads its own slice of it by index), or ``None``."""
+    kind = type(dataset).__name__
+    if isinstance(dataset, IterableDataset):
+        why = f"the dataset is a {kind}, an IterableDataset"
+    elif not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        why = f"the dataset ({kind}) has no {'__getitem__' if hasattr(dataset, '__len__') else '__len__'}"
+    else:
+        return None
+    return (
+        f"autotune needs a map-style dataset (with __len__ and __getitem__: each trial reads its own slice of it by "
+        f"index), and {why}. Measure on a map-style dataset of the same samples, or set num_workers and "
+        "prefetch_factor yourself."
+    )
+
+
 #: Trial caps of the budget the climb leaves for the hand-over's trial (its workers' start-up and one
 #: measurement), at most :data:`SHARING_SHARE` of the budget.
 SHARING_TRIALS = 2
@@ -126,6 +145,8 @@ def autotune_loader(
             f"autotune_loader(time_budget={time_budget}, batch_budget={batch_budget}): need a positive time budget "
             "and at least 2 batches per trial."
         )
+    if (problem := not_map_style(dataset)) is not None:
+        raise ValueError(f"autotune_loader: {problem}")
     called = time.perf_counter()
     hardware = hardware or probe_hardware()
     loader_kwargs = dict(loader_kwargs or {})

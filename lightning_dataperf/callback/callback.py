@@ -11,7 +11,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -71,7 +71,7 @@ class DataPerfCallback(Callback):
         log_every_n_steps: overrides the Trainer's ``log_every_n_steps``.
         print_summary: print the epoch table and verdict on rank zero.
         write_json: append each epoch's summary and verdict to ``<log_dir>/dataperf_summaries.jsonl``.
-        stages: which loops to time.
+        stages: which loops to time: one name (``"train"``) or several (``("train", "val")``).
         telemetry: run the system sampler thread.
         telemetry_interval: seconds between system readings.
         data_path: where the dataset lives, so disk metrics watch that device (else all disks).
@@ -99,7 +99,7 @@ class DataPerfCallback(Callback):
         log_every_n_steps: int | None = None,
         print_summary: bool = True,
         write_json: bool = True,
-        stages: tuple[str, ...] = ("train", "val", "test", "predict"),
+        stages: str | Iterable[str] = ("train", "val", "test", "predict"),
         telemetry: bool = True,
         telemetry_interval: float = 1.0,
         data_path: str | os.PathLike[str] | None = None,
@@ -108,9 +108,7 @@ class DataPerfCallback(Callback):
         host_gap_probe: HostGapProbe | bool | None = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        known = [stage.value for stage in Stage]
-        if unknown := set(stages) - set(known):
-            raise ValueError(f"DataPerfCallback(stages=...) got {sorted(unknown)}; choose from {known}.")
+        stages = _stage_names(stages)
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"DataPerfCallback(log_every_n_steps={log_every_n_steps}) must be >= 1.")
         if telemetry_interval <= 0:
@@ -387,6 +385,26 @@ class DataPerfCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.summaries = [EpochSummary.from_dict(raw) for raw in state_dict.get("summaries", [])]
+
+
+def _stage_names(stages: str | Iterable[str]) -> tuple[str, ...]:
+    """``stages`` as a tuple of known stage names: one name (``"train"``) or several; anything else is refused."""
+    known = [stage.value for stage in Stage]
+    try:
+        names = (stages,) if isinstance(stages, str) else tuple(stages)
+    except TypeError:  # not iterable: refused below
+        names = (stages,)  # type: ignore[assignment]
+    if not all(isinstance(name, str) for name in names):
+        raise ValueError(
+            f"DataPerfCallback(stages={stages!r}): pass one stage name or several, from {known} "
+            '(e.g. stages="train" or stages=("train", "val")).'
+        )
+    if unknown := [name for name in names if name not in known]:
+        raise ValueError(
+            f"DataPerfCallback(stages={stages!r}): unknown stage {', '.join(map(repr, unknown))}; choose from {known} "
+            '(e.g. stages="train" or stages=("train", "val")).'
+        )
+    return names
 
 
 install_evaluation_hooks(DataPerfCallback)

@@ -31,7 +31,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
@@ -324,8 +324,18 @@ class TunedDataModule(pl.LightningDataModule):
         return GpuDecodeLoader(result, **options)
 
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
+        from lightning_dataperf.autotune.tune import not_map_style
         from lightning_dataperf.datamodule.tuning import autotune_for_datamodule
 
+        if (problem := not_map_style(explicit.get("dataset"))) is not None:  # no search: the policy's settings stay
+            settings = self.loader_settings
+            rank_zero_warn(
+                f"TunedDataModule(autotune=True): {problem} Training goes on with the policy's settings "
+                f"(num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
+                f"pin_memory={settings.pin_memory}).",
+                category=UserWarning,
+            )
+            return
         with loaders_built_as_they_are():  # the search's own trial loaders
             self.autotune_result = autotune_for_datamodule(self, explicit)
         self._settings = self.autotune_result.settings

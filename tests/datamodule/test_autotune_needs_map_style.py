@@ -1,0 +1,64 @@
+"""Autotune over an IterableDataset (issue 39): no crash inside the search; training goes on with the policy's
+settings and a warning says why and what to do; ``autotune_loader`` itself refuses with a clear error."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers import trainer_kwargs
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+from lightning_dataperf import TunedDataModule, autotune_loader
+
+
+class Stream(IterableDataset):
+    """Samples that come one after another, with no index and no length."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __iter__(self):
+        return iter(torch.full((4,), float(index)) for index in range(self.count))
+
+
+class StreamData(TunedDataModule):
+    def train_dataloader(self):
+        return DataLoader(Stream(64), batch_size=8)
+
+
+class CountingModel(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+        self.batches = 0
+
+    def training_step(self, batch, batch_idx):
+        self.batches += 1
+        return self.layer(batch).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_autotune_over_an_iterable_dataset_warns_and_trains_with_the_policy(tmp_path, monkeypatch):
+    monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
+    datamodule = StreamData(autotune=True, autotune_options={"time_budget": 1.0}, verbose=False)
+    model = CountingModel()
+    trainer = pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(tmp_path))
+    with pytest.warns(UserWarning, match="autotune needs a map-style dataset") as caught:
+        trainer.fit(model, datamodule=datamodule)
+    text = str(next(w.message for w in caught if "map-style" in str(w.message)))
+    assert "Stream, an IterableDataset" in text and "Training goes on with the policy's settings" in text
+    assert model.batches == 8  # every batch trained
+    assert datamodule.autotune_result is None  # nothing was measured: none claimed
+    policy = datamodule.loader_settings
+    assert datamodule.loader_plans["train"][0].chosen["num_workers"] == policy.num_workers
+
+
+@pytest.mark.parametrize("dataset", [Stream(8), {"not": "indexable"}.values()])
+def test_autotune_loader_refuses_a_dataset_it_cannot_index(tmp_path, dataset):
+    with pytest.raises(ValueError, match="autotune needs a map-style dataset") as error:
+        autotune_loader(dataset, 4, time_budget=0.5, cache_path=tmp_path / "c.json", progress=False)
+    assert type(dataset).__name__ in str(error.value) and "set num_workers" in str(error.value)
