@@ -1,28 +1,6 @@
 """DataLoader settings from the hardware this process really has, each with the reason it was chosen.
 
-The source article's decision tree is kept as :func:`article_settings` (the documented starting point
-and a benchmark baseline). :func:`recommend_loader_settings` corrects it:
-
-* ``num_workers``: the CPUs *this process* may use (affinity, cgroup quota, SLURM) divided by the
-  ranks on this node, minus one for the main process — the article counts the machine's cores and
-  ignores the other ranks (8 ranks x 8 workers on a 16-core node is 64 processes).
-* ``pin_memory``: on whenever a CUDA device will receive the batches. The article switches it off
-  above batch 16 from one unrepeated measurement; what decides it is whether the copy is
-  ``non_blocking`` and overlapped (then pinned is always at least as fast) and whether there is RAM.
-* ``prefetch_factor``: 2 (PyTorch's default), raised to 4 on slow or remote storage to keep more reads
-  in flight, and lowered until ``workers x prefetch`` batches fit in a quarter of the free
-  ``/dev/shm`` and RAM — the article raises it with the worker count regardless of memory.
-* ``persistent_workers``: on when there are workers and more than one epoch, because restarting
-  workers every epoch repeats the start-up (the full dataset pickling and imports under ``spawn``);
-  the article wants 100+ epochs before it pays, but start-up is paid every epoch however many.
-
-Example::
-
-    from lightning_dataperf import recommend_loader_settings
-
-    settings = recommend_loader_settings(batch_bytes=64 * 3 * 224 * 224 * 4)
-    loader = DataLoader(dataset, batch_size=64, **settings.as_kwargs())
-    print(settings.explain())
+The rules, and where they depart from the source article's tree, are in docs/loader.md (section 1).
 """
 
 from __future__ import annotations
@@ -54,13 +32,21 @@ def recommend_loader_settings(
     max_epochs: int | None = None,
     accelerator: str | None = None,
 ) -> LoaderSettings:
-    """The settings this package recommends for this hardware (see the module docstring for the rules).
+    """The settings this package recommends for this hardware (the rules: docs/loader.md, section 1).
 
     Args:
         hardware: from :func:`~lightning_dataperf.probe_hardware` (probed now when ``None``).
         batch_bytes: size of one batch, to bound ``prefetch_factor`` by memory.
         max_epochs: planned epochs (``None``: unknown, assume several).
         accelerator: where batches go (``"cuda"``, ``"mps"``, ``"cpu"``); default the hardware's.
+
+    Example::
+
+        from lightning_dataperf import recommend_loader_settings
+
+        settings = recommend_loader_settings(batch_bytes=64 * 3 * 224 * 224 * 4)
+        loader = DataLoader(dataset, batch_size=64, **settings.as_kwargs())
+        print(settings.explain())
     """
     hardware = hardware or probe_hardware()
     accelerator = accelerator or hardware.accelerator

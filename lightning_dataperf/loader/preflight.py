@@ -1,18 +1,4 @@
-"""Pre-flight checks: problems a DataLoader configuration will run into, found before they bite.
-
-Each check returns :class:`Problem` objects carrying the numbers and the fix; nothing here raises.
-The failures they anticipate are the ones users meet as ``No space left on device`` in ``/dev/shm``,
-``Too many open files`` / ``received 0 items of ancdata``, pinned-memory OOM, ``Cannot re-initialize
-CUDA in forked subprocess`` and workers fighting over too few CPUs.
-
-Example::
-
-    from lightning_dataperf.telemetry.hardware import probe_hardware
-    from lightning_dataperf.loader.preflight import check_loader
-
-    for problem in check_loader(train_loader, probe_hardware()):
-        print(problem.message)
-"""
+"""Pre-flight checks: problems a DataLoader configuration will run into, found before they bite (nothing raises)."""
 
 from __future__ import annotations
 
@@ -81,7 +67,16 @@ def _start_method(loader: Any) -> str:
 
 
 def check_loader(loader: Any, hardware: Hardware, cuda_initialized: bool | None = None) -> list[Problem]:
-    """Checks that need only the loader's settings and the hardware."""
+    """Checks that need only the loader's settings and the hardware.
+
+    Example::
+
+        from lightning_dataperf.telemetry.hardware import probe_hardware
+        from lightning_dataperf.loader.preflight import check_loader
+
+        for problem in check_loader(train_loader, probe_hardware()):
+            print(problem.message)
+    """
     problems = []
     workers = LoaderFacts.of(loader).num_workers or 0
     budget = hardware.cpus_per_rank
@@ -174,7 +169,8 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     if dataset is None or not batch_size or isinstance(dataset, IterableDataset):
         return None
     try:
-        with rng_restored():  # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
+        # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
+        with rng_restored():
             sample = copy.copy(dataset)[0]
     except Exception:
         return None

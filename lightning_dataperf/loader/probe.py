@@ -1,26 +1,4 @@
-"""Inside the loader: where a batch's time goes before the training process gets it.
-
-:func:`instrument` wraps a ``DataLoader``'s dataset and ``collate_fn`` so that, in the worker that
-builds a batch (or in the main process with ``num_workers=0``), the time spent in ``__getitem__`` /
-``__getitems__`` (summed over the batch's samples) and in the collate is measured, together with the
-worker's running busy time. The figures ride along with the batch as a :class:`TimedBatch`; the
-DataLoader's pin thread adds its pin time (``TimedBatch.pin_memory``), and an iterator in the main
-process unwraps the batch before Lightning sees it, adding when it was asked for and when it
-arrived. What ``training_step`` receives is unchanged.
-
-Per batch, the training process's wait splits into ``worker_wait_s`` (the worker had not finished
-the batch yet), ``pin_s`` (the pin thread's share of that) and ``handover_s`` (worker queue,
-unpickling, the main process's own bookkeeping); ``fetch_s`` and ``collate_s`` are the worker's
-work on it, and a worker's busy fraction is its fetch + collate time over its wall time, measured in
-the worker itself.
-
-Example::
-
-    probe = instrument(loader)                  # probe.blind: None, or why the inside cannot be seen
-    for batch in loader:
-        ...
-    stats = LoaderStats.of(probe.completed())       # Workers/fetch_s, Workers/busy_fraction, ...
-"""
+"""Inside the loader: where a batch's time goes before the training process gets it (docs/loader.md, section 2)."""
 
 from __future__ import annotations
 
@@ -302,6 +280,13 @@ def instrument(loader: Any) -> LoaderProbe:
     A loader that cannot be seen into is left as it was. Instrumenting the same loader again returns
     its probe (the Trainer may process one loader more than once); a loader Lightning rebuilt from an
     instrumented one (its dataset and collate copied) is instrumented afresh, not twice.
+
+    Example::
+
+        probe = instrument(loader)                  # probe.blind: None, or why the inside cannot be seen
+        for batch in loader:
+            ...
+        stats = LoaderStats.of(probe.completed())       # Workers/fetch_s, Workers/busy_fraction, ...
     """
     from lightning_dataperf._lightning_hooks import replace_loader_dataset
     from lightning_dataperf.loader.wrapping import add_iterator_wrapper

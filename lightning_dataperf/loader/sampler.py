@@ -1,27 +1,6 @@
 """Distributed samplers that know the epoch, resume exactly, and can shard evaluation without padding.
 
-``DistributedSampler`` shuffles with ``seed + epoch`` and interleaves (``indices[rank::world]``); its
-epoch comes from ``set_epoch``. Lightning calls ``set_epoch`` *after* it created the first iterator
-of a fit, so after a resume the first epoch replays epoch 0's order (Lightning #21938), and a
-mid-epoch resume replays the epoch's first batches instead of the remaining ones. The samplers here
-take a ``position`` callable that returns ``(epoch, batches_already_done)`` when iteration starts, so
-the order is the one an uninterrupted run would have produced.
-
-:func:`make_resumable` gives a training loader with an :class:`EpochAwareDistributedSampler` Lightning's
-stateful-loader protocol (``state_dict`` / ``load_state_dict``, checked with ``isinstance(loader,
-_Stateful)`` in ``lightning/pytorch/loops/training_epoch_loop.py``), so Lightning stores it in the
-checkpoint and does not warn that the loader cannot resume mid-epoch. The position itself (epoch,
-batches done) is in Lightning's own loop counters, which the checkpoint holds anyway; the loader's state
-is what else decides the order (seed, shuffle, ranks, dataset length, batch size), and loading it warns
-when this run's differs. Lightning's rule for stateful loaders applies: a checkpoint written with one must
-be resumed with a stateful loader in the same place.
-
-Example::
-
-    sampler = EpochAwareDistributedSampler(dataset, num_replicas=2, rank=0, seed=42, shuffle=True)
-    sampler.set_epoch(3)
-    first_indices = list(sampler)
-    print(sampler.padded_samples)        # duplicates added so every rank gets as many samples
+Lightning's ``set_epoch`` comes after the first iterator of a fit, so a resume replays the wrong order (docs/loader.md).
 """
 
 from __future__ import annotations
@@ -105,6 +84,13 @@ class EpochAwareDistributedSampler(_ResumeExact, _PaddingCounts, DistributedSamp
         batch_size: samples per batch, to turn ``batches_done`` into samples to skip.
         on_epoch: called with the epoch each time iteration starts (worker seeding, dataset ``set_epoch``).
         **kwargs: ``num_replicas``, ``rank``, ``shuffle``, ``seed``, ``drop_last`` as for ``DistributedSampler``.
+
+    Example::
+
+        sampler = EpochAwareDistributedSampler(dataset, num_replicas=2, rank=0, seed=42, shuffle=True)
+        sampler.set_epoch(3)
+        first_indices = list(sampler)
+        print(sampler.padded_samples)        # duplicates added so every rank gets as many samples
     """
 
     def __init__(

@@ -1,33 +1,6 @@
 """Per-worker random streams from (seed, epoch, rank, worker id), and the epoch inside workers.
 
-PyTorch seeds each worker from a base seed drawn from the main process's RNG, so the streams depend
-on everything else that consumed random numbers before the iterator was made, and they do not
-survive a resume. Here every worker's ``random``, NumPy and torch generators are seeded from
-``(seed, epoch, rank, worker_id)`` alone: workers never repeat each other's augmentations, and a
-rerun or a resumed run draws the same numbers.
-
-Persistent workers live across epochs, so the epoch reaches them through shared memory
-(:class:`SharedEpoch`): on the first sample of a new epoch a worker reseeds itself and calls the
-dataset's ``set_epoch(epoch)`` if it has one (in the worker's own copy of the dataset).
-
-With ``num_workers=0`` the dataset runs in the training process, whose generators also serve the
-model (dropout) and everything else, so the draws after a resume depend on what ran before it.
-:func:`seed_batches_in_main_process` makes such a loader's iterator fetch each batch under
-``random``, NumPy and torch CPU generators seeded from ``(seed, epoch, rank, batch index)`` and put
-the training process's own states back afterwards: a resumed run (also mid-epoch) draws exactly what
-the uninterrupted run drew, and model-side randomness never sees the dataset's draws. Cost: one
-save, seed and restore of the three generators per batch, independent of the batch size: about
-0.16 ms per batch on a 2-core CPU machine, 0.14 ms of it NumPy's ``get_state``/``set_state`` (an
-in-memory ``TensorDataset`` of 64-sample batches went from 0.17 to 0.33 ms per batch; a dataset
-that decodes or augments takes milliseconds per sample). Loaders with workers are not affected. The CUDA generators are
-neither seeded nor restored (a dataset that draws on CUDA in ``__getitem__`` is not covered).
-
-Example::
-
-    shared = SharedEpoch()
-    loader = DataLoader(dataset, num_workers=4, persistent_workers=True,
-                        worker_init_fn=EpochSeededWorkerInit(seed=42, rank=0, shared=shared))
-    shared.set(epoch)                     # before iterating each epoch (the samplers here do it)
+PyTorch's own worker seeds depend on what drew from the main RNG before and do not survive a resume (docs/loader.md).
 """
 
 from __future__ import annotations
@@ -194,6 +167,13 @@ class EpochSeededWorkerInit:
         rank: global rank of this process.
         shared: where the main process publishes the epoch.
         user_init: the user's own ``worker_init_fn``, called afterwards (so its seeding wins).
+
+    Example::
+
+        shared = SharedEpoch()
+        loader = DataLoader(dataset, num_workers=4, persistent_workers=True,
+                            worker_init_fn=EpochSeededWorkerInit(seed=42, rank=0, shared=shared))
+        shared.set(epoch)                     # before iterating each epoch (the samplers here do it)
     """
 
     def __init__(self, seed: int, rank: int, shared: SharedEpoch, user_init: Callable[[int], Any] | None = None):

@@ -1,11 +1,5 @@
 """DataLoader settings: the ones recommended (:class:`LoaderSettings`), the ones a loader has (:class:`LoaderFacts`),
 and what :class:`~lightning_dataperf.TunedDataModule` did to one loader, and why (:class:`LoaderPlan`).
-
-Example::
-
-    facts = LoaderFacts.of(trainer.train_dataloader)
-    facts.num_workers, facts.pin_memory          # (4, True)
-    DataLoader(dataset, **recommend_loader_settings().as_kwargs())
 """
 
 from __future__ import annotations
@@ -57,7 +51,13 @@ class LoaderSettings:
 
 @dataclass(frozen=True)
 class LoaderFacts:
-    """The DataLoader settings that the advice refers to."""
+    """The DataLoader settings that the advice refers to.
+
+    Example::
+
+        facts = LoaderFacts.of(trainer.train_dataloader)
+        facts.num_workers, facts.pin_memory          # (4, True)
+    """
 
     num_workers: int | None = None
     pin_memory: bool | None = None

@@ -1,30 +1,6 @@
 """How a loader's workers hand their batches to the training process: ``torch.multiprocessing``'s sharing strategy.
 
-The sending process picks it: each worker pickles a batch's tensors with its own strategy, and the training
-process rebuilds either kind. So one loader can use another strategy than the rest of the process, set in its
-workers by :class:`ShareBy` (a ``worker_init_fn``), whatever the start method.
-
-On Linux the default, ``file_descriptor``, sends each shared tensor's storage as a file descriptor over a
-connection the training process opens to the worker, with an authentication challenge, per tensor: measured
-on 2 cores, 2.4 ms per batch of the main thread's time, which bound an I/O-latency loader past ~40 workers.
-``file_system`` names a shared-memory file instead (PyTorch's ``torch_shm_manager`` removes the files once the
-processes using them are gone): on that loader 42 workers made 452 batches/s against 363-380, 64 workers 503
-against 395 (``benchmarks/steady_loader.py``). Autotune measures it and keeps it only when faster.
-
-A ``file_system`` loader stopped before its end (``limit_train_batches``, the sanity check, the end of a fit
-with persistent workers) leaves the batches its workers had sent and nobody received in ``/dev/shm`` until the
-process exits (PyTorch's manager removes them then): measured in a ``Trainer`` on 2 cores, 4 workers x
-prefetch 4, 16 files a fit with persistent workers and 32 without (two epochs cut by ``limit_train_batches``).
-Autotune's own trial loaders remove theirs (:func:`reclaim_segments`), and so does
-:class:`~lightning_dataperf.datamodule.datamodule.TunedDataModule` at teardown for the loaders it made send that way
-(:meth:`ShareBy.reclaim`); call that yourself for your own ``ShareBy("file_system")`` loaders. Not inside a
-container (a nested pid namespace): there a file's name cannot say whose it is, and they stay.
-
-Example::
-
-    from lightning_dataperf import ShareBy
-
-    DataLoader(dataset, batch_size=16, num_workers=42, worker_init_fn=ShareBy("file_system"))
+``file_system`` spares the main thread a connection per tensor; its leftovers need removing (docs/loader.md).
 """
 
 from __future__ import annotations
@@ -60,10 +36,9 @@ _MANAGER_CLIENT: list[torch.Tensor] = []  # a tiny file_system tensor that keeps
 def start_shm_manager() -> None:
     """Start PyTorch's ``torch_shm_manager`` for this process, once, before ``file_system`` workers are forked.
 
-    A forked worker shares its parent's manager; without one each worker starts its own: measured on 2 cores
-    (``benchmarks/shm_manager_startup.py --workers 56``), 56 such workers took 12.8-13.4 s to their first batch
-    and 56 managers ran, against 1.5 s and one manager after this call (0.4 s, once per process). The manager
-    exits once its processes are gone.
+    A forked worker shares its parent's manager; without one each worker starts its own, and many workers take
+    seconds longer to their first batch (``benchmarks/shm_manager_startup.py``). The manager exits once its
+    processes are gone.
     """
     if _MANAGER_CLIENT:
         return
@@ -163,8 +138,7 @@ def reclaim_segments(pids: Iterable[int], shm_dir: str = "/dev/shm") -> int:
 
     A loader stopped before its end leaves the batches its workers had sent but the training process never
     received: sent by file name, each stays in ``/dev/shm`` until the process's ``torch_shm_manager`` exits
-    with the process (measured on 2 cores: 15 files a stop of a 16-worker loader, and 10,695 files after 80
-    trials of 64-77 workers). A file some process maps (a batch received and still held, here or in another
+    with the process. A file some process maps (a batch received and still held, here or in another
     rank) is kept: removing its name makes PyTorch abort when the batch is freed ("could not unlink the
     shared memory file"); so are the files of a maker still alive. PyTorch names a segment
     ``torch_<pid of its maker>_...``, a pid as the maker's namespace numbers it: inside a container nothing is

@@ -1,14 +1,4 @@
-"""What the loader's inside looked like over a window or an epoch: the means of its batches' timings.
-
-Built from :class:`~lightning_dataperf.loader.probe.BatchTiming` records; logged as ``Workers/...``
-scalars, kept in the epoch summary (this rank's loader) and read by the verdict.
-
-Example::
-
-    stats = LoaderStats.of(probe.completed())
-    stats.busy_fraction          # 0.97: the workers are working 97% of the time
-    stats.to_metrics()           # {"Workers/fetch_s": 0.21, ...}
-"""
+"""What the loader's inside looked like over a window or an epoch: the means of its batches' timings."""
 
 from __future__ import annotations
 
@@ -39,6 +29,12 @@ class LoaderStats:
         workers: distinct workers seen (0: batches made in the training process).
         busy_fraction: the workers' mean fetch + collate time over wall time (``None`` without workers).
         busy_min / busy_max: the least and most busy worker.
+
+    Example::
+
+        stats = LoaderStats.of(probe.completed())
+        stats.busy_fraction          # 0.97: the workers are working 97% of the time
+        stats.to_metrics()           # {"Workers/fetch_s": 0.21, ...}
     """
 
     batches: int

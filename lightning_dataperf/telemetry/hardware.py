@@ -1,15 +1,6 @@
 """What this process really has to work with: CPUs, GPUs, memory, ``/dev/shm`` and storage.
 
-``os.cpu_count()`` is the machine's count, not this process's: CPU affinity (``taskset``, SLURM,
-Kubernetes cpusets), a cgroup CPU quota (Docker ``--cpus``) and ``SLURM_CPUS_PER_TASK`` each cap it.
-:func:`probe_hardware` reads all of them and keeps the smallest, and says which one won.
-
-Example::
-
-    from lightning_dataperf import probe_hardware
-
-    hardware = probe_hardware(data_path="/data/imagenet")
-    print(hardware.usable_cpus, hardware.usable_cpus_source, hardware.gpus)
+``os.cpu_count()`` is the machine's count; affinity, a cgroup quota and SLURM each cap it (docs/telemetry.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""This process's loader workers (other Lightning ranks told apart) and per-process counters.
-
-Used by the telemetry's process source and by the hang watchdog.
+"""This process's loader workers (other Lightning ranks told apart) and per-process counters (telemetry, watchdog).
 
 Example::
 

@@ -1,17 +1,4 @@
-"""Background system telemetry: one thread reads every source each interval and keeps interval means.
-
-A source that fails (no GPU, no NVML, no permission, a restricted ``/proc``) is dropped with one
-warning; telemetry never stops training. Means come back as a typed
-:class:`~lightning_dataperf.telemetry.stats.SystemStats`.
-
-Example::
-
-    sampler = SystemSampler(interval=1.0, cuda_device=0, data_path="/data")
-    sampler.start()
-    ...                                  # train
-    print(sampler.window_means().gpu_util_percent)
-    sampler.stop()
-"""
+"""Background system telemetry: one thread reads every source each interval and keeps interval means."""
 
 from __future__ import annotations
 

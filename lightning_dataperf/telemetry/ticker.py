@@ -1,12 +1,4 @@
-"""A daemon thread that calls one function every ``interval`` seconds until stopped (telemetry, watchdog).
-
-Example::
-
-    ticker = Ticker("lightning_dataperf-sampler", 1.0, read_sources)
-    ticker.start()
-    ...
-    ticker.stop()            # joins the thread; safe to call twice
-"""
+"""A daemon thread that calls one function every ``interval`` seconds until stopped (telemetry, watchdog)."""
 
 from __future__ import annotations
 
@@ -20,7 +12,15 @@ log = logging.getLogger(__name__)
 
 
 class Ticker:
-    """Calls ``tick()`` every ``interval`` seconds on its own daemon thread; an exception is logged, not raised."""
+    """Calls ``tick()`` every ``interval`` seconds on its own daemon thread; an exception is logged, not raised.
+
+    Example::
+
+        ticker = Ticker("lightning_dataperf-sampler", 1.0, read_sources)
+        ticker.start()
+        ...
+        ticker.stop()            # joins the thread; safe to call twice
+    """
 
     def __init__(self, name: str, interval: float, tick: Callable[[], None]) -> None:
         if interval <= 0:

@@ -1,18 +1,4 @@
-"""A hang watchdog: say so when no batch arrives for a long time, and what the workers are doing.
-
-It never kills anything. Its own daemon thread looks every ``poll`` seconds and reports once per
-``timeout`` of silence: seconds waited, the last batch delivered, and for every loader worker its pid,
-state (running, sleeping, disk-sleep, zombie) and CPU use.
-
-Example::
-
-    watchdog = HangWatchdog(timeout=120.0, report=print)
-    watchdog.start()
-    watchdog.fetch_started()
-    ...
-    watchdog.batch_arrived(batch_index=17)
-    watchdog.stop()
-"""
+"""A hang watchdog: say so when no batch arrives for a long time, and what the workers are doing; it never kills."""
 
 from __future__ import annotations
 
@@ -71,6 +57,15 @@ class HangWatchdog:
         report: called with each :class:`HangReport` (from the watchdog's thread).
         workers: lists the loader worker processes (default: this process's children).
         poll: seconds between looks (default: a quarter of ``timeout``, at most 1 s).
+
+    Example::
+
+        watchdog = HangWatchdog(timeout=120.0, report=print)
+        watchdog.start()
+        watchdog.fetch_started()
+        ...
+        watchdog.batch_arrived(batch_index=17)
+        watchdog.stop()
     """
 
     def __init__(

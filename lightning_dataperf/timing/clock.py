@@ -1,20 +1,4 @@
-"""Per-step timing that stays correct under asynchronous CUDA execution.
-
-A :class:`StepClock` is told when a batch fetch starts and ends, when the step starts (after the
-host-to-device transfer) and when it ends. On the CPU it uses host clocks. On CUDA it also records
-events on the compute stream at the same points and reads them back *lazily*: a step's figures are
-released only once its end event has completed (``Event.query()``), so the clock never stalls the host.
-
-Example::
-
-    clock = StepClock(torch.device("cuda", 0))
-    for step, batch in enumerate(loader_with_hooks):   # fetch_started()/fetch_finished() around next()
-        clock.step_started()
-        loss = model(batch.cuda(non_blocking=True)).sum(); loss.backward()
-        clock.step_finished(step, samples=len(batch))
-        for timing in clock.completed():                # figures of steps the GPU has finished
-            print(timing.compute, timing.device_idle)
-"""
+"""Per-step timing that stays correct under asynchronous CUDA: events read back lazily, never a sync."""
 
 from __future__ import annotations
 
@@ -103,6 +87,16 @@ class StepClock:
         device: the device the steps run on. CUDA devices are timed with events; anything else with
             host clocks.
         clock: host clock in seconds (injectable for tests).
+
+    Example::
+
+        clock = StepClock(torch.device("cuda", 0))
+        for step, batch in enumerate(loader_with_hooks):   # fetch_started()/fetch_finished() around next()
+            clock.step_started()
+            loss = model(batch.cuda(non_blocking=True)).sum(); loss.backward()
+            clock.step_finished(step, samples=len(batch))
+            for timing in clock.completed():                # figures of steps the GPU has finished
+                print(timing.compute, timing.device_idle)
     """
 
     def __init__(self, device: torch.device | None = None, clock: Callable[[], float] = time.perf_counter) -> None:

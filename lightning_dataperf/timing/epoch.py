@@ -1,12 +1,4 @@
-"""EpochAccumulator: one epoch of step timings in ``CatMetric`` states, reduced across ranks.
-
-Example::
-
-    accumulator = EpochAccumulator()
-    accumulator.update(clock.completed())
-    summary = accumulator.summarize(stage="train", epoch=0, device=torch.device("cpu"))
-    print(summary.format())
-"""
+"""EpochAccumulator: one epoch of step timings in ``CatMetric`` states, reduced across ranks."""
 
 from __future__ import annotations
 
@@ -48,6 +40,13 @@ class EpochAccumulator:
     """Collects one epoch of step timings and reduces them across ranks at the end.
 
     Every rank must call :meth:`summarize` (it is a collective under DDP).
+
+    Example::
+
+        accumulator = EpochAccumulator()
+        accumulator.update(clock.completed())
+        summary = accumulator.summarize(stage="train", epoch=0, device=torch.device("cpu"))
+        print(summary.format())
     """
 
     def __init__(self) -> None:

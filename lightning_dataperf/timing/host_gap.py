@@ -1,26 +1,6 @@
 """Host gap: how much of a CUDA step's device span the GPU spent waiting for the host, not computing.
 
-CUDA events at a step's start and end give its device span, but a main thread that launches kernels
-late (starved for CPU by busy loader workers, Python overhead, syncs) stretches that span with gaps in
-which the GPU has nothing to run. Those gaps are invisible to events and to NVML's coarse utilisation.
-Once per epoch, :class:`HostGapProbe` records a few consecutive training steps with the PyTorch
-profiler (CUDA activity only: kernels, copies and the runtime calls that launched them), assigns each
-kernel to the step whose host window launched it (the work of the training thread and of the threads
-that launch on its streams, like autograd's backward thread and its all-reduce stream under DDP; a
-thread that never does, e.g. a GPU-decode thread on its own stream, is left out), and
-splits each step's device span (first to last of its kernels) into GPU busy time (the union of its
-kernels' intervals) and host gap (the rest).
-
-The profiler starts one step early (CUPTI's set-up lands in that warm-up step, not in a recorded one);
-it costs the recorded steps a little host time per launch, and stopping it waits for the GPU once. The
-warm-up step, the recorded steps and the one after them (:attr:`HostGapProbe.covered`) are therefore
-left out of the epoch's step figures.
-
-Example::
-
-    probe = HostGapProbe(start_step=20, steps=8)
-    ...  # in the training loop: probe.step_started(i) / probe.step_finished(i)
-    probe.result()        # HostGapStats(steps=8, span_s=0.0193, gpu_busy_s=0.0109, host_gap_s=0.0084)
+Events cannot see a late kernel launch, so a few steps per epoch are profiled (docs/timing.md, section 2).
 """
 
 from __future__ import annotations
@@ -100,6 +80,12 @@ class HostGapProbe:
     Args:
         start_step: the first step of an epoch to profile (after warm-up).
         steps: how many consecutive steps to profile.
+
+    Example::
+
+        probe = HostGapProbe(start_step=20, steps=8)
+        ...  # in the training loop: probe.step_started(i) / probe.step_finished(i)
+        probe.result()        # HostGapStats(steps=8, span_s=0.0193, gpu_busy_s=0.0109, host_gap_s=0.0084)
     """
 
     def __init__(self, start_step: int = 20, steps: int = 8) -> None:

@@ -1,16 +1,4 @@
-"""Look-ahead: a loader whose iterator yields batch N on the device while N+1..N+depth are copied.
-
-The strategies (:mod:`lightning_dataperf.transfer.strategies`) wrap the loader Lightning hands them in
-``process_dataloader``: a ``DataLoader`` keeps its class (a subclass is swapped in, so ``isinstance``
-checks and attributes still hold), any other iterable is wrapped. A loader error is raised only after
-the batches already queued were handed over, so nothing is lost or reordered.
-
-Example::
-
-    loader = with_lookahead(loader, lambda inner: LookaheadIterator(inner, copier, depth=2))
-    for batch in loader:          # on the device, copied on the side stream ahead of time
-        ...
-"""
+"""Look-ahead: a loader whose iterator yields batch N on the device while N+1..N+depth are copied."""
 
 from __future__ import annotations
 
@@ -80,7 +68,14 @@ class _LookaheadIterable:
 
 
 def with_lookahead(loader: Any, make_iterator: MakeIterator) -> Any:
-    """``loader`` whose iterators are ``make_iterator(inner iterator)``; a DataLoader keeps its class."""
+    """``loader`` whose iterators are ``make_iterator(inner iterator)``; a DataLoader keeps its class.
+
+    Example::
+
+        loader = with_lookahead(loader, lambda inner: LookaheadIterator(inner, copier, depth=2))
+        for batch in loader:          # on the device, copied on the side stream ahead of time
+            ...
+    """
     if isinstance(loader, DataLoader):
         add_iterator_wrapper(loader, make_iterator)
         return loader

@@ -1,14 +1,4 @@
-"""What the side stream's copies cost: one record per timed copy, one aggregate per window or epoch.
-
-:class:`CopyTiming` leaves the copier (read back lazily from CUDA events); :class:`CopyStats` is what
-the callback logs, the epoch summary keeps and the diagnosis reads.
-
-Example::
-
-    stats = CopyStats.of([CopyTiming(copy=0.002, bytes=100_000_000, exposed=0.0005)])
-    stats.gbps, stats.hidden_fraction     # (50.0, 0.75)
-    stats.to_metrics()                    # {"Transfer/copy_s": 0.002, ...}
-"""
+"""What the side stream's copies cost: one record per timed copy, one aggregate per window or epoch."""
 
 from __future__ import annotations
 
@@ -54,6 +44,12 @@ class CopyStats:
         transform_s: ``device_transform`` time on the side stream (0 without one).
         hidden_fraction: share of the side stream's work (copy and transform) hidden behind compute.
         gbps: bytes over copy time alone, in GB/s (``None`` when no copy time was measured).
+
+    Example::
+
+        stats = CopyStats.of([CopyTiming(copy=0.002, bytes=100_000_000, exposed=0.0005)])
+        stats.gbps, stats.hidden_fraction     # (50.0, 0.75)
+        stats.to_metrics()                    # {"Transfer/copy_s": 0.002, ...}
     """
 
     copies: int

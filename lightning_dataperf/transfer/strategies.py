@@ -1,19 +1,4 @@
-"""Lightning strategies that copy batches on a side CUDA stream, ahead of the step that needs them.
-
-``SideStreamStrategy`` (``"side_stream"``) and ``SideStreamDDPStrategy`` (``"ddp_side_stream"``) are
-registered with Lightning when this package is imported; :class:`SideStreamTransferMixin` adds the
-same to any strategy of your own. The copies are made by :class:`~lightning_dataperf.transfer.copier.SideStreamCopier`.
-
-Example::
-
-    import lightning.pytorch as pl
-    import lightning_dataperf  # registers the strategies
-
-    trainer = pl.Trainer(accelerator="gpu", devices=1, strategy="side_stream")
-    trainer = pl.Trainer(accelerator="gpu", devices=4, strategy=SideStreamDDPStrategy(lookahead=2))
-
-CPU and MPS runs fall back to Lightning's stock behaviour.
-"""
+"""Lightning strategies that copy batches on a side CUDA stream, ahead of the step that needs them."""
 
 from __future__ import annotations
 
