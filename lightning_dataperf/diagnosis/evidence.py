@@ -110,7 +110,8 @@ class Evidence:
         threads = f"{self.intra_op_threads} intra-op threads" if self.intra_op_threads else "its threads"
         cores = f" share {self.usable_cpus} cores" if self.usable_cpus else " share the cores"
         return (
-            f"contention, measured: this process's threads waited {1e3 * queued:.1f} ms per {1e3 * step:.1f}-ms step"
+            f"contention, measured: this process's threads together waited {1e3 * queued:.1f} ms"
+            f" per {1e3 * step:.1f}-ms step"
             f" for a core ({workers} worker processes and {threads}{cores}), so Time/Compute includes waiting, not"
             " only the model's work; fewer intra-op threads (torch.set_num_threads) or workers may be faster:"
             ' TunedDataModule(autotune="online") measures both on these steps'
