@@ -1,18 +1,24 @@
-"""GPU JPEG decode vs the best CPU loader vs the compute-only ceiling (issue 17).
+"""GPU JPEG decode: the decode path against batched nvJPEG, and end to end against the ceiling (issues 17, 38).
 
 Generates two JPEG sets locally (uniform 320 px ~78 kB; ImageNet-like 200-500 px sides, mixed aspect,
-~100 kB), then measures images/s of a bf16 channels-last training step (ResNet-18 and ResNet-50,
-batch 128, SGD) side by side in one run:
+~100 kB). ``--part`` picks what runs; everything prints a table and writes JSON (``$OUT`` or
+``benchmarks/results``):
 
-- ceiling: the step on a batch already on the GPU;
-- cpu: PIL decode + RandomResizedCrop + flip in ``--cpu-workers`` workers, pinned, persistent;
-- gpu: ``EncodedImageDataset`` + ``collate_encoded`` in ``--workers`` workers + ``GpuDecodeLoader``.
+- ``decode`` (issue 38): images/s of batched nvJPEG decode-only on the same images (torchvision's
+  ``decode_jpeg(list, device="cuda")``; nvImageCodec's ``Decoder.decode`` where it imports) against the
+  package's decode path alone (``EncodedImageDataset`` in 4 workers + ``GpuDecodeLoader``, no model), for
+  ``prepare_ahead`` 0 (the decode thread also takes and prepares each batch, as before issue 38) and 2, and
+  for nvImageCodec with its host barrier on and off (the cost of the ordering).
+- ``e2e`` (issue 38): ResNet-18/50, bf16-mixed, batch 128, channels-last, SGD, in a real ``Trainer``; eager and
+  ``torch.compile(mode="reduce-overhead")``: the ceiling (the same LightningModule fed a batch already on
+  the GPU) and the package's path (``GpuDecodeLoader`` over 4 workers, ``prepare_ahead`` 2 and 0) on both
+  sets, side by side in one run. Images/s from CUDA events recorded at the first timed step and after the
+  last one (read after the fit; no synchronize per step).
+- ``legacy`` (issue 17, sessions 6-8): the step in a plain loop, the CPU loader, the decode micro-benchmarks.
 
-Also: batched nvJPEG decode alone (CPU vs CUDA byte tensors), and three ways to crop+resize a
-batch of decoded images of varied sizes (the flat gather used here, per-image ``interpolate``,
-padding + ``roi_align``). Prints a table and writes JSON (``$OUT`` or ``benchmarks/results``).
-
-    PYTHONPATH=$PWD python benchmarks/gpu_decode.py --images 5000 --steps 150
+    PYTHONPATH=$PWD python benchmarks/gpu_decode.py --part decode --images 2000
+    PYTHONPATH=$PWD python benchmarks/gpu_decode.py --part e2e --images 2000 --steps 150
+    PYTHONPATH=$PWD python benchmarks/gpu_decode.py --part e2e --dry-run   # CPU, tiny: the code paths only
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import numpy as np
 import psutil
@@ -281,7 +288,7 @@ def decode_micro(samples) -> dict:
     return result
 
 
-def main() -> None:
+def legacy_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=5000)
     parser.add_argument("--steps", type=int, default=150)
@@ -294,7 +301,7 @@ def main() -> None:
         "--switch-intervals", type=float, nargs="+", default=[0.0, 0.0005],
         help="sys.setswitchinterval for the GPU path (0: the interpreter's default)",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.backends.cudnn.benchmark = True
     out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")
     root = args.root or tempfile.mkdtemp(prefix="gpu_decode_")
@@ -352,6 +359,352 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "gpu_decode_h200.json"), "w") as file:
         json.dump(results, file, indent=1, default=str)
+
+
+# --- issue 38: the decode path against batched nvJPEG, and end to end in a Trainer ----------------------------
+
+
+def read_batches(samples, count: int, seed: int = 0) -> list[list[bytes]]:
+    """``count`` batches of encoded bytes drawn from ``samples`` (with replacement, seeded)."""
+    rng = random.Random(seed)
+    cache: dict[str, bytes] = {}
+    batches = []
+    for _ in range(count):
+        batch = []
+        for path, _ in rng.choices(samples, k=BATCH):
+            if path not in cache:
+                with open(path, "rb") as file:
+                    cache[path] = file.read()
+            batch.append(cache[path])
+        batches.append(batch)
+    return batches
+
+
+def torchvision_decode_only(batches: list[list[bytes]], warmup: int = 3) -> float:
+    """images/s of ``decode_jpeg(list, device="cuda")`` over ``batches`` (host byte tensors made beforehand)."""
+    from torchvision.io import decode_jpeg
+
+    tensors = [[torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in batch] for batch in batches]
+    for batch in tensors[:warmup]:
+        decode_jpeg(batch, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for batch in tensors:
+        decode_jpeg(batch, device="cuda")
+    torch.cuda.synchronize()
+    return len(tensors) * BATCH / (time.perf_counter() - start)
+
+
+def nvimgcodec_decode_only(batches: list[list[bytes]], warmup: int = 3) -> float | None:
+    """images/s of nvImageCodec's batched decode (hardware engines first) over ``batches``; None if it is absent."""
+    try:
+        from lightning_dataperf.decode._backends import NvImageCodecBackend, import_nvimgcodec
+
+        codec = import_nvimgcodec()
+        backend = NvImageCodecBackend(torch.device("cuda", 0))
+    except ImportError as error:
+        print(f"nvImageCodec decode-only: not measured ({error})"[:200], flush=True)
+        return None
+    decoder, params = backend._decoder, backend._params
+    arrays = [[np.frombuffer(b, dtype=np.uint8) for b in batch] for batch in batches]
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def one(batch):
+        streams = [codec.CodeStream(array) for array in batch]
+        return decoder.decode(streams, params=params, cuda_stream=stream)
+
+    for batch in arrays[:warmup]:
+        one(batch)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    kept = [one(batch) for batch in arrays]
+    torch.cuda.synchronize()
+    del kept
+    return len(arrays) * BATCH / (time.perf_counter() - start)
+
+
+def encoded_loader(samples, workers: int, batches: int, seed: int = 0) -> DataLoader:
+    dataset = EncodedImageDataset(samples, seed=seed)
+    sampler = RandomSampler(range(len(samples)), replacement=True, num_samples=batches * BATCH)
+    return DataLoader(
+        dataset, batch_size=BATCH, sampler=sampler, num_workers=workers, collate_fn=collate_encoded,
+        persistent_workers=False, prefetch_factor=4 if workers else None, drop_last=True,
+    )  # fmt: skip
+
+
+def decode_path_alone(samples, workers: int, warmup: int, batches: int, barrier: bool = True, **options) -> dict:
+    """images/s of the package's decode path with no model: a consumer that only takes the batches."""
+    device = options.pop("device", "cuda")
+    loader = GpuDecodeLoader(
+        encoded_loader(samples, workers, warmup + batches), device=device, dtype=torch.bfloat16, **options
+    )
+    if not barrier:  # the cost of the ordering only: unsafe where the decoder writes at call time
+        loader.decoder.host_barrier, loader.decoder._graphs = False, [None]
+    iterator = iter(loader)
+    for _ in range(warmup):
+        next(iterator)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    before, start = loader.stats(), time.perf_counter()
+    taken = sum(1 for _ in iterator)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    window = loader.stats().since(before)
+    loader.close()
+    per = 1e3 / max(1, window.batches)
+    return {
+        "images_per_s": taken * BATCH / wall,
+        "batches": taken,
+        "decode_thread_ms": window.submit_seconds * per,
+        "decode_thread_cpu_ms": window.submit_cpu_seconds * per,
+        "prepare_ms": window.prepare_seconds * per,
+        "prepare_cpu_ms": window.prepare_cpu_seconds * per,
+        "barrier_ms": window.barrier_seconds * per,
+        "gpu_ms": window.decode_seconds * per,
+        "lookahead_mean": window.lookahead_mean,
+        "backend": window.backend,
+    }
+
+
+def part_decode(sets: dict, args) -> dict:
+    rows = []
+    cuda = torch.cuda.is_available() and not args.dry_run
+    variants = [
+        ("package torchvision, prepare_ahead=0", {"backend": "torchvision", "prepare_ahead": 0}),
+        ("package torchvision, prepare_ahead=2", {"backend": "torchvision", "prepare_ahead": 2}),
+        ("package nvimgcodec, prepare_ahead=2", {"backend": "nvimgcodec", "prepare_ahead": 2}),
+        ("package nvimgcodec, no host barrier", {"backend": "nvimgcodec", "prepare_ahead": 2, "barrier": False}),
+    ]
+    if not cuda:
+        variants = [("package pil, prepare_ahead=0", {"prepare_ahead": 0, "device": "cpu"}),
+                    ("package pil, prepare_ahead=2", {"prepare_ahead": 2, "device": "cpu"})]  # fmt: skip
+    for kind, samples in sets.items():
+        reference = None
+        if cuda:
+            batches = read_batches(samples, args.decode_batches)
+            reference = torchvision_decode_only(batches)
+            rows.append({"set": kind, "path": "nvJPEG decode-only (torchvision, batched)", "images_per_s": reference})
+            rate = nvimgcodec_decode_only(batches)
+            if rate is not None:
+                rows.append({"set": kind, "path": "nvJPEG decode-only (nvImageCodec, batched)", "images_per_s": rate})
+        for name, options in variants:
+            try:
+                row = decode_path_alone(samples, args.workers, args.warmup, args.decode_batches, **options)
+            except ImportError as error:
+                print(f"{kind} {name}: not measured ({error})"[:200], flush=True)
+                continue
+            rows.append({"set": kind, "path": name, **row})
+        for row in rows:
+            if row["set"] == kind and reference:
+                row["share_of_decode_only"] = row["images_per_s"] / reference
+        for row in rows:
+            if row["set"] == kind:
+                extra = "".join(
+                    f" {key} {row[key]:.2f}" for key in ("decode_thread_ms", "prepare_ms", "barrier_ms", "gpu_ms")
+                    if key in row
+                )  # fmt: skip
+                share = row.get("share_of_decode_only")
+                print(
+                    f"{kind:8s} {row['path']:45s} {row['images_per_s']:8.0f} img/s"
+                    + (f" {100 * share:5.1f}%" if share else "") + extra, flush=True,
+                )  # fmt: skip
+    return {"rows": rows}
+
+
+class _OnGpu:
+    """The ceiling's loader: the same batch, already on the GPU, ``length`` times."""
+
+    def __init__(self, length: int, device: str) -> None:
+        self.length = length
+        images = torch.randn(BATCH, 3, SIZE, SIZE, device=device)
+        self.images = images.to(torch.bfloat16, memory_format=torch.channels_last)
+        self.labels = torch.randint(0, 1000, (BATCH,), device=device)
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self):
+        for _ in range(self.length):
+            yield self.images, self.labels
+
+
+def e2e_module(arch: str, compiled: bool, tiny: bool = False):
+    """The LightningModule every e2e row of one model and mode shares (the ceiling's and the package's)."""
+    import lightning.pytorch as pl
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            if tiny:
+                net = torch.nn.Sequential(
+                    torch.nn.Conv2d(3, 8, 3, stride=4), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                    torch.nn.Linear(8, 1000),
+                )  # fmt: skip
+            else:
+                import torchvision
+
+                net = getattr(torchvision.models, arch)(num_classes=1000)
+            net = net.to(memory_format=torch.channels_last)
+            self.net = torch.compile(net, mode="reduce-overhead") if compiled else net
+
+        def training_step(self, batch, batch_idx):
+            images, labels = batch
+            return torch.nn.functional.cross_entropy(self.net(images), labels)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+    return Net()
+
+
+class _Clock:
+    """CUDA events at the first timed step and after the last one (read after the fit), and the host clock."""
+
+    def __init__(self, warmup: int, cuda: bool) -> None:
+        import lightning.pytorch as pl
+
+        clock = self
+
+        class Callback(pl.Callback):
+            def on_train_batch_start(self, trainer, module, batch, batch_idx):
+                if batch_idx == warmup:
+                    clock.begin = clock._mark()
+
+            def on_train_end(self, trainer, module):
+                clock.end = clock._mark()
+
+        self.cuda, self.callback = cuda, Callback()
+        self.begin = self.end = None
+
+    def _mark(self):
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        return event, time.perf_counter()
+
+    def seconds(self) -> float:
+        if self.cuda:
+            self.end[0].synchronize()
+            return self.begin[0].elapsed_time(self.end[0]) / 1e3
+        return self.end[1] - self.begin[1]
+
+
+def e2e_fit(module, loader, warmup: int, steps: int, cuda: bool) -> dict:
+    import lightning.pytorch as pl
+
+    clock = _Clock(warmup, cuda)
+    trainer = pl.Trainer(
+        accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed", max_steps=warmup + steps,
+        max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0, callbacks=[clock.callback],
+    )  # fmt: skip
+    thread0 = time.thread_time()
+    trainer.fit(module, train_dataloaders=loader)
+    seconds = clock.seconds()
+    row = {"images_per_s": steps * BATCH / seconds, "seconds": seconds}
+    row["main_thread_cpu_ms_per_step"] = 1e3 * (time.thread_time() - thread0) / (warmup + steps)
+    if isinstance(loader, GpuDecodeLoader):
+        stats = loader.stats()
+        per = 1e3 / max(1, stats.batches)
+        row.update(
+            decode_thread_ms=stats.submit_seconds * per, decode_thread_cpu_ms=stats.submit_cpu_seconds * per,
+            prepare_ms=stats.prepare_seconds * per, wait_ms=1e3 * stats.wait_per_take,
+            lookahead_mean=stats.lookahead_mean, gpu_ms=stats.decode_seconds * per,
+        )  # fmt: skip
+        loader.close()
+    return row
+
+
+def part_e2e(sets: dict, args) -> dict:
+    cuda = torch.cuda.is_available() and not args.dry_run
+    device = "cuda" if cuda else "cpu"
+    rows = []
+    for arch in args.models:
+        for compiled in args.modes:
+            module = e2e_module(arch, compiled == "compiled", tiny=args.dry_run)
+            warmup = args.warmup + (args.compile_warmup if compiled == "compiled" else 0)
+            total = warmup + args.steps
+            began = time.perf_counter()
+            try:
+                ceiling = e2e_fit(module, _OnGpu(total, device), warmup, args.steps, cuda)
+            except Exception:  # one mode failing must not lose the other rows
+                traceback.print_exc()
+                continue
+            ceiling.update(model=arch, mode=compiled, set="-", path="ceiling", setup_s=time.perf_counter() - began)
+            rows.append(ceiling)
+            _print_e2e(ceiling, ceiling)
+            for kind, samples in sets.items():
+                for ahead in args.prepare_ahead:
+                    options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead}
+                    loader = GpuDecodeLoader(encoded_loader(samples, args.workers, total), **options)
+                    try:
+                        row = e2e_fit(module, loader, warmup, args.steps, cuda)
+                    except Exception:
+                        traceback.print_exc()
+                        loader.close()
+                        continue
+                    row.update(model=arch, mode=compiled, set=kind, path=f"package, prepare_ahead={ahead}")
+                    row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
+                    rows.append(row)
+                    _print_e2e(row, ceiling)
+            del module
+            if cuda:
+                torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
+def _print_e2e(row: dict, ceiling: dict) -> None:
+    share = row["images_per_s"] / ceiling["images_per_s"]
+    keys = ("decode_thread_ms", "prepare_ms", "wait_ms", "lookahead_mean")
+    extra = "".join(f" {key} {row[key]:.2f}" for key in keys if key in row)
+    print(
+        f"{row['model']:9s} {row['mode']:8s} {row['set']:8s} {row['path']:26s} {row['images_per_s']:8.0f} img/s "
+        f"{100 * share:5.1f}%  main {row['main_thread_cpu_ms_per_step']:.1f} ms/step{extra}", flush=True,
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["decode", "e2e", "legacy"], default="e2e")
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--sets", nargs="+", default=["uniform", "varied"])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--compile-warmup", type=int, default=10, help="more warm-up steps for compiled rows")
+    parser.add_argument("--decode-batches", type=int, default=150)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
+    parser.add_argument("--modes", nargs="+", default=["eager", "compiled"])
+    parser.add_argument("--prepare-ahead", type=int, nargs="+", default=[2, 0])
+    parser.add_argument("--root", default=None)
+    parser.add_argument("--name", default=None)
+    parser.add_argument("--dry-run", action="store_true", help="CPU, 40 images, tiny model, 2+2 steps")
+    args, rest = parser.parse_known_args()
+    if args.part == "legacy":
+        legacy_main(rest)
+        return
+    if rest:
+        parser.error(f"unknown arguments: {rest}")
+    if args.dry_run:
+        global BATCH  # noqa: PLW0603 (the dry run shrinks the batch)
+        BATCH = 8
+        args.images, args.steps, args.warmup, args.compile_warmup, args.decode_batches = 40, 2, 2, 0, 3
+        args.workers, args.modes = 0, ["eager"]
+        args.models = args.models[:1]
+    torch.backends.cudnn.benchmark = True
+    root = args.root or tempfile.mkdtemp(prefix="gpu_decode_")
+    sets = {}
+    for kind in args.sets:
+        begin = time.perf_counter()
+        samples, mean_bytes = make_set(os.path.join(root, kind), kind, args.images)
+        sets[kind] = samples
+        print(f"{kind}: {len(samples)} JPEGs, mean {mean_bytes / 1e3:.1f} kB, {time.perf_counter() - begin:.1f} s")
+    result = part_decode(sets, args) if args.part == "decode" else part_e2e(sets, args)
+    from _common import write_json
+
+    write_json(args.name or f"gpu_decode_{args.part}", {"args": vars(args), **result})
 
 
 if __name__ == "__main__":

@@ -116,28 +116,51 @@ def import_decode_jpeg() -> Any:
 
 
 class TorchvisionBackend:
-    """Batched nvJPEG through ``torchvision.io.decode_jpeg``; planar (``chw``) slots."""
+    """Batched nvJPEG through ``torchvision.io.decode_jpeg``; planar (``chw``) slots.
+
+    Ordering (pytorch/vision#9606): torchvision allocates its outputs on the caller's current stream and
+    decodes on a private stream that never waits for it, and nvJPEG's hardware engine writes when the call
+    is made (meta-pytorch/torchcodec#1634), so a block freed on the current stream while queued kernels
+    still read it may be written at once. Here the current stream during the call is :attr:`_stream`, on
+    which nothing else runs: its blocks are only torchvision's outputs, kept alive by the decoder until
+    the host has seen their readers finish (``JpegDecoder._release_after_use``). The flat buffer itself
+    is written by a stream-ordered copy, and torchvision host-synchronizes its private stream before it
+    returns, so :attr:`writes_at_call` is ``False``: no host barrier is needed.
+    """
 
     name = "torchvision"
     layout = "chw"
+    writes_at_call = False
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, ordered: bool = True) -> None:
         self.device = device
         self._decode_jpeg = import_decode_jpeg()
         self._stream = torch.cuda.Stream(device)
+        self.ordered = ordered  # False (benchmarks only): decode_jpeg on the current stream, as users call it
+
+    def prepare(self, data: torch.Tensor, spans: Spans) -> list[torch.Tensor]:
+        """The per-image byte views (host only; :class:`GpuDecodeLoader` makes them in its prepare thread)."""
+        return _views(data, spans)
 
     def decode(
-        self, data: torch.Tensor, spans: Spans, sizes: Sizes, flat: torch.Tensor, bases: Sequence[int]
+        self,
+        data: torch.Tensor,
+        spans: Spans,
+        sizes: Sizes,
+        flat: torch.Tensor,
+        bases: Sequence[int],
+        prepared: list[torch.Tensor] | None = None,
     ) -> tuple[list[bool], list[Any]]:
         """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
-        parts = _views(data, spans)
+        parts = prepared if prepared is not None else _views(data, spans)
         current = torch.cuda.current_stream(self.device)
-        # nvJPEG's outputs are allocated on a stream that runs nothing else: a block freed on the
-        # current stream is never handed to nvJPEG's own stream while queued kernels still read it.
-        self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream):
+        if self.ordered:
+            # nvJPEG's outputs are allocated on a stream that runs nothing else: a block freed on the
+            # current stream is never handed to nvJPEG while queued kernels still read it.
+            self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream if self.ordered else current):
             try:
-                decoded: list[torch.Tensor | None] = list(self._decode_jpeg(list(parts), device=self.device))
+                decoded: list[torch.Tensor | None] = list(self._decode_jpeg(parts, device=self.device))
             except Exception:  # one bad image fails nvJPEG's whole batch: image by image
                 decoded = []
                 for part in parts:
@@ -145,7 +168,8 @@ class TorchvisionBackend:
                         decoded.append(self._decode_jpeg([part], device=self.device)[0])
                     except Exception:
                         decoded.append(None)
-        current.wait_stream(self._stream)
+        if self.ordered:
+            current.wait_stream(self._stream)
         ok = [
             image is not None and tuple(image.shape[1:]) == tuple(size)
             for image, size in zip(decoded, sizes, strict=True)
@@ -166,6 +190,11 @@ class TorchvisionBackend:
 class NvImageCodecBackend:
     """Batched nvJPEG through nvImageCodec (hardware engines first); interleaved (``hwc``) slots.
 
+    Ordering: it decodes straight into the flat buffer, and nvJPEG's hardware engine writes its outputs
+    when the call is made, not in the order of the stream it is given (meta-pytorch/torchcodec#1634;
+    a device-side event wait does not gate it either), so :attr:`writes_at_call` is ``True``: the decoder
+    waits on the host until the buffer's previous readers are done (``JpegDecoder._wait_writable``).
+
     Args:
         device: the CUDA device.
         threads: nvImageCodec's CPU thread pool (header parsing, host-side Huffman where needed);
@@ -174,6 +203,7 @@ class NvImageCodecBackend:
 
     name = "nvimgcodec"
     layout = "hwc"
+    writes_at_call = True
 
     def __init__(self, device: torch.device, threads: int | None = None, codec: Any = None) -> None:
         self.device = device
@@ -186,16 +216,29 @@ class NvImageCodecBackend:
         self._params = _decode_params(codec, color)
         self.into = True  # decode into views of the flat buffer; False after it fails once
 
-    def decode(
-        self, data: torch.Tensor, spans: Spans, sizes: Sizes, flat: torch.Tensor, bases: Sequence[int]
-    ) -> tuple[list[bool], list[Any]]:
-        """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
+    def prepare(self, data: torch.Tensor, spans: Spans) -> tuple[list[Any], Any]:
+        """Parse each image's header into a ``CodeStream`` (host only; in :class:`GpuDecodeLoader`'s prepare
+        thread): ``(code streams, None for those it cannot parse; the byte array they view)``."""
         codec, array = self._codec, data.numpy()
-        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
         try:
             streams = [codec.CodeStream(array[a:b]) for a, b in spans]
         except Exception:  # a stream nvImageCodec cannot even parse: one by one, None for those
             streams = [_code_stream(codec, array[a:b]) for a, b in spans]
+        return streams, array
+
+    def decode(
+        self,
+        data: torch.Tensor,
+        spans: Spans,
+        sizes: Sizes,
+        flat: torch.Tensor,
+        bases: Sequence[int],
+        prepared: tuple[list[Any], Any] | None = None,
+    ) -> tuple[list[bool], list[Any]]:
+        """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
+        codec = self._codec
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        streams, array = prepared if prepared is not None else self.prepare(data, spans)
         keep: list[Any] = [streams, array]
         ok: list[bool] = [False] * len(spans)
         if self.into and all(code is not None for code in streams):
@@ -328,7 +371,9 @@ def host_layout(image: torch.Tensor, layout: str) -> torch.Tensor:
 def make_backend(name: Any, device: torch.device, threads: int | None = None) -> Any:
     """The backend called ``name`` (``auto``: torchvision's CUDA decode if it imports, else nvImageCodec; the order
     measured end to end on an H200), or ``name`` itself if it is a backend object (``layout`` and
-    ``decode(data, spans, sizes, flat, bases)``)."""
+    ``decode(data, spans, sizes, flat, bases)``; optional: ``prepare(data, spans)``, whose result comes back as
+    ``decode(..., prepared=...)``, and ``writes_at_call``: ``False`` where the decoder writes ``flat`` in
+    stream order; otherwise the decoder waits on the host before each decode, ``JpegDecoder._wait_writable``)."""
     if hasattr(name, "decode") and hasattr(name, "layout"):
         return name
     if name not in BACKENDS:

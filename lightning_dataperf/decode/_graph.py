@@ -46,6 +46,8 @@ class GraphedAugment:
         self.table = torch.zeros(batch, columns, dtype=torch.int64, device=device)
         self._graph: torch.cuda.CUDAGraph | None = None
         self._out: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: Recorded by the decoder after the last replay: once it has passed, nothing reads :attr:`flat`.
+        self.readers_done: torch.cuda.Event | None = None
 
     @property
     def zero_base(self) -> int:

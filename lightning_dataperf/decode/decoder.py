@@ -28,7 +28,6 @@ GPU path: ``pip install "lightning-dataperf[gpu-decode]"`` (nvImageCodec; torchv
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ import torch
 from lightning_dataperf.decode._backends import host_layout, make_backend, pil_decode, slot_view
 from lightning_dataperf.decode._gather import augment_batch, compiled_augment, crop_resize_flip
 from lightning_dataperf.decode._graph import GraphedAugment
+from lightning_dataperf.decode._state import PreparedBatch, Telemetry, jpeg_utilisation
 from lightning_dataperf.decode.encoded import KIND_BAD, KIND_GPU, EncodedBatch
 from lightning_dataperf.decode.stats import DecodeStats
 
@@ -53,20 +53,6 @@ _log = logging.getLogger(__name__)
 
 class DecodeError(RuntimeError):
     """A sample that neither the GPU nor the CPU can decode (names its dataset index and path)."""
-
-
-class _Telemetry:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.batches = self.images = self.cpu_fallback = self.undecodable = 0
-        self.decode_s = self.submit_s = self.submit_cpu_s = self.wait_s = 0.0
-        self.depth_sum = self.depth_n = 0
-        self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
-
-    def drain(self) -> None:
-        while self.pending and self.pending[0][1].query():
-            start, end, _ = self.pending.popleft()
-            self.decode_s += start.elapsed_time(end) / 1e3
 
 
 class JpegDecoder:
@@ -127,36 +113,83 @@ class JpegDecoder:
         self.layout = self.backend.layout if self.backend is not None else "hwc"
         self.graph_augment = graph_augment and self._cuda
         self.compile_augment = compile_augment and self.graph_augment
-        self._graphed: GraphedAugment | None = None
-        self.telemetry = _Telemetry()
+        #: Wait on the host, before each GPU decode, until the memory it writes is no longer read (see
+        #: :meth:`_wait_writable`): where the backend's decoder writes at call time, not in stream order.
+        self.host_barrier = bool(self._cuda and getattr(self.backend, "writes_at_call", True))
+        self._graphs: list[GraphedAugment | None] = [None] * (2 if self.host_barrier else 1)
+        self._turn = 0
+        self.telemetry = Telemetry()
         self._keep: deque[tuple[torch.cuda.Event, Any]] = deque()
         self._warned = False
 
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode and augment ``batch``: :meth:`prepare` then :meth:`run`, in the calling thread."""
+        return self.run(self.prepare(batch))
+
+    def prepare(self, batch: EncodedBatch) -> PreparedBatch:
+        """The host-only half of a batch (no CUDA work is queued): the per-sample rows, the byte views,
+        the layout of the flat buffer, the pinned per-sample table, the backend's own inputs, and the CPU
+        decodes of the samples the header sent to the CPU. :class:`GpuDecodeLoader` runs it in a thread of
+        its own, so the decode thread only decodes and augments."""
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
+        rows = meta.tolist()
+        data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
+        offsets = batch.offsets.tolist()
+        count = len(rows)
+        sizes = [(row[3], row[4]) for row in rows]
+        gpu = [i for i, row in enumerate(rows) if row[2] == KIND_GPU] if self.backend is not None else []
+        on_gpu = set(gpu)
+        host: dict[int, torch.Tensor] = {}
+        bad: list[int] = []
+        for i in range(count):
+            if i not in on_gpu:
+                self._host_decode(batch, data, offsets, rows, i, host, bad)
+        bases, position = [0] * count, 0
+        for i in gpu:
+            bases[i] = position
+            position += 3 * sizes[i][0] * sizes[i][1]
+        host_start = position
+        for i, image in host.items():
+            sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
+            position += image.numel()
+        spans = [(offsets[i], offsets[i + 1]) for i in gpu]
+        inputs = None
+        prepare_inputs = getattr(self.backend, "prepare", None)
+        if gpu and callable(prepare_inputs):
+            inputs = prepare_inputs(data, spans)
+        prepared = PreparedBatch(
+            batch, rows, data, offsets, sizes, gpu, host, bad, bases, position, host_start, spans, inputs
+        )
+        if count and not bad:  # the table is final unless a sample turns out undecodable on the GPU
+            prepared.table = self._table(prepared, 0, bad)
+        prepared.seconds = time.perf_counter() - started
+        prepared.cpu_seconds = time.thread_time() - cpu_started
+        return prepared
+
+    def run(self, prepared: PreparedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device half of a batch prepared by :meth:`prepare`: decode into the flat buffer, augment."""
         started, cpu_started = time.perf_counter(), time.thread_time()
         telemetry = self.telemetry
         if self._cuda:
             stream = torch.cuda.current_stream(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(stream)
-        meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
-        rows = meta.tolist()
-        flat, bases, sizes, fallback, bad, keep, graphed = self._decode(batch, rows)
-        count = len(rows)
+        count = len(prepared.rows)
+        flat, zero_base, graphed, fallback, bad, keep, waited = self._decode(prepared)
         if count:
-            table = [
-                (base, h, w, *((0, 0, 1, 1) if i in bad else row[5:9]), row[9], row[0])
-                for i, (row, base, (h, w)) in enumerate(zip(rows, bases, sizes, strict=True))
-            ]  # fmt: skip
-            host_table = self._pinned(torch.tensor(table, dtype=torch.int64))
+            host_table = prepared.table
+            if host_table is None or bad:
+                host_table = self._table(prepared, zero_base, bad)
             if graphed is not None:
                 images, labels = self._replay(graphed, host_table)
+                graphed.readers_done = self._record()  # the next hardware decode into its buffer waits for this
             else:
                 images, labels = self._augment(flat, host_table.to(self.device, non_blocking=True))
             self._release_after_use(keep)
         else:
             images = torch.empty(0, 3, self.size, self.size, device=self.device, dtype=self.dtype)
-            labels = self._to_device(meta[:, 0].contiguous())
+            labels = self._to_device(prepared.batch.meta[:, 0].cpu().contiguous())
         if self._cuda:
             end.record(stream)
         with telemetry.lock:
@@ -169,9 +202,27 @@ class JpegDecoder:
             elapsed = time.perf_counter() - started
             telemetry.submit_s += elapsed
             telemetry.submit_cpu_s += time.thread_time() - cpu_started
+            telemetry.prepare_s += prepared.seconds
+            telemetry.prepare_cpu_s += prepared.cpu_seconds
+            telemetry.barrier_s += waited
             if not self._cuda:
-                telemetry.decode_s += elapsed
+                telemetry.decode_s += elapsed + prepared.seconds
         return images, labels
+
+    def _table(self, prepared: PreparedBatch, zero_base: int, undecodable: list[int]) -> torch.Tensor:
+        """The pinned ``[B, 9]`` per-sample table (base, height, width, crop box, flip, label); the
+        undecodable samples read the zero pixel at ``zero_base``."""
+        bad = set(undecodable)
+        table = [
+            (zero_base, 1, 1, 0, 0, 1, 1, row[9], row[0]) if i in bad else (base, h, w, *row[5:10], row[0])
+            for i, (row, base, (h, w)) in enumerate(zip(prepared.rows, prepared.bases, prepared.sizes, strict=True))
+        ]  # fmt: skip
+        return self._pinned(torch.tensor(table, dtype=torch.int64))
+
+    def _record(self) -> torch.cuda.Event:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        return event
 
     def _augment(
         self, flat: torch.Tensor, small: torch.Tensor, function: Callable[..., Any] = augment_batch
@@ -194,22 +245,50 @@ class JpegDecoder:
         try:
             return graphed.run(table, self._augment)
         except Exception:  # capture failed: eager from now on (the static buffers hold this batch)
-            self._graphed, self.graph_augment = None, False
+            self._graphs, self.graph_augment = [None] * len(self._graphs), False
             return self._augment(graphed.flat, graphed.table)
 
     def _allocate(self, count: int, needed: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
-        """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it."""
+        """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it.
+
+        Graphs take turns (two where the decoder writes at call time, see :attr:`host_barrier`): the host
+        barrier before a decode into one graph's buffer then waits for the batch before last, long done."""
         if self.graph_augment and self._cuda and count:
-            graphed = self._graphed
+            turn = self._turn % len(self._graphs)
+            graphed = self._graphs[turn]
             if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
                 self._release_after_use(graphed)  # replays of the old graph may still be queued
                 capacity = needed * 5 // 4 + 3
-                graphed = self._graphed = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
+                graphed = self._graphs[turn] = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
             if graphed.fits(count, needed):
+                self._turn += 1
                 return graphed.flat[:needed], graphed.zero_base, graphed
         flat = torch.empty(needed + 3, dtype=torch.uint8, device=self.device)
         flat[needed:].zero_()
         return flat, needed, None
+
+    @property
+    def _graphed(self) -> GraphedAugment | None:
+        """The graph the last full batch used (``None`` before the first, or once capture failed)."""
+        return self._graphs[(self._turn - 1) % len(self._graphs)] if self.graph_augment else None
+
+    def _wait_writable(self, graphed: GraphedAugment | None) -> float:
+        """Host barrier before a decoder that writes at call time (nvJPEG's hardware engine ignores stream
+        order: meta-pytorch/torchcodec#1634; a device-side wait does not gate it): wait until the GPU has
+        done every read of the memory it will write. The graph's static buffer: its last replay. A
+        buffer just taken from the caching allocator: all work queued so far on this stream (a block freed
+        on this stream is handed out again while kernels queued on it may still read it). Returns seconds."""
+        if not (self._cuda and self.host_barrier):
+            return 0.0
+        if graphed is not None:
+            event = graphed.readers_done
+            if event is None:
+                return 0.0
+        else:
+            event = self._record()
+        started = time.perf_counter()
+        event.synchronize()  # releases the GIL
+        return time.perf_counter() - started
 
     def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.pin_memory() if self._cuda else tensor
@@ -217,35 +296,25 @@ class JpegDecoder:
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._pinned(tensor).to(self.device, non_blocking=True) if self._cuda else tensor
 
-    def _decode(self, batch: EncodedBatch, rows: list[list[int]]):
+    def _decode(self, prepared: PreparedBatch):
         """Every sample into one flat device buffer (GPU-decoded slots first, then host-decoded ones,
-        a zero pixel for the undecodable): ``(flat, bases, sizes, cpu fallbacks, bad, keep-alive, graph)``."""
-        data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
-        offsets = batch.offsets.tolist()
-        count = len(rows)
-        sizes = [(row[3], row[4]) for row in rows]
-        gpu = [i for i, row in enumerate(rows) if row[2] == KIND_GPU] if self.backend is not None else []
-        on_gpu = set(gpu)
-        host: dict[int, torch.Tensor] = {}
-        bad: list[int] = []
-        for i in range(count):
-            if i not in on_gpu:
-                self._host_decode(batch, data, offsets, rows, i, host, bad)
-        bases, position = [0] * count, 0
-        for i in gpu:
-            bases[i] = position
-            position += 3 * sizes[i][0] * sizes[i][1]
-        host_start = position
-        for i, image in host.items():
-            sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
-            position += image.numel()
-        flat, zero_base, graphed = self._allocate(count, position)
+        a zero pixel for the undecodable): ``(flat, zero base, graph, cpu fallbacks, bad, keep-alive,
+        seconds of host barrier)``."""
+        batch, rows, data, offsets = prepared.batch, prepared.rows, prepared.data, prepared.offsets
+        sizes, bases, gpu, host = list(prepared.sizes), list(prepared.bases), prepared.gpu, prepared.host
+        bad = list(prepared.bad)
+        position, host_start = prepared.needed, prepared.host_start
+        flat, zero_base, graphed = self._allocate(len(rows), position)
         keep: Any = None
+        waited = 0.0
         fallback = sum(1 for i in host if rows[i][2] != KIND_GPU or self.backend is not None)
         if gpu:
             assert self.backend is not None
-            spans = [(offsets[i], offsets[i + 1]) for i in gpu]
-            ok, keep = self.backend.decode(data, spans, [sizes[i] for i in gpu], flat, [bases[i] for i in gpu])
+            waited = self._wait_writable(graphed)
+            extra = {} if prepared.inputs is None else {"prepared": prepared.inputs}
+            ok, keep = self.backend.decode(
+                data, prepared.spans, [sizes[i] for i in gpu], flat, [bases[i] for i in gpu], **extra
+            )
             for i, good in zip(gpu, ok, strict=True):
                 if good:
                     continue
@@ -268,9 +337,7 @@ class JpegDecoder:
         if host:
             joined = torch.cat([host_layout(host[i], self.layout).view(-1) for i in host])
             flat[host_start:position].copy_(self._pinned(joined), non_blocking=True)
-        for i in bad:
-            bases[i], sizes[i] = zero_base, (1, 1)
-        return flat, bases, sizes, fallback, bad, keep, graphed
+        return flat, zero_base, graphed, fallback, bad, keep, waited
 
     def _host_decode(self, batch, data, offsets, rows, i, out, bad) -> None:
         """PIL decode of sample ``i`` into ``out[i]`` (``[H, W, 3]``), or mark it bad / raise."""
@@ -317,23 +384,13 @@ class JpegDecoder:
                 takes=telemetry.depth_n,
                 cpu_fallback=telemetry.cpu_fallback,
                 undecodable=telemetry.undecodable,
-                jpeg_util_percent=_jpeg_utilisation(self.device),
+                jpeg_util_percent=jpeg_utilisation(self.device),
                 submit_cpu_seconds=telemetry.submit_cpu_s,
                 backend=self.backend.name if self.backend is not None else "pil",
+                prepare_seconds=telemetry.prepare_s,
+                prepare_cpu_seconds=telemetry.prepare_cpu_s,
+                barrier_seconds=telemetry.barrier_s,
             )
 
 
-def _jpeg_utilisation(device: torch.device) -> float | None:
-    """NVML JPEG-engine utilisation (%) of ``device`` (by its UUID); ``None`` where NVML or the engine is missing."""
-    if device.type != "cuda":
-        return None
-    try:
-        import pynvml
-
-        from lightning_dataperf.telemetry.sources import nvml_handle
-
-        pynvml.nvmlInit()
-        handle = nvml_handle(pynvml, device.index if device.index is not None else torch.cuda.current_device())
-        return float(pynvml.nvmlDeviceGetJpgUtilization(handle)[0])
-    except Exception:  # no NVML, no JPEG engine, or an old driver
-        return None
+_jpeg_utilisation = jpeg_utilisation  # the name benchmarks/decode_process_prototype.py imports

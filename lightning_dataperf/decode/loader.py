@@ -71,6 +71,9 @@ class GpuDecodeLoader:
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
         size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment, compile_augment: see
             :class:`JpegDecoder` (``backend="auto"``: torchvision's nvJPEG when it imports, else nvImageCodec).
+        prepare_ahead: batches a second thread takes from ``loader`` and prepares on the host
+            (:meth:`JpegDecoder.prepare`: the worker hand-over, the per-sample table, the byte views, CPU
+            fallbacks) while the decode thread decodes, at most; ``0``: the decode thread does both.
 
     Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
     reachable from the dataset or the collate function the workers get. Forked workers freeze what
@@ -97,13 +100,17 @@ class GpuDecodeLoader:
         decode_threads: int | None = None,
         graph_augment: bool = True,
         compile_augment: bool = False,
+        prepare_ahead: int = 2,
     ) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, not {lookahead}")
+        if prepare_ahead < 0:
+            raise ValueError(f"prepare_ahead must be at least 0, not {prepare_ahead}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.loader = loader
         self.lookahead = lookahead
+        self.prepare_ahead = prepare_ahead
         self.decoder = JpegDecoder(
             device,
             size,
@@ -177,6 +184,7 @@ class _DecodeIterator(Iterator):
     def __init__(self, owner: GpuDecodeLoader) -> None:
         self._decoder, self._stream, self._device = owner.decoder, owner._stream, owner.device
         self._loader = owner.loader
+        self._prepare_ahead = owner.prepare_ahead
         self._persistent = bool(getattr(owner.loader, "persistent_workers", False))
         self._queue: queue.Queue = queue.Queue(maxsize=owner.lookahead)
         self._stop = threading.Event()
@@ -190,7 +198,7 @@ class _DecodeIterator(Iterator):
         self._source = iter(self._loader)  # in the calling thread: worker processes start here
         self._loader = None
         # the thread gets the parts, not this iterator: a dropped iterator is freed (and closed) at once
-        args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop)
+        args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop, self._prepare_ahead)
         self._thread = threading.Thread(target=_decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
         self._thread.start()
 
@@ -258,6 +266,44 @@ class _DecodeIterator(Iterator):
             self.close()
 
 
+def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    """Put ``item`` into ``out`` unless ``stop`` is set first (``False`` then)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _take(source: queue.Queue, stop: threading.Event) -> Any:
+    """The next item of ``source``, or ``_END`` once ``stop`` is set."""
+    while not stop.is_set():
+        try:
+            return source.get(timeout=_POLL_S)
+        except queue.Empty:
+            continue
+    return _END
+
+
+def _prepare_batches(
+    source: Iterator[Any], decoder: JpegDecoder, device: torch.device, out: queue.Queue, stop: threading.Event
+) -> None:
+    """The prepare thread: take each encoded batch from ``source`` (the workers' hand-over) and prepare it on
+    the host (:meth:`JpegDecoder.prepare`) into ``out``, ending with ``_END`` or the error."""
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # pinned tables are made here
+        for batch in source:
+            if stop.is_set() or not _put(out, decoder.prepare(batch), stop):
+                return
+    except BaseException as error:  # handed on, in order
+        _put(out, _Failed(error), stop)
+    else:
+        _put(out, _END, stop)
+
+
 def _decode_batches(
     source: Iterator[Any],
     decoder: JpegDecoder,
@@ -265,31 +311,46 @@ def _decode_batches(
     device: torch.device,
     out: queue.Queue,
     stop: threading.Event,
+    prepare_ahead: int = 0,
 ) -> None:
-    """The decode thread: decode each batch of ``source`` into ``out`` (with its CUDA event) until ``stop``."""
+    """The decode thread: decode each batch of ``source`` into ``out`` (with its CUDA event) until ``stop``.
 
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+    With ``prepare_ahead``, a prepare thread (started and joined here) takes the batches from ``source`` and
+    prepares them on the host; this thread then only queues the decode and the augment of each."""
+    halt = threading.Event()  # the prepare thread's stop: this thread's end, whatever ends it
+    prepared: queue.Queue = queue.Queue(maxsize=max(1, prepare_ahead))
+    helper: threading.Thread | None = None
+
+    def batches() -> Iterator[Any]:
+        if helper is None:
+            for batch in source:
+                yield decoder.prepare(batch)
+            return
+        while True:
+            item = _take(prepared, stop)
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
 
     def loop() -> None:
-        for batch in source:
+        for item in batches():
             if stop.is_set():
                 return
-            images, labels = decoder(batch)
+            images, labels = decoder.run(item)
             event = None
             if stream is not None:
                 event = torch.cuda.Event()
                 event.record(stream)
-            if not put((images, labels, event)):
+            if not _put(out, (images, labels, event), stop):
                 return
 
     try:
+        if prepare_ahead:
+            args = (source, decoder, device, prepared, halt)
+            helper = threading.Thread(target=_prepare_batches, args=args, name="dataperf-gpu-prepare", daemon=True)
+            helper.start()
         if stream is not None:
             torch.cuda.set_device(device)
             with torch.cuda.stream(stream):
@@ -297,6 +358,13 @@ def _decode_batches(
         else:
             loop()
     except BaseException as error:  # handed to the consumer
-        put(_Failed(error))
+        _put(out, _Failed(error), stop)
     else:
-        put(_END)
+        _put(out, _END, stop)
+    finally:
+        halt.set()
+        if helper is not None:
+            with contextlib.suppress(queue.Empty):  # a put blocked on a full queue sees the halt anyway
+                while True:
+                    prepared.get_nowait()
+            helper.join(timeout=30)

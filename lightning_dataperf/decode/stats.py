@@ -29,8 +29,12 @@ class DecodeStats:
     ``decode_seconds`` is the device time from the start of the decode to the end of the augment
     (CUDA events, read back lazily; host time on CPU), ``submit_seconds`` the wall time the decode
     thread spent submitting it (GIL waits included), ``submit_cpu_seconds`` that thread's own CPU
-    time; ``takes`` the batches the training step took, ``lookahead_mean`` the decoded batches already
-    waiting when it asked for one, ``wait_seconds`` its total wait for them; ``backend`` the decode library.
+    time; ``prepare_seconds`` / ``prepare_cpu_seconds`` the wall and CPU time of the host-only half of each
+    batch (:meth:`~lightning_dataperf.decode.JpegDecoder.prepare`, in a thread of its own under a
+    ``GpuDecodeLoader``), ``barrier_seconds`` the decode thread's host waits before a decoder that writes at
+    call time (nvJPEG's hardware engine through nvImageCodec); ``takes`` the batches the training step took,
+    ``lookahead_mean`` the decoded batches already waiting when it asked for one, ``wait_seconds`` its total
+    wait for them; ``backend`` the decode library.
     """
 
     batches: int = 0
@@ -45,6 +49,9 @@ class DecodeStats:
     submit_cpu_seconds: float = 0.0
     backend: str = ""
     takes: int = 0
+    prepare_seconds: float = 0.0
+    prepare_cpu_seconds: float = 0.0
+    barrier_seconds: float = 0.0
 
     def since(self, earlier: DecodeStats) -> DecodeStats:
         """What happened between ``earlier`` and this snapshot (the JPEG-engine reading is this one's: a window's
@@ -64,6 +71,9 @@ class DecodeStats:
             submit_cpu_seconds=self.submit_cpu_seconds - earlier.submit_cpu_seconds,
             backend=self.backend,
             takes=takes,
+            prepare_seconds=self.prepare_seconds - earlier.prepare_seconds,
+            prepare_cpu_seconds=self.prepare_cpu_seconds - earlier.prepare_cpu_seconds,
+            barrier_seconds=self.barrier_seconds - earlier.barrier_seconds,
         )
 
     def per_batch(self, total: float) -> float:
@@ -85,6 +95,8 @@ class DecodeStats:
             "cpu_fallback": float(self.cpu_fallback),
             "undecodable": float(self.undecodable),
             "images": float(self.images),
+            "prepare_seconds": self.per_batch(self.prepare_seconds),
+            "barrier_seconds": self.per_batch(self.barrier_seconds),
         }
         if self.jpeg_util_percent is not None:
             metrics["jpeg_util_percent"] = self.jpeg_util_percent
@@ -96,6 +108,8 @@ class DecodeStats:
             f"decode path ({self.backend or 'backend unknown'}): {self.batches} batches, per batch "
             f"{1e3 * self.per_batch(self.decode_seconds):.2f} ms on the GPU, decode thread "
             f"{1e3 * self.per_batch(self.submit_seconds):.2f} ms ({1e3 * self.per_batch(self.submit_cpu_seconds):.2f}"
-            f" ms CPU); the step waited {1e3 * self.wait_per_take:.2f} ms per batch with "
+            f" ms CPU; host barrier {1e3 * self.per_batch(self.barrier_seconds):.2f} ms), preparing "
+            f"{1e3 * self.per_batch(self.prepare_seconds):.2f} ms; the step waited {1e3 * self.wait_per_take:.2f} ms "
+            "per batch with "
             f"{self.lookahead_mean:.1f} decoded batches ready{engine}; CPU fallback {self.cpu_fallback}"
         )

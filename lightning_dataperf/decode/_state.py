@@ -1,0 +1,62 @@
+"""A decoder's running state: its telemetry, a batch prepared on the host, the JPEG engines' utilisation."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+import torch
+
+__all__ = ["PreparedBatch", "Telemetry", "jpeg_utilisation"]
+
+
+class Telemetry:
+    """A decoder's running totals (under ``lock``) and the CUDA events of batches not read back yet."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.batches = self.images = self.cpu_fallback = self.undecodable = 0
+        self.decode_s = self.submit_s = self.submit_cpu_s = self.wait_s = 0.0
+        self.prepare_s = self.prepare_cpu_s = self.barrier_s = 0.0
+        self.depth_sum = self.depth_n = 0
+        self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
+
+    def drain(self) -> None:
+        while self.pending and self.pending[0][1].query():
+            start, end, _ = self.pending.popleft()
+            self.decode_s += start.elapsed_time(end) / 1e3
+
+
+class PreparedBatch:
+    """What :meth:`JpegDecoder.prepare` made of a batch on the host, for :meth:`JpegDecoder.run`."""
+
+    __slots__ = (
+        "bad", "bases", "batch", "cpu_seconds", "data", "gpu", "host", "host_start", "inputs", "needed",
+        "offsets", "rows", "seconds", "sizes", "spans", "table",
+    )  # fmt: skip
+
+    def __init__(self, batch, rows, data, offsets, sizes, gpu, host, bad, bases, needed, host_start, spans, inputs):
+        self.batch, self.rows, self.data, self.offsets = batch, rows, data, offsets
+        self.sizes, self.gpu, self.host, self.bad, self.bases = sizes, gpu, host, bad, bases
+        self.needed, self.host_start, self.spans, self.inputs = needed, host_start, spans, inputs
+        self.table: torch.Tensor | None = None
+        self.seconds = self.cpu_seconds = 0.0
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def jpeg_utilisation(device: torch.device) -> float | None:
+    """NVML JPEG-engine utilisation (%) of ``device`` (by its UUID); ``None`` where NVML or the engine is missing."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        from lightning_dataperf.telemetry.sources import nvml_handle
+
+        pynvml.nvmlInit()
+        handle = nvml_handle(pynvml, device.index if device.index is not None else torch.cuda.current_device())
+        return float(pynvml.nvmlDeviceGetJpgUtilization(handle)[0])
+    except Exception:  # no NVML, no JPEG engine, or an old driver
+        return None

@@ -1,0 +1,65 @@
+"""The GPU decode path stays ordered against a busy training stream whose allocator reuses memory (issue 38;
+pytorch/vision#9606, meta-pytorch/torchcodec#1634). CUDA only; benchmarks/gpu_decode_stress.py is the long run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_dataperf.decode import GpuDecodeLoader, JpegDecoder
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
+
+pytestmark = pytest.mark.cuda
+pytest.importorskip("PIL")
+from helpers import write_files  # noqa: E402
+
+IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}  # outputs in levels of 255
+
+
+def _available(name: str) -> bool:
+    from lightning_dataperf.decode._backends import import_decode_jpeg, import_nvimgcodec
+
+    try:
+        (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()
+    except ImportError:
+        return False
+    return True
+
+
+BACKENDS = [
+    pytest.param(name, marks=pytest.mark.skipif(not _available(name), reason=f"{name} not importable"))
+    for name in ("nvimgcodec", "torchvision")
+]
+
+
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_image_matches_the_cpu_decode_while_the_stream_is_busy(tmp_path, backend, graph):
+    sizes = ((300, 420), (380, 260), (240, 320), (410, 330))
+    dataset = EncodedImageDataset(write_files(str(tmp_path), 64, sizes=sizes), seed=7)
+    batches = [collate_encoded([dataset[(k * 7 + i) % 64] for i in range(16)]) for k in range(40)]
+    options = {"size": 64, "dtype": torch.float32, **IDENTITY}
+    expected = [JpegDecoder("cpu", **options)(batch)[0] for batch in batches]
+    loader = GpuDecodeLoader(batches, device="cuda", backend=backend, graph_augment=graph, lookahead=3, **options)
+    assert loader.decoder.host_barrier == (backend == "nvimgcodec")
+    worst = torch.zeros((), device="cuda")
+    for (images, _), reference in zip(loader, expected, strict=True):
+        for _ in range(2):  # queued work on freshly allocated blocks, freed at once: the allocator hands them out again
+            a = torch.empty(4096, 4096, device="cuda").normal_()
+            del a
+        per_image = (images - reference.cuda(non_blocking=True)).abs().mean(dim=(1, 2, 3))
+        worst = torch.maximum(worst, per_image.max())
+    assert worst.item() < 4.0  # nvJPEG against libjpeg: ~1.4 levels on average (benchmarks/README.md)
+    assert loader.stats().batches == len(batches)
+
+
+def test_the_nvimgcodec_decoder_alternates_two_graph_buffers(tmp_path):
+    pytest.importorskip("nvidia.nvimgcodec")
+    dataset = EncodedImageDataset(write_files(str(tmp_path), 8), seed=1)
+    batch = collate_encoded([dataset[i] for i in range(8)])
+    decoder = JpegDecoder("cuda", size=32, backend="nvimgcodec")
+    for _ in range(3):
+        decoder(batch)
+    first, second = decoder._graphs
+    assert first is not None and second is not None and first.flat.data_ptr() != second.flat.data_ptr()
+    assert first.readers_done is not None and decoder.stats().barrier_seconds >= 0
