@@ -1,29 +1,6 @@
 """The one place where lightning_dataperf touches private Lightning and PyTorch API.
 
-Lightning's data fetcher brackets exactly the loader's ``next()`` with two callables,
-``data_fetcher._start_profiler`` / ``_stop_profiler``, which every loop points at its own
-``_on_before_fetch`` / ``_on_after_fetch`` methods at the start of each run (see
-``lightning/pytorch/loops/fetchers.py`` and ``training_epoch_loop.py``). We shadow those two methods
-with instance attributes that call the original first and then our timer, and remove them again at
-teardown. ``tests/test_lightning_hooks.py`` fails loudly if a Lightning release changes this.
-
-:func:`global_step_reader` reads ``trainer.global_step`` from the optimizer-step tracker it ends at,
-resolved once per epoch instead of through four properties every step; ``tests/test_lightning_hooks.py``
-checks it against ``trainer.global_step`` at every step (automatic, accumulated and manual optimization).
-
-:func:`resume_position` reads the fit loop's progress counters (``epoch_progress``,
-``batch_progress``, ``restarting``) so that samplers can produce the order an uninterrupted run
-would have; ``tests/test_datamodule.py`` checks the resumed order end to end.
-
-:func:`tensorboard_prefixed` applies a ``TensorBoardLogger``'s ``prefix`` the way its
-``log_metrics`` does, for the one-event TensorBoard writer in ``loggers.py``;
-``tests/test_loggers.py`` checks the tags against ``log_metrics``' own.
-
-:func:`accept_connector_devices` / :func:`single_device_root`: Lightning's accelerator connector
-assigns ``parallel_devices`` to a strategy that has that attribute, which is how a single-device
-strategy given no device learns it (``SingleDeviceStrategy`` keeps its own in ``_root_device``).
-:func:`shutdown_loader_iterator` stops a DataLoader iterator's workers now, through PyTorch's
-``_shutdown_workers``, and says which (``_workers``' pids). ``tests/test_lightning_hooks.py`` checks both.
+``tests/test_lightning_hooks.py`` fails loudly if a release changes what these functions rely on.
 """
 
 from __future__ import annotations
@@ -216,6 +193,11 @@ def check_lightning_compatibility(trainer: pl.Trainer) -> None:
 @dataclass
 class FetchHooks:
     """Installs ``before(stage)`` / ``after(stage)`` around every loop's batch fetch.
+
+    Lightning's data fetcher brackets exactly the loader's ``next()`` with ``data_fetcher._start_profiler`` /
+    ``_stop_profiler``, which every loop points at its own ``_on_before_fetch`` / ``_on_after_fetch`` at the start
+    of each run (``lightning/pytorch/loops/fetchers.py``, ``training_epoch_loop.py``). Those two methods are
+    shadowed with instance attributes that call the original first and then ours, and removed at teardown.
 
     ``after`` runs even when ``next()`` raises ``StopIteration`` (Lightning's fetcher calls its stop
     hook in a ``finally``), so callers must tolerate an ``after`` without a batch.

@@ -1,9 +1,7 @@
 """Walking nested batches: every tensor in a batch, a batch with every tensor replaced, its size.
 
-A batch is whatever a DataLoader yields: tensors inside dicts and other mappings, lists, tuples,
-namedtuples and dataclasses (frozen ones too), or objects with a ``.to()`` method. Lightning's
-``apply_to_collection`` walks the same shapes but refuses frozen dataclasses and deep-copies the
-others, so the copier's hot path uses :func:`map_tensors` instead.
+Lightning's ``apply_to_collection`` refuses frozen dataclasses and deep-copies the others, so the copier uses
+:func:`map_tensors`.
 
 Example::
 

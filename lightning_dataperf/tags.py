@@ -1,8 +1,5 @@
 """Every stage name and every scalar/text tag DataPerf writes, defined once.
 
-Modules build tags from these names only (``tags.time(tags.COMPUTE)``, ``Stage.VAL.prefix``); the
-``Usage/...`` tags are the field names of :class:`~lightning_dataperf.telemetry.stats.SystemStats`.
-
 Example::
 
     from lightning_dataperf import tags
@@ -61,15 +58,10 @@ TIMINGS = (DATA_LOADING, TRANSFER, COMPUTE, DEVICE_SPAN, STEP, DEVICE_IDLE)
 #: waited for the host (late kernel launches). ``Time/Compute`` on CUDA is the other part, the GPU's work.
 HOST_GAP = "HostGap"
 
-#: Scalar groups. TensorBoard's Time Series tab groups tags by their first segment, sorts the groups by
-#: character code (upper case before lower case) and opens the first two: every group sorts after
-#: ``Time`` so that the timings come first, then ``Transfer``, ``Usage`` (telemetry: the prefix of
-#: :class:`~lightning_dataperf.telemetry.stats.SystemStats`), ``Workers`` (inside the loader: the prefix
-#: of :class:`~lightning_dataperf.loader.stats.LoaderStats`), and the evaluation stages' lower-case
-#: ``val/``, ``test/``, ``predict/`` after those.
+#: Scalar groups sort after ``Time`` in TensorBoard, so the timings open first (docs/report.md, section 4).
 
 #: The GPU-decode path's own figures (:class:`~lightning_dataperf.decode.stats.DecodeStats`), logged only for a
-#: ``GpuDecodeLoader``; the one group that sorts before ``Time`` (issue 17 named it), so such runs open on it.
+#: ``GpuDecodeLoader``; the one group that sorts before ``Time``, so such runs open on it.
 DECODE_GROUP = "Decode/"
 
 EPOCH_START = "Time/EpochStart"

@@ -1,5 +1,4 @@
-"""Ground-truth workloads for checking timing accuracy on a GPU, and a two-rank launch on the loopback (used by
-tests and benchmarks).
+"""Ground-truth workloads for checking timing accuracy on a GPU, and a two-rank launch on the loopback.
 
 Example::
 

@@ -1,8 +1,6 @@
-"""DataPerfCallback: per-step data-wait, transfer and compute timing for every Lightning loop.
+"""DataPerfCallback: the Lightning hooks that time data wait, transfer and compute in every loop, nothing else.
 
-The hooks live here; the per-stage state is :class:`~lightning_dataperf.callback.stage_timer.StageTimer`, the
-verdict comes from :mod:`lightning_dataperf.diagnosis.diagnose`, and the console/TensorBoard-text/JSON output
-from :mod:`lightning_dataperf.report.outputs`.
+Per-stage state is :class:`~lightning_dataperf.callback.stage_timer.StageTimer`'s (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -135,8 +133,9 @@ class DataPerfCallback(Callback):
         self._watchdog: HangWatchdog | None = None
         self._timers: dict[Stage, StageTimer] = {}
         self._train: StageTimer | None = None  # self._timers.get(Stage.TRAIN), read in the per-step hooks
-        self._log_every = 1  # the log interval in optimizer steps, and the batches after which a window is
-        self._stuck_after = 4  # logged anyway (no optimizer step): both fixed per epoch, not worked out per step
+        # both fixed per epoch: the log interval in optimizer steps, and when a window is logged without one
+        self._log_every = 1
+        self._stuck_after = 4
         self._global_step: Callable[[], int] = lambda: 0  # trainer.global_step, without its property walk
         self._hooks = FetchHooks(before=self._on_fetch_start, after=self._on_fetch_end)
         self._loader_hook = ProcessDataloaderHook(after=self._on_loader)
@@ -212,7 +211,8 @@ class DataPerfCallback(Callback):
             timer.probes += [probe] if (probe := instrument(loader)) not in timer.probes else []
             if is_gpu_decode_loader(loader):
                 timer.watch_decode(loader)
-        else:  # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches
+        else:
+            # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches
             uninstrument(loader)
         return loader
 
@@ -329,7 +329,8 @@ class DataPerfCallback(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if not self._preflight.batch_checked:  # the per-batch hooks are kept to a few calls: 1% of 4 ms is 40 us
+        # the per-batch hooks are kept to a few calls: 1% of a 4 ms step is 40 us
+        if not self._preflight.batch_checked:
             if self.preflight and self.hardware is not None:  # before the step's clock: not counted as compute
                 self._preflight.first_batch(trainer, batch, self.hardware)
             self._preflight.batch_checked = True

@@ -1,7 +1,6 @@
 """DataPerfCallback's hooks for the evaluation loops (validation, test, predict), made once for all three.
 
-They differ only in the stage they time; each is set on the class under Lightning's hook name, and an
-assertion fails at import if Lightning renames one (``Callback`` must still define it).
+Each is set on the class under Lightning's hook name; an assertion fails at import if Lightning renames one.
 """
 
 from __future__ import annotations

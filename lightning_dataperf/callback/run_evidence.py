@@ -1,10 +1,4 @@
-"""The evidence for one epoch's verdict, gathered from a Lightning run.
-
-Example::
-
-    evidence = gather_evidence(trainer, summary, system=sampler.epoch_means(), hardware=hardware)
-    diagnose(evidence)
-"""
+"""The evidence for one epoch's verdict, gathered from a Lightning run."""
 
 from __future__ import annotations
 
@@ -32,7 +26,13 @@ def gather_evidence(
     hardware: Hardware | None,
     loader_blind: str | None = None,
 ) -> Evidence:
-    """Everything the verdict may use about this epoch: the stage's own loader, telemetry, hardware, autotune."""
+    """Everything the verdict may use about this epoch: the stage's own loader, telemetry, hardware, autotune.
+
+    Example::
+
+        evidence = gather_evidence(trainer, summary, system=sampler.epoch_means(), hardware=hardware)
+        diagnose(evidence)
+    """
     stage = Stage(summary.stage)
     max_epochs = trainer.max_epochs
     tuned = getattr(trainer.datamodule, "autotune_result", None)

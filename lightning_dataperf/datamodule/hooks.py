@@ -1,17 +1,4 @@
-"""How :class:`~lightning_dataperf.datamodule.datamodule.TunedDataModule` takes part in your hooks without your help.
-
-A subclass's ``*_dataloader`` methods are wrapped (:func:`wrap_hooks`): while one runs, every ``DataLoader``
-it constructs gets the module's plan for the arguments you did not pass (``DataLoader.__init__`` is swapped
-for the duration, :func:`tuning_new_loaders`), and the result is reported. Its ``teardown`` is wrapped too:
-after yours, what the loaders' workers sent by file name and nobody received leaves ``/dev/shm``
-(:func:`reclaim_sharing`), whether or not yours calls ``super()``.
-
-Example::
-
-    class MyData(TunedDataModule):        # wrap_hooks(MyData) runs at class creation
-        def train_dataloader(self):
-            return DataLoader(self.train_set, batch_size=64)
-"""
+"""How :class:`~lightning_dataperf.datamodule.datamodule.TunedDataModule` takes part in your hooks without your help."""
 
 from __future__ import annotations
 
@@ -39,7 +26,18 @@ _DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
 
 
 def wrap_hooks(cls: type[LightningDataModule]) -> None:
-    """Wrap ``cls``'s own loader hooks (:func:`_tuned`) and ``teardown`` (:func:`_reclaiming`), once each."""
+    """Wrap ``cls``'s own loader hooks (:func:`_tuned`) and ``teardown`` (:func:`_reclaiming`), once each.
+
+    While a wrapped ``*_dataloader`` runs, every ``DataLoader`` it constructs gets the module's plan for the
+    arguments you did not pass (:func:`tuning_new_loaders`); after your ``teardown``, what the loaders' workers
+    sent by file name and nobody received leaves ``/dev/shm`` (:func:`reclaim_sharing`).
+
+    Example::
+
+        class MyData(TunedDataModule):        # wrap_hooks(MyData) runs at class creation
+            def train_dataloader(self):
+                return DataLoader(self.train_set, batch_size=64)
+    """
     for name, stage in LOADER_HOOKS.items():
         hook = cls.__dict__.get(name)
         if callable(hook) and not getattr(hook, "_dataperf_tuned", False):

@@ -1,19 +1,4 @@
-"""Autotune inside a Lightning run: rank zero searches for a TunedDataModule's training loader, the others receive it.
-
-The trials take the path the Trainer's batches will take: the side stream (pinned loaders only, the
-strategy's ``device_transform`` and ``min_bytes``) under a ``SideStreamTransferMixin`` strategy on
-CUDA, the stock ``non_blocking`` copy otherwise; ``autotune_options={"step_seconds": ...}`` (or
-``"step_fn"``) adds a consumer as busy as the model's step. Progress shows on rank zero as a tqdm bar
-when the Trainer has a progress bar, as log lines otherwise; ``autotune_options={"progress": False}``
-silences it. The result's table (every trial's time, the search total, why it stopped) is printed,
-given to the loggers as hyperparameters and, on TensorBoard, as text.
-
-Example::
-
-    class Data(TunedDataModule):
-        ...
-    Trainer(...).fit(model, datamodule=Data(autotune=True))   # calls autotune_for_datamodule once
-"""
+"""Autotune inside a Lightning run: rank zero searches for a TunedDataModule's training loader, the rest receive it."""
 
 from __future__ import annotations
 
@@ -70,7 +55,17 @@ def _progress_of(trainer: Any, options: Mapping[str, Any]) -> Any:
 
 
 def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> AutotuneResult:
-    """Run the search for a TunedDataModule's training loader; rank zero searches, the others receive it."""
+    """Run the search for a TunedDataModule's training loader; rank zero searches, the others receive it.
+
+    The trials take the path the Trainer's batches will take (:func:`transfer_path_of`); progress, and where the
+    result is shown, are in docs/datamodule.md (section 3).
+
+    Example::
+
+        class Data(TunedDataModule):
+            ...
+        Trainer(...).fit(model, datamodule=Data(autotune=True))   # calls autotune_for_datamodule once
+    """
     options = dict(module.autotune_options)
     trainer = getattr(module, "trainer", None)
     loader_kwargs = {key: value for key, value in explicit.items() if key not in {"dataset", "batch_size"}}

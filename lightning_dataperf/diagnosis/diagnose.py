@@ -1,15 +1,4 @@
-"""Turn measured timings (and, when available, system telemetry) into a plain-words verdict.
-
-Each rule looks at an :class:`Evidence` bundle and may return a :class:`Finding`: what binds, the
-numbers that show it, the ceiling speed-up if that stage cost nothing (``1 / (1 - share)``), and
-what to change. On CUDA, whether input costs anything is decided from the device's idle time between
-steps, not from the host's wait: when the host runs ahead of the GPU, waiting for data is free.
-
-Example::
-
-    diagnosis = diagnose(Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader)))
-    print(diagnosis.format())
-"""
+"""Turn one epoch's timings (and, when available, telemetry) into a plain-words verdict (docs/diagnosis.md)."""
 
 from __future__ import annotations
 
@@ -346,6 +335,11 @@ def diagnose(evidence: Evidence, rules: tuple[Rule, ...] = RULES) -> Diagnosis:
     """Apply every rule; the largest share is the bottleneck. Falls back to compute-bound.
 
     An epoch of fewer than ``MIN_STEPS`` steady steps gets no verdict, only a note saying so.
+
+    Example::
+
+        diagnosis = diagnose(Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader)))
+        print(diagnosis.format())
     """
     summary = evidence.summary
     if summary.steps < MIN_STEPS:

@@ -1,15 +1,4 @@
-"""The verdict's records: a :class:`Finding` per diagnosed cause, a :class:`Diagnosis` per epoch.
-
-They are built by :func:`~lightning_dataperf.diagnosis.diagnose.diagnose`, printed by the callback, stored in
-``dataperf_summaries.jsonl`` (:meth:`Diagnosis.to_dict`) and read back by the report
-(:meth:`Diagnosis.from_dict`), which prints them with the same :meth:`Diagnosis.format`.
-
-Example::
-
-    diagnosis = Diagnosis.from_dict(record["diagnosis"])
-    print(diagnosis.bottleneck)       # "input_bound_workers"
-    print(diagnosis.format())
-"""
+"""The verdict's records: a :class:`Finding` per diagnosed cause, a :class:`Diagnosis` per epoch."""
 
 from __future__ import annotations
 
@@ -43,6 +32,12 @@ class Diagnosis:
 
     ``findings`` is empty when too few steps were measured to judge (:attr:`bottleneck` is then
     ``"unknown"``).
+
+    Example::
+
+        diagnosis = Diagnosis.from_dict(record["diagnosis"])
+        print(diagnosis.bottleneck)       # "input_bound_workers"
+        print(diagnosis.format())
     """
 
     stage: str

@@ -1,16 +1,6 @@
-"""Writing DataPerf's metrics to the Trainer's loggers without slowing the training loop.
+"""Writing DataPerf's metrics to the Trainer's loggers without slowing the training loop (docs/report.md).
 
-Every Lightning logger receives ``log_metrics(metrics, step)``, except TensorBoard's, which gets one
-event holding all the scalars of a log point. ``TensorBoardLogger.log_metrics`` writes one event per
-scalar, and the writer hands each to its flush thread through a queue of ten, so the training loop
-waits on a thread hand-off per scalar: about 150 us each on a 2-core machine
-(``python benchmarks/self_time.py --device cpu``). DataPerf logs 15-40 scalars per log point; one
-event with one value per scalar (what ``tf.summary.merge_all`` wrote) costs one hand-off and is read
-by TensorBoard as the same separate scalars.
-
-Example::
-
-    log_metrics(trainer.loggers, {"Time/DataLoading": 0.012, "Time/Compute": 0.030}, step=100)
+TensorBoard gets one event per log point: its own ``log_metrics`` costs a thread hand-off per scalar.
 """
 
 from __future__ import annotations
@@ -25,7 +15,12 @@ __all__ = ["log_metrics"]
 
 
 def log_metrics(loggers: Iterable[Logger], metrics: Mapping[str, float], step: int) -> None:
-    """Log ``metrics`` at ``step`` to every logger (call on global rank zero only)."""
+    """Log ``metrics`` at ``step`` to every logger (call on global rank zero only).
+
+    Example::
+
+        log_metrics(trainer.loggers, {"Time/DataLoading": 0.012, "Time/Compute": 0.030}, step=100)
+    """
     if not metrics:
         return
     for logger in loggers:

@@ -1,14 +1,4 @@
-"""Where DataPerfCallback's results go besides the loggers' scalars: console, TensorBoard text, JSON lines.
-
-All of it happens on global rank zero. The JSON-lines file (``dataperf_summaries.jsonl``) sits in the
-first logger's ``log_dir``, or the Trainer's ``default_root_dir`` without one.
-
-Example::
-
-    outputs = EpochOutputs(print_summary=True, write_json=True)
-    outputs.write_layout(trainer)                     # once, at fit start
-    outputs.publish(trainer, summary, diagnosis)      # each epoch end
-"""
+"""Where DataPerfCallback's results go besides the loggers' scalars: console, TensorBoard text, JSON lines."""
 
 from __future__ import annotations
 
@@ -38,10 +28,7 @@ def _with_max(name: str) -> list[str]:
     return _exactly(tags.time(name), tags.time(name) + "_max")
 
 
-#: TensorBoard custom-scalars layout. TensorBoard draws every series of a run in the run's colour, so
-#: each chart holds one quantity: its window mean and, always above it, the window maximum.
-#: ``Usage/...`` telemetry is read once per ``telemetry_interval`` (1 s); a log window without a new
-#: reading logs none, so a run of a few seconds has only a few telemetry points.
+#: TensorBoard custom-scalars layout: one quantity per chart (mean and max), since a run's series share its colour.
 CUSTOM_SCALARS = {
     "DataPerf": {
         "Data wait per step, mean and max (s)": ["Multiline", _with_max(tags.DATA_LOADING)],
@@ -84,7 +71,17 @@ def log_dir(trainer: pl.Trainer) -> str:
 
 @dataclass
 class EpochOutputs:
-    """Prints, writes TensorBoard text and appends JSON lines for each epoch's summary and verdict."""
+    """Prints, writes TensorBoard text and appends JSON lines for each epoch's summary and verdict.
+
+    All of it happens on global rank zero. The JSON-lines file (``dataperf_summaries.jsonl``) sits in the
+    first logger's ``log_dir``, or the Trainer's ``default_root_dir`` without one.
+
+    Example::
+
+        outputs = EpochOutputs(print_summary=True, write_json=True)
+        outputs.write_layout(trainer)                     # once, at fit start
+        outputs.publish(trainer, summary, diagnosis)      # each epoch end
+    """
 
     print_summary: bool = True
     write_json: bool = True

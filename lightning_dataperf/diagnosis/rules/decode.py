@@ -1,15 +1,4 @@
-"""The input-bound cause on the GPU-decode path: what keeps a GpuDecodeLoader's step waiting for decoded batches.
-
-Judged from the loader's own telemetry for the epoch (:class:`~lightning_dataperf.decode.stats.DecodeStats`):
-the JPEG engines' utilisation (NVML), the decode thread's wall and CPU time per batch, the GPU time of decode
-and augment, against the step.
-
-Example::
-
-    kind, words, advice = gpu_decode_cause(evidence, evidence.summary.decode)
-    kind                  # "input_bound_decode"
-    words                 # "GPU decode, the decode thread's submission"
-"""
+"""The input-bound cause on the GPU-decode path: what keeps a GpuDecodeLoader's step waiting for decoded batches."""
 
 from __future__ import annotations
 
@@ -25,7 +14,14 @@ DECODE_PACE_SHARE = 0.8
 
 
 def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str, list[str]]:
-    """``(kind, words, advice)``: the engines, the decode thread, its GPU work, or the workers reading the files."""
+    """``(kind, words, advice)``: the engines, the decode thread, its GPU work, or the workers reading the files.
+
+    Example::
+
+        kind, words, advice = gpu_decode_cause(evidence, evidence.summary.decode)
+        kind                  # "input_bound_decode"
+        words                 # "GPU decode, the decode thread's submission"
+    """
     step = evidence.step_mean
     wall, cpu = decode.per_batch(decode.submit_seconds), decode.per_batch(decode.submit_cpu_seconds)
     gpu, engine = decode.per_batch(decode.decode_seconds), decode.jpeg_util_percent
