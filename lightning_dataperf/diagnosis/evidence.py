@@ -1,12 +1,4 @@
-"""What a verdict may look at: one epoch's summary, the loader's settings, telemetry, the hardware.
-
-Example::
-
-    evidence = Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader))
-    evidence.timing(tags.DATA_LOADING)  # mean data wait per step (s)
-    evidence.step_work                  # the step's own work: host compute, or the device span on CUDA
-    evidence.step_mean                  # on the timeline that binds (device on CUDA)
-"""
+"""What a verdict may look at: one epoch's summary, the loader's settings, telemetry, the hardware."""
 
 from __future__ import annotations
 
@@ -39,7 +31,15 @@ class MoreWorkersMeasured:
 
 @dataclass(frozen=True)
 class Evidence:
-    """Everything a rule may look at. ``system`` holds the epoch's telemetry means (empty if not sampled)."""
+    """Everything a rule may look at. ``system`` holds the epoch's telemetry means (empty if not sampled).
+
+    Example::
+
+        evidence = Evidence(summary=callback.last_summary, loader=LoaderFacts.of(dataloader))
+        evidence.timing(tags.DATA_LOADING)  # mean data wait per step (s)
+        evidence.step_work                  # the step's own work: host compute, or the device span on CUDA
+        evidence.step_mean                  # on the timeline that binds (device on CUDA)
+    """
 
     summary: EpochSummary
     loader: LoaderFacts = field(default_factory=LoaderFacts)

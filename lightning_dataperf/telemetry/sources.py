@@ -1,15 +1,6 @@
 """Telemetry sources: GPU (NVML), CPU cores, this process and its loader workers, memory, the dataset's disk.
 
-Each source's ``read(elapsed)`` returns readings keyed by
-:class:`~lightning_dataperf.telemetry.stats.SystemStats` field names; rates (PCIe bytes, disk reads,
-page faults, CPU%) are deltas between two readings. The :class:`~lightning_dataperf.telemetry.SystemSampler`
-thread reads them.
-
-Example::
-
-    cpu = CpuSource()
-    time.sleep(1.0)
-    cpu.read(elapsed=1.0)        # {"cpu_busy_percent_mean": 12.5, ...}
+Each ``read(elapsed)`` returns readings keyed by :class:`~lightning_dataperf.telemetry.stats.SystemStats` fields.
 """
 
 from __future__ import annotations
@@ -64,9 +55,8 @@ class GpuSource:
     """NVML readings of one GPU: utilisation, memory, PCIe RX/TX bytes/s, SM clock, power, slowdowns.
 
     PCIe rates are deltas of NVML's byte counters (``NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES``), which the
-    driver refreshes lazily and which some platforms do not maintain: on the lent H200 they moved by
-    about 1% of the bytes actually copied (``benchmarks/pcie_counters.py``). The copy figures that
-    DataPerfCallback measures itself (``Time/Transfer``, ``Transfer/GBps``) do not depend on them.
+    driver refreshes lazily and which some platforms do not maintain (``benchmarks/pcie_counters.py``). The
+    copy figures that DataPerfCallback measures itself (``Time/Transfer``, ``Transfer/GBps``) do not depend on them.
 
     Args:
         device: the torch CUDA device index; mapped to NVML through the device UUID, so
@@ -156,7 +146,14 @@ def _field_value(sample: Any) -> float:
 
 # ---------------------------------------------------------------------------------------- CPU
 class CpuSource:
-    """Per-core %user, %system and %iowait (mean and max across cores) and overall busy %."""
+    """Per-core %user, %system and %iowait (mean and max across cores) and overall busy %.
+
+    Example::
+
+        cpu = CpuSource()
+        time.sleep(1.0)
+        cpu.read(elapsed=1.0)        # {"cpu_busy_percent_mean": 12.5, ...}
+    """
 
     name = "cpu"
 

@@ -1,16 +1,4 @@
-"""The system readings as one typed record: each field is a ``Usage/<field>`` scalar.
-
-Telemetry sources report readings keyed by these field names, the sampler averages them, and the
-callback, the diagnosis and the report read them as attributes (``stats.gpu_util_percent``). A field
-is ``None`` when its source is missing (no GPU, no NVML, no ``/proc``) or has not read twice yet.
-
-Example::
-
-    stats = SystemStats.from_mapping({"cpu_busy_percent_mean": 97.0})
-    stats.cpu_busy_percent_mean          # 97.0
-    stats.to_metrics()                   # {"Usage/cpu_busy_percent_mean": 97.0}
-    SystemStats.tag("gpu_util_percent")  # "Usage/gpu_util_percent"
-"""
+"""The system readings as one typed record: each field is a ``Usage/<field>`` scalar."""
 
 from __future__ import annotations
 
@@ -25,7 +13,17 @@ SYSTEM_PREFIX = "Usage/"  # sorts after "Time/" in TensorBoard (see tags.py)
 
 @dataclass(frozen=True)
 class SystemStats:
-    """Interval means of the telemetry readings (units in the names: ``_mb`` MiB, ``_mbps`` MiB/s)."""
+    """Interval means of the telemetry readings (units in the names: ``_mb`` MiB, ``_mbps`` MiB/s).
+
+    A field is ``None`` when its source is missing (no GPU, no NVML, no ``/proc``) or has not read twice yet.
+
+    Example::
+
+        stats = SystemStats.from_mapping({"cpu_busy_percent_mean": 97.0})
+        stats.cpu_busy_percent_mean          # 97.0
+        stats.to_metrics()                   # {"Usage/cpu_busy_percent_mean": 97.0}
+        SystemStats.tag("gpu_util_percent")  # "Usage/gpu_util_percent"
+    """
 
     # GPU (NVML)
     gpu_util_percent: float | None = None
