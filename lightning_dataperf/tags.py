@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 __all__ = [
@@ -39,6 +40,18 @@ class Stage(str, Enum):
     @property
     def prefix(self) -> str:
         return "" if self is Stage.TRAIN else f"{self.value}/"
+
+    @classmethod
+    def parse(cls, stages: str | Iterable[str]) -> tuple[Stage, ...]:
+        """One stage name (``"train"``) or several (``("train", "val")``) as stages; anything else is refused."""
+        names = (stages,) if isinstance(stages, str) else tuple(stages) if isinstance(stages, Iterable) else (stages,)
+        known = [stage.value for stage in cls]
+        if unknown := [name for name in names if name not in known]:
+            raise ValueError(
+                f"stages={stages!r}: {', '.join(map(repr, unknown))} is not a stage; choose from {known} "
+                '(e.g. stages="train" or stages=("train", "val")).'
+            )
+        return tuple(cls(name) for name in names)
 
     @classmethod
     def of_loop(cls, name: str) -> Stage:

@@ -106,7 +106,6 @@ class DataPerfCallback(Callback):
         host_gap_probe: HostGapProbe | bool | None = True,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        stages = _stage_names(stages)
         if log_every_n_steps is not None and log_every_n_steps < 1:
             raise ValueError(f"DataPerfCallback(log_every_n_steps={log_every_n_steps}) must be >= 1.")
         if telemetry_interval <= 0:
@@ -115,7 +114,10 @@ class DataPerfCallback(Callback):
             raise ValueError(f"DataPerfCallback(hang_timeout={hang_timeout}) must be > 0 seconds, or None for off.")
         self.batch_size_fn = batch_size_fn
         self.log_every_n_steps = log_every_n_steps
-        self.stages = tuple(Stage(stage) for stage in stages)
+        try:
+            self.stages = Stage.parse(stages)  # one name or several
+        except ValueError as error:
+            raise ValueError(f"DataPerfCallback: {error}") from None
         self.telemetry = telemetry
         self.telemetry_interval = telemetry_interval
         self.data_path = data_path
@@ -386,26 +388,6 @@ class DataPerfCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.summaries = [EpochSummary.from_dict(raw) for raw in state_dict.get("summaries", [])]
-
-
-def _stage_names(stages: str | Iterable[str]) -> tuple[str, ...]:
-    """``stages`` as a tuple of known stage names: one name (``"train"``) or several; anything else is refused."""
-    known = [stage.value for stage in Stage]
-    try:
-        names = (stages,) if isinstance(stages, str) else tuple(stages)
-    except TypeError:  # not iterable: refused below
-        names = (stages,)  # type: ignore[assignment]
-    if not all(isinstance(name, str) for name in names):
-        raise ValueError(
-            f"DataPerfCallback(stages={stages!r}): pass one stage name or several, from {known} "
-            '(e.g. stages="train" or stages=("train", "val")).'
-        )
-    if unknown := [name for name in names if name not in known]:
-        raise ValueError(
-            f"DataPerfCallback(stages={stages!r}): unknown stage {', '.join(map(repr, unknown))}; choose from {known} "
-            '(e.g. stages="train" or stages=("train", "val")).'
-        )
-    return names
 
 
 install_evaluation_hooks(DataPerfCallback)

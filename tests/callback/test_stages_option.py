@@ -16,6 +16,6 @@ def test_a_single_stage_name_is_one_stage_not_its_letters():
 
 @pytest.mark.parametrize("stages", ["training", ("train", "valid"), 3, ("train", None)])
 def test_a_wrong_stage_says_what_was_wrong_and_what_to_pass(stages):
-    with pytest.raises(ValueError, match=r"DataPerfCallback\(stages=") as error:
+    with pytest.raises(ValueError, match=r"DataPerfCallback: stages=") as error:
         DataPerfCallback(stages=stages)
     assert "'train', 'val', 'test', 'predict'" in str(error.value) and 'stages="train"' in str(error.value)
