@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 
 import lightning.pytorch as pl
 from _synthetic import SmallClassifier, SyntheticImages
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict[str, float | int]:
     before = fit(Images(args.samples, args.sleep_ms, workers=0, verbose=False), args.logdir, "input_bound_before")
     print(before.last_diagnosis.format())
 
-    cache = os.path.join(tempfile.gettempdir(), "dataperf_example_autotune.json")
+    cache = os.path.join(args.logdir, "input_bound_autotune.json")  # beside the logs: nothing in the temp folder
     options = {"time_budget": args.autotune_seconds, "cache_path": cache, "force": True}
     fixed = Images(args.samples, args.sleep_ms, autotune=True, autotune_options=options)
     after = fit(fixed, args.logdir, "input_bound_after")

@@ -32,7 +32,9 @@ __all__ = [
 ]
 
 
-def loopback_ranks(script: str, *args: str, ranks: int = 2, pythonpath: str = "") -> tuple[list[str], dict[str, str]]:
+def loopback_ranks(
+    script: str, *args: str, ranks: int = 2, pythonpath: str = "", log_dir: str = os.devnull
+) -> tuple[list[str], dict[str, str]]:
     """The ``torch.distributed.run`` command and environment that start ``script`` as ``ranks`` ranks on this
     host's loopback only.
 
@@ -40,7 +42,9 @@ def loopback_ranks(script: str, *args: str, ranks: int = 2, pythonpath: str = ""
     first), the agent's store takes a free port itself (no port to race for), and gloo talks over the loopback
     interface (no host name to resolve). ``pythonpath`` goes before the inherited ``PYTHONPATH``. The inherited
     ``CUDA_VISIBLE_DEVICES`` is removed: on a GPU host each rank sees every device and picks its own by
-    ``LOCAL_RANK`` (NCCL ranks); a script that trains on the CPU uses gloo and no device.
+    ``LOCAL_RANK`` (NCCL ranks); a script that trains on the CPU uses gloo and no device. ``log_dir`` is the
+    launcher's ``--log-dir``: ``os.devnull`` (the default) keeps no per-rank log files (the ranks print to this
+    process's streams; without it the launcher leaves a ``torchelastic_*`` folder in the temporary folder).
     """
     paths = [path for path in (pythonpath, os.environ.get("PYTHONPATH", "")) if path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
@@ -57,6 +61,7 @@ def loopback_ranks(script: str, *args: str, ranks: int = 2, pythonpath: str = ""
         "--rdzv-endpoint=127.0.0.1:0",
         f"--rdzv-id={uuid.uuid4().hex}",
         "--local-addr=127.0.0.1",
+        f"--log-dir={log_dir}",  # the agent's per-rank log folders; os.devnull: none (not a torchelastic_* in TMPDIR)
         script,
         *args,
     ]
