@@ -60,9 +60,8 @@ FD_SHARE = 0.5
 #: trial's slice of the dataset did (any other ``refused`` is the memory guard's reason).
 BUDGET_REFUSAL = "the time budget ran out first"
 DATASET_REFUSAL = "the dataset ran out before two batches"
-#: A trial compared with another is decided once its rate is lower by more than this share (the search's
-#: tie band: within it the two would be a tie, resolved by cost) plus :data:`DECIDED_SE` combined standard
-#: errors. It then stops: more batches cannot change what the search does with it.
+#: A compared trial stops once slower by this share (the tie band) plus :data:`DECIDED_SE` combined standard
+#: errors: more batches could not change what the search does with it.
 DECIDED_GAP = 0.1
 #: Standard errors beyond :data:`DECIDED_GAP` a decided trial must be (3: about one in a thousand by chance).
 DECIDED_SE = 3.0
