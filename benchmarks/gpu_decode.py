@@ -7,7 +7,8 @@ Generates two JPEG sets locally (uniform 320 px ~78 kB; ImageNet-like 200-500 px
 - ``decode`` (issue 38): images/s of batched nvJPEG decode-only on the same images (torchvision's
   ``decode_jpeg(list, device="cuda")``; nvImageCodec's ``Decoder.decode`` where it imports) against the
   package's decode path alone (``EncodedImageDataset`` in 4 workers + ``GpuDecodeLoader``, no model), for
-  ``prepare_ahead`` 0 (the decode thread also takes and prepares each batch, as before issue 38) and 2, and
+  ``prepare_ahead`` 0 (one decode thread takes, prepares, decodes and augments each batch, as before issue 38)
+  and 2 (a prepare thread and, for torchvision, a thread for the decode call ahead of the decode thread), and
   for nvImageCodec with its host barrier on and off (the cost of the ordering).
 - ``e2e`` (issue 38): ResNet-18/50, bf16-mixed, batch 128, channels-last, SGD, in a real ``Trainer``; eager and
   ``torch.compile(mode="reduce-overhead")``: the ceiling (the same LightningModule fed a batch already on
@@ -461,6 +462,7 @@ def decode_path_alone(samples, workers: int, warmup: int, batches: int, barrier:
         "prepare_ms": window.prepare_seconds * per,
         "prepare_cpu_ms": window.prepare_cpu_seconds * per,
         "barrier_ms": window.barrier_seconds * per,
+        "call_ms": window.call_seconds * per,
         "gpu_ms": window.decode_seconds * per,
         "lookahead_mean": window.lookahead_mean,
         "backend": window.backend,
@@ -500,10 +502,8 @@ def part_decode(sets: dict, args) -> dict:
                 row["share_of_decode_only"] = row["images_per_s"] / reference
         for row in rows:
             if row["set"] == kind:
-                extra = "".join(
-                    f" {key} {row[key]:.2f}" for key in ("decode_thread_ms", "prepare_ms", "barrier_ms", "gpu_ms")
-                    if key in row
-                )  # fmt: skip
+                keys = ("decode_thread_ms", "prepare_ms", "call_ms", "barrier_ms", "gpu_ms")
+                extra = "".join(f" {key} {row[key]:.2f}" for key in keys if key in row)
                 share = row.get("share_of_decode_only")
                 print(
                     f"{kind:8s} {row['path']:45s} {row['images_per_s']:8.0f} img/s"
@@ -610,7 +610,7 @@ def e2e_fit(module, loader, warmup: int, steps: int, cuda: bool) -> dict:
         per = 1e3 / max(1, stats.batches)
         row.update(
             decode_thread_ms=stats.submit_seconds * per, decode_thread_cpu_ms=stats.submit_cpu_seconds * per,
-            prepare_ms=stats.prepare_seconds * per, wait_ms=1e3 * stats.wait_per_take,
+            prepare_ms=stats.prepare_seconds * per, call_ms=stats.call_seconds * per, wait_ms=1e3 * stats.wait_per_take,
             lookahead_mean=stats.lookahead_mean, gpu_ms=stats.decode_seconds * per,
         )  # fmt: skip
         loader.close()
@@ -657,7 +657,7 @@ def part_e2e(sets: dict, args) -> dict:
 
 def _print_e2e(row: dict, ceiling: dict) -> None:
     share = row["images_per_s"] / ceiling["images_per_s"]
-    keys = ("decode_thread_ms", "prepare_ms", "wait_ms", "lookahead_mean")
+    keys = ("decode_thread_ms", "prepare_ms", "call_ms", "wait_ms", "lookahead_mean")
     extra = "".join(f" {key} {row[key]:.2f}" for key in keys if key in row)
     print(
         f"{row['model']:9s} {row['mode']:8s} {row['set']:8s} {row['path']:26s} {row['images_per_s']:8.0f} img/s "

@@ -142,6 +142,22 @@ class TorchvisionBackend:
         """The per-image byte views (host only; :class:`GpuDecodeLoader` makes them in its prepare thread)."""
         return _views(data, spans)
 
+    def submit(self, parts: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """The decode call alone (torchvision host-synchronizes nvJPEG before it returns): one ``[3, H, W]``
+        device tensor per image (``None`` where nvJPEG rejects it), allocated on :attr:`_stream`. Any thread
+        may call it (:class:`GpuDecodeLoader` calls it in a thread of its own, the GIL released meanwhile)."""
+        with torch.cuda.stream(self._stream if self.ordered else torch.cuda.current_stream(self.device)):
+            try:
+                return list(self._decode_jpeg(parts, device=self.device))
+            except Exception:  # one bad image fails nvJPEG's whole batch: image by image
+                decoded: list[torch.Tensor | None] = []
+                for part in parts:
+                    try:
+                        decoded.append(self._decode_jpeg([part], device=self.device)[0])
+                    except Exception:
+                        decoded.append(None)
+                return decoded
+
     def decode(
         self,
         data: torch.Tensor,
@@ -150,24 +166,17 @@ class TorchvisionBackend:
         flat: torch.Tensor,
         bases: Sequence[int],
         prepared: list[torch.Tensor] | None = None,
+        submitted: list[torch.Tensor | None] | None = None,
     ) -> tuple[list[bool], list[Any]]:
-        """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
-        parts = prepared if prepared is not None else _views(data, spans)
+        """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]`` (``submitted``: what :meth:`submit`
+        returned for these images, copied in only); ``(ok per image, keep-alive)``."""
         current = torch.cuda.current_stream(self.device)
-        if self.ordered:
-            # nvJPEG's outputs are allocated on a stream that runs nothing else: a block freed on the
-            # current stream is never handed to nvJPEG while queued kernels still read it.
-            self._stream.wait_stream(current)
-        with torch.cuda.stream(self._stream if self.ordered else current):
-            try:
-                decoded: list[torch.Tensor | None] = list(self._decode_jpeg(parts, device=self.device))
-            except Exception:  # one bad image fails nvJPEG's whole batch: image by image
-                decoded = []
-                for part in parts:
-                    try:
-                        decoded.append(self._decode_jpeg([part], device=self.device)[0])
-                    except Exception:
-                        decoded.append(None)
+        if submitted is None:
+            parts = prepared if prepared is not None else _views(data, spans)
+            if self.ordered:
+                self._stream.wait_stream(current)
+            submitted = self.submit(parts)
+        decoded = submitted
         if self.ordered:
             current.wait_stream(self._stream)
         ok = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ class Telemetry:
         self.lock = threading.Lock()
         self.batches = self.images = self.cpu_fallback = self.undecodable = 0
         self.decode_s = self.submit_s = self.submit_cpu_s = self.wait_s = 0.0
-        self.prepare_s = self.prepare_cpu_s = self.barrier_s = 0.0
+        self.prepare_s = self.prepare_cpu_s = self.barrier_s = self.call_s = 0.0
         self.depth_sum = self.depth_n = 0
         self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
 
@@ -31,8 +32,8 @@ class PreparedBatch:
     """What :meth:`JpegDecoder.prepare` made of a batch on the host, for :meth:`JpegDecoder.run`."""
 
     __slots__ = (
-        "bad", "bases", "batch", "cpu_seconds", "data", "gpu", "host", "host_start", "inputs", "needed",
-        "offsets", "rows", "seconds", "sizes", "spans", "table",
+        "bad", "bases", "batch", "call_seconds", "cpu_seconds", "data", "gpu", "host", "host_start", "inputs",
+        "needed", "offsets", "rows", "seconds", "sizes", "spans", "submitted", "table",
     )  # fmt: skip
 
     def __init__(self, batch, rows, data, offsets, sizes, gpu, host, bad, bases, needed, host_start, spans, inputs):
@@ -40,7 +41,8 @@ class PreparedBatch:
         self.sizes, self.gpu, self.host, self.bad, self.bases = sizes, gpu, host, bad, bases
         self.needed, self.host_start, self.spans, self.inputs = needed, host_start, spans, inputs
         self.table: torch.Tensor | None = None
-        self.seconds = self.cpu_seconds = 0.0
+        self.submitted: Any = None  # what the backend's submit returned (JpegDecoder.submit), if it ran
+        self.seconds = self.cpu_seconds = self.call_seconds = 0.0
 
     def __len__(self) -> int:
         return len(self.rows)

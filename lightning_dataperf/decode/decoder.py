@@ -167,6 +167,24 @@ class JpegDecoder:
         prepared.cpu_seconds = time.thread_time() - cpu_started
         return prepared
 
+    @property
+    def can_submit(self) -> bool:
+        """Can the decode call run apart from :meth:`run` (:meth:`submit`)? Where the backend decodes into
+        buffers of its own and has a ``submit`` (torchvision's nvJPEG), not where it decodes into the flat buffer."""
+        return callable(getattr(self.backend, "submit", None)) and getattr(self.backend, "ordered", True)
+
+    def submit(self, prepared: PreparedBatch) -> PreparedBatch:
+        """The decode library's call for a prepared batch, where :attr:`can_submit` (else nothing): what it returns
+        goes with the batch to :meth:`run`, which then only copies it into the flat buffer and augments.
+        :class:`GpuDecodeLoader` calls it in a thread of its own, so one batch's call (the GIL released) overlaps
+        the previous batch's copy and augment and the next one's preparation."""
+        if prepared.gpu and self.can_submit:
+            started = time.perf_counter()
+            parts = prepared.inputs if prepared.inputs is not None else [prepared.data[a:b] for a, b in prepared.spans]
+            prepared.submitted = self.backend.submit(parts)
+            prepared.call_seconds = time.perf_counter() - started
+        return prepared
+
     def run(self, prepared: PreparedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The device half of a batch prepared by :meth:`prepare`: decode into the flat buffer, augment."""
         started, cpu_started = time.perf_counter(), time.thread_time()
@@ -205,6 +223,7 @@ class JpegDecoder:
             telemetry.prepare_s += prepared.seconds
             telemetry.prepare_cpu_s += prepared.cpu_seconds
             telemetry.barrier_s += waited
+            telemetry.call_s += prepared.call_seconds
             if not self._cuda:
                 telemetry.decode_s += elapsed + prepared.seconds
         return images, labels
@@ -311,7 +330,9 @@ class JpegDecoder:
         if gpu:
             assert self.backend is not None
             waited = self._wait_writable(graphed)
-            extra = {} if prepared.inputs is None else {"prepared": prepared.inputs}
+            extra: dict[str, Any] = {} if prepared.inputs is None else {"prepared": prepared.inputs}
+            if prepared.submitted is not None:
+                extra["submitted"] = prepared.submitted
             ok, keep = self.backend.decode(
                 data, prepared.spans, [sizes[i] for i in gpu], flat, [bases[i] for i in gpu], **extra
             )
@@ -390,6 +411,7 @@ class JpegDecoder:
                 prepare_seconds=telemetry.prepare_s,
                 prepare_cpu_seconds=telemetry.prepare_cpu_s,
                 barrier_seconds=telemetry.barrier_s,
+                call_seconds=telemetry.call_s,
             )
 
 

@@ -346,13 +346,29 @@ class EncodedBatch:
 
 
 def collate_encoded(samples: Sequence[EncodedSample]) -> EncodedBatch:
-    """Pack a batch of :class:`EncodedSample` into one :class:`EncodedBatch` (one byte copy)."""
+    """Pack a batch of :class:`EncodedSample` into one :class:`EncodedBatch` (one byte copy).
+
+    In a DataLoader worker the bytes are written straight into shared memory (as ``default_collate`` does
+    for its stacked tensors), so sending the batch to the main process copies nothing more: before, the
+    bytes were joined, copied into a ``bytearray`` and copied again into shared memory when sent, each
+    copy into freshly mapped pages (measured: 20 ms of a 2-core machine's time per batch of 128 x 77 kB).
+    """
     lengths = [len(sample.data) for sample in samples]
     offsets = torch.zeros(len(samples) + 1, dtype=torch.int64)
+    total = sum(lengths)
     if samples:
         offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
-    joined = bytearray(b"".join(sample.data for sample in samples))
-    data = torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8)
+    if total and torch.utils.data.get_worker_info() is not None:
+        storage = torch.UntypedStorage._new_shared(total)
+        data = torch.empty(0, dtype=torch.uint8).set_(storage)
+        view, position = memoryview(data.numpy()), 0
+        for sample, length in zip(samples, lengths, strict=True):
+            view[position : position + length] = sample.data
+            position += length
+    elif total:
+        data = torch.frombuffer(bytearray(b"".join(sample.data for sample in samples)), dtype=torch.uint8)
+    else:
+        data = torch.empty(0, dtype=torch.uint8)
     rows = [
         (s.label, s.index, s.kind, s.height, s.width, *s.box, int(s.flip)) for s in samples
     ]  # fmt: skip

@@ -8,7 +8,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -71,9 +71,10 @@ class GpuDecodeLoader:
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
         size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment, compile_augment: see
             :class:`JpegDecoder` (``backend="auto"``: torchvision's nvJPEG when it imports, else nvImageCodec).
-        prepare_ahead: batches a second thread takes from ``loader`` and prepares on the host
+        prepare_ahead: batches a prepare thread takes from ``loader`` and prepares on the host ahead
             (:meth:`JpegDecoder.prepare`: the worker hand-over, the per-sample table, the byte views, CPU
-            fallbacks) while the decode thread decodes, at most; ``0``: the decode thread does both.
+            fallbacks), and, with torchvision's decode, batches a call thread decodes ahead
+            (:meth:`JpegDecoder.submit`), at most; ``0``: the decode thread does all of it, one batch at a time.
 
     Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
     reachable from the dataset or the collate function the workers get. Forked workers freeze what
@@ -277,9 +278,9 @@ def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _take(source: queue.Queue, stop: threading.Event) -> Any:
-    """The next item of ``source``, or ``_END`` once ``stop`` is set."""
-    while not stop.is_set():
+def _take(source: queue.Queue, *stops: threading.Event) -> Any:
+    """The next item of ``source``, or ``_END`` once one of ``stops`` is set."""
+    while not any(stop.is_set() for stop in stops):
         try:
             return source.get(timeout=_POLL_S)
         except queue.Empty:
@@ -287,16 +288,26 @@ def _take(source: queue.Queue, stop: threading.Event) -> Any:
     return _END
 
 
-def _prepare_batches(
-    source: Iterator[Any], decoder: JpegDecoder, device: torch.device, out: queue.Queue, stop: threading.Event
+def _items(source: queue.Queue, *stops: threading.Event) -> Iterator[Any]:
+    """What an earlier stage put into ``source``, until its ``_END`` (or a stop); its error is raised here, in order."""
+    while True:
+        item = _take(source, *stops)
+        if item is _END:
+            return
+        if isinstance(item, _Failed):
+            raise item.error
+        yield item
+
+
+def _stage(
+    source: Iterable[Any], work: Callable[[Any], Any], device: torch.device, out: queue.Queue, stop: threading.Event
 ) -> None:
-    """The prepare thread: take each encoded batch from ``source`` (the workers' hand-over) and prepare it on
-    the host (:meth:`JpegDecoder.prepare`) into ``out``, ending with ``_END`` or the error."""
+    """A pipeline thread: ``work(item)`` for each item of ``source`` into ``out``, then ``_END`` or the error."""
     try:
         if device.type == "cuda":
-            torch.cuda.set_device(device)  # pinned tables are made here
-        for batch in source:
-            if stop.is_set() or not _put(out, decoder.prepare(batch), stop):
+            torch.cuda.set_device(device)  # pinned tables, nvJPEG's outputs
+        for item in source:
+            if stop.is_set() or not _put(out, work(item), stop):
                 return
     except BaseException as error:  # handed on, in order
         _put(out, _Failed(error), stop)
@@ -316,26 +327,29 @@ def _decode_batches(
     """The decode thread: decode each batch of ``source`` into ``out`` (with its CUDA event) until ``stop``.
 
     With ``prepare_ahead``, a prepare thread (started and joined here) takes the batches from ``source`` and
-    prepares them on the host; this thread then only queues the decode and the augment of each."""
-    halt = threading.Event()  # the prepare thread's stop: this thread's end, whatever ends it
-    prepared: queue.Queue = queue.Queue(maxsize=max(1, prepare_ahead))
-    helper: threading.Thread | None = None
+    prepares them on the host (:meth:`JpegDecoder.prepare`), and where the backend's decode call can run apart
+    (:attr:`JpegDecoder.can_submit`: torchvision), a call thread makes it (:meth:`JpegDecoder.submit`, the
+    GIL released); this thread then only copies the decoded images into the flat buffer and augments them.
+    ``prepare_ahead`` bounds the batches waiting between two threads."""
+    halt = threading.Event()  # the helper threads' stop: this thread's end, whatever ends it
+    helpers: list[tuple[threading.Thread, queue.Queue]] = []
 
-    def batches() -> Iterator[Any]:
-        if helper is None:
-            for batch in source:
-                yield decoder.prepare(batch)
-            return
-        while True:
-            item = _take(prepared, stop)
-            if item is _END:
-                return
-            if isinstance(item, _Failed):
-                raise item.error
-            yield item
+    def start(name: str, items: Iterable[Any], work: Callable[[Any], Any]) -> Iterator[Any]:
+        handed: queue.Queue = queue.Queue(maxsize=prepare_ahead)
+        thread = threading.Thread(
+            target=_stage, args=(items, work, device, handed, halt), name=f"dataperf-gpu-{name}", daemon=True
+        )
+        thread.start()
+        helpers.append((thread, handed))
+        return _items(handed, stop, halt)
 
     def loop() -> None:
-        for item in batches():
+        batches: Iterable[Any] = (decoder.prepare(batch) for batch in source)
+        if prepare_ahead:
+            batches = start("prepare", source, decoder.prepare)
+            if decoder.can_submit:
+                batches = start("call", batches, decoder.submit)
+        for item in batches:
             if stop.is_set():
                 return
             images, labels = decoder.run(item)
@@ -347,10 +361,6 @@ def _decode_batches(
                 return
 
     try:
-        if prepare_ahead:
-            args = (source, decoder, device, prepared, halt)
-            helper = threading.Thread(target=_prepare_batches, args=args, name="dataperf-gpu-prepare", daemon=True)
-            helper.start()
         if stream is not None:
             torch.cuda.set_device(device)
             with torch.cuda.stream(stream):
@@ -363,8 +373,9 @@ def _decode_batches(
         _put(out, _END, stop)
     finally:
         halt.set()
-        if helper is not None:
+        for _thread, handed in helpers:
             with contextlib.suppress(queue.Empty):  # a put blocked on a full queue sees the halt anyway
                 while True:
-                    prepared.get_nowait()
-            helper.join(timeout=30)
+                    handed.get_nowait()
+        for thread, _ in helpers:
+            thread.join(timeout=30)

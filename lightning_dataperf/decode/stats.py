@@ -32,7 +32,9 @@ class DecodeStats:
     time; ``prepare_seconds`` / ``prepare_cpu_seconds`` the wall and CPU time of the host-only half of each
     batch (:meth:`~lightning_dataperf.decode.JpegDecoder.prepare`, in a thread of its own under a
     ``GpuDecodeLoader``), ``barrier_seconds`` the decode thread's host waits before a decoder that writes at
-    call time (nvJPEG's hardware engine through nvImageCodec); ``takes`` the batches the training step took,
+    call time (nvJPEG's hardware engine through nvImageCodec), ``call_seconds`` the decode library's call where it
+    runs in a thread of its own (:meth:`~lightning_dataperf.decode.JpegDecoder.submit`; else it is inside
+    ``submit_seconds``); ``takes`` the batches the training step took,
     ``lookahead_mean`` the decoded batches already waiting when it asked for one, ``wait_seconds`` its total
     wait for them; ``backend`` the decode library.
     """
@@ -52,6 +54,7 @@ class DecodeStats:
     prepare_seconds: float = 0.0
     prepare_cpu_seconds: float = 0.0
     barrier_seconds: float = 0.0
+    call_seconds: float = 0.0
 
     def since(self, earlier: DecodeStats) -> DecodeStats:
         """What happened between ``earlier`` and this snapshot (the JPEG-engine reading is this one's: a window's
@@ -74,6 +77,7 @@ class DecodeStats:
             prepare_seconds=self.prepare_seconds - earlier.prepare_seconds,
             prepare_cpu_seconds=self.prepare_cpu_seconds - earlier.prepare_cpu_seconds,
             barrier_seconds=self.barrier_seconds - earlier.barrier_seconds,
+            call_seconds=self.call_seconds - earlier.call_seconds,
         )
 
     def per_batch(self, total: float) -> float:
@@ -97,6 +101,7 @@ class DecodeStats:
             "images": float(self.images),
             "prepare_seconds": self.per_batch(self.prepare_seconds),
             "barrier_seconds": self.per_batch(self.barrier_seconds),
+            "call_seconds": self.per_batch(self.call_seconds),
         }
         if self.jpeg_util_percent is not None:
             metrics["jpeg_util_percent"] = self.jpeg_util_percent

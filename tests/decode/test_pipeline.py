@@ -67,6 +67,42 @@ def test_a_backend_prepares_on_the_host_and_gets_it_back(tmp_path):
     assert backend.prepared == backend.decoded == len(batches)
 
 
+class _CallingBackend(_HostBackend):
+    """A backend whose decode call can run apart (``submit``), as torchvision's does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: set[str] = set()
+
+    def submit(self, parts):
+        self.threads.add(threading.current_thread().name)
+        return [pil_decode(blob) for blob in parts]
+
+    def decode(self, data, spans, sizes, flat, bases, prepared=None, submitted=None):
+        if submitted is None:  # no call thread: the call happens here
+            submitted = self.submit(prepared)
+        self.decoded += 1
+        for image, base, (h, w) in zip(submitted, bases, sizes, strict=True):
+            flat[base : base + 3 * h * w] = image.reshape(-1)
+        return [True] * len(spans), None
+
+
+@pytest.mark.parametrize("ahead", [0, 2])
+def test_the_decode_call_runs_in_its_own_thread_where_it_can(tmp_path, ahead, no_leaked_threads):
+    batches = _batches(tmp_path, count=16)
+    reference = [JpegDecoder("cpu", size=16)(batch) for batch in batches]
+    backend = _CallingBackend()
+    loader = GpuDecodeLoader(batches, device="cpu", size=16, backend=backend, prepare_ahead=ahead)
+    assert loader.decoder.can_submit
+    for (images, labels), (expected, expected_labels) in zip(loader, reference, strict=True):
+        assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
+    assert backend.decoded == len(batches)
+    if ahead:
+        assert backend.threads == {"dataperf-gpu-call"} and loader.stats().call_seconds > 0
+    else:
+        assert backend.threads == {"dataperf-gpu-decode"} and loader.stats().call_seconds == 0
+
+
 def test_which_backends_need_the_host_barrier():
     assert TorchvisionBackend.writes_at_call is False  # its own allocation stream, a stream-ordered copy
     from lightning_dataperf.decode._backends import NvImageCodecBackend

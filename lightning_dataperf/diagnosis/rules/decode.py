@@ -5,12 +5,52 @@ from __future__ import annotations
 from lightning_dataperf.decode.stats import DecodeStats
 from lightning_dataperf.diagnosis.evidence import Evidence
 
-__all__ = ["gpu_decode_cause"]
+__all__ = ["compile_prediction", "gpu_decode_cause"]
 
 #: The JPEG engines busier than this (NVML) are the decode path's limit.
 ENGINE_BUSY_PERCENT = 80.0
 #: A decode thread (or its GPU work) needing at least this share of the step per batch keeps the step waiting.
 DECODE_PACE_SHARE = 0.8
+#: A host gap (the GPU idle inside the step, waiting for the training thread's launches) at least this share
+#: of the step span is worth compiling away.
+HOST_GAP_SHARE = 0.1
+#: How the step is compiled (issue 38): one CUDA graph per step leaves the training thread almost no CPU work.
+COMPILE_RECIPE = (
+    'torch.compile(model, mode="reduce-overhead") in the LightningModule (CUDA graphs; or capture the step '
+    "with torch.cuda.graphs yourself), docs/gpu_decode.md"
+)
+
+
+def compile_prediction(evidence: Evidence, decode: DecodeStats) -> str | None:
+    """What compiling the step would give on an eager GPU-decode run, from the measured host gap: ``None``
+    where the host-gap probe did not run or found the step's gap small.
+
+    Compiled with CUDA graphs, the step's host gap goes (the GPU no longer waits for the training thread's
+    launches) and the training thread leaves the GIL to the decode threads, so the step is bound by the GPU's
+    busy time or by the decode path's own pace, whichever is longer: the decode thread's and the prepare
+    thread's own CPU time per batch (what they need without the training thread), and the decode library's
+    call where it runs in a thread of its own. Issue 38's measurement on an H200: a batched nvJPEG decode
+    thread beside a ResNet-18 step captured as one CUDA graph cost the step 0-3%, beside the eager step 19-35%.
+    """
+    gap = evidence.summary.host_gap
+    step = evidence.step_mean
+    if gap is None or not step or gap.gpu_busy_s <= 0 or gap.gap_share < HOST_GAP_SHARE:
+        return None
+    pace = max(
+        decode.per_batch(decode.submit_cpu_seconds),
+        decode.per_batch(decode.prepare_cpu_seconds),
+        decode.per_batch(decode.call_seconds),
+    )
+    predicted = max(gap.gpu_busy_s, pace)
+    if predicted >= 0.95 * step:
+        return None
+    binds = "the GPU's busy time" if gap.gpu_busy_s >= pace else "the decode path's own pace"
+    return (
+        f"compiling the step would remove its host gap of {1e3 * gap.host_gap_s:.1f} ms (GPU busy "
+        f"{1e3 * gap.gpu_busy_s:.1f} ms of a {1e3 * gap.span_s:.1f} ms span): predicted {1e3 * predicted:.1f} ms per "
+        f"step instead of {1e3 * step:.1f} ms, {step / predicted:.2f}x the images/s, bound then by {binds} (the "
+        f"decode threads need {1e3 * pace:.1f} ms per batch of their own CPU); how: {COMPILE_RECIPE}"
+    )
 
 
 def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str, list[str]]:
@@ -35,6 +75,23 @@ def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str,
             "decode on the CPU (no CUDA device)",
             [f"{facts}; without CUDA the decode thread decodes with PIL ({1e3 * wall:.1f} ms per batch): run on a GPU"],
         )
+    kind, words, advice = _cause(evidence, decode, facts, wall, cpu, gpu, engine, step)
+    compiled = compile_prediction(evidence, decode)
+    if compiled is not None:
+        advice = [*advice, compiled]
+    return kind, words, advice
+
+
+def _cause(
+    evidence: Evidence,
+    decode: DecodeStats,
+    facts: str,
+    wall: float,
+    cpu: float,
+    gpu: float,
+    engine: float | None,
+    step: float | None,
+) -> tuple[str, str, list[str]]:
     if engine is not None and engine >= ENGINE_BUSY_PERCENT:
         return (
             "input_bound_decode",

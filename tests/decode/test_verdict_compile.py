@@ -1,0 +1,58 @@
+"""The verdict on an eager GPU-decode run says what compiling the step would give, from the measured host gap
+(issue 38): the predicted step is the GPU's busy time or the decode path's own pace, whichever is longer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lightning_dataperf.decode.stats import DecodeStats
+from lightning_dataperf.diagnosis.evidence import Evidence
+from lightning_dataperf.diagnosis.rules.decode import compile_prediction, gpu_decode_cause
+from lightning_dataperf.loader.settings import LoaderFacts
+from lightning_dataperf.timing.host_gap import HostGapStats
+from lightning_dataperf.timing.summary import EpochSummary, TimingSummary
+
+
+def _evidence(decode: DecodeStats, gap: HostGapStats | None, step_s: float = 0.0213) -> Evidence:
+    timing = TimingSummary(step_s, step_s, step_s, step_s, step_s, 100)
+    summary = EpochSummary(
+        stage="train", epoch=0, steps=100, timings={"DataLoading": timing, "Step": timing},
+        input_stall_fraction=0.3, data_wait_share=0.3, samples_per_sec=6000.0, epoch_start=0.1,
+        decode=decode, host_gap=gap,
+    )  # fmt: skip
+    return Evidence(summary, LoaderFacts(num_workers=4))
+
+
+# An eager ResNet-18 step fed by the decode path: 21.3 ms, of which the GPU is busy 12.2 ms.
+GAP = HostGapStats(steps=8, span_s=0.0213, gpu_busy_s=0.0122, host_gap_s=0.0091, first_step=20)
+DECODE = DecodeStats(
+    batches=100, takes=100, wait_seconds=0.6, lookahead_mean=0.2, backend="torchvision", submit_seconds=1.9,
+    submit_cpu_seconds=0.15, decode_seconds=0.3, prepare_seconds=0.12, prepare_cpu_seconds=0.1, call_seconds=0.7,
+)  # fmt: skip
+
+
+def test_the_gpu_binds_once_compiled():
+    words = compile_prediction(_evidence(DECODE, GAP), DECODE)
+    assert words is not None
+    assert "host gap of 9.1 ms (GPU busy 12.2 ms of a 21.3 ms span)" in words
+    assert "predicted 12.2 ms per step instead of 21.3 ms, 1.75x the images/s" in words
+    assert "bound then by the GPU's busy time" in words and 'mode="reduce-overhead"' in words
+
+
+def test_the_decode_path_binds_once_compiled():
+    slow = dataclasses.replace(DECODE, call_seconds=1.5)  # the decode call: 15 ms per batch
+    words = compile_prediction(_evidence(slow, GAP), slow)
+    assert words is not None and "predicted 15.0 ms per step" in words and "the decode path's own pace" in words
+
+
+def test_no_prediction_without_a_measured_or_a_large_gap():
+    assert compile_prediction(_evidence(DECODE, None), DECODE) is None
+    small = dataclasses.replace(GAP, host_gap_s=0.001, span_s=0.0132)
+    assert compile_prediction(_evidence(DECODE, small), DECODE) is None
+
+
+def test_the_verdicts_advice_carries_it():
+    kind, _, advice = gpu_decode_cause(_evidence(DECODE, GAP), DECODE)
+    assert kind == "input_bound_decode" and advice[-1].startswith("compiling the step would remove its host gap")
+    _, _, plain = gpu_decode_cause(_evidence(DECODE, None), DECODE)
+    assert not any("compiling the step" in line for line in plain)
