@@ -636,7 +636,7 @@ def part_e2e(sets: dict, args) -> dict:
             rows.append(ceiling)
             _print_e2e(ceiling, ceiling)
             for kind, samples in sets.items():
-                for ahead in args.prepare_ahead:
+                for ahead in [a for a in args.prepare_ahead if a or compiled in args.serial_modes]:
                     options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead}
                     loader = GpuDecodeLoader(encoded_loader(samples, args.workers, total), **options)
                     try:
@@ -678,6 +678,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"])
     parser.add_argument("--prepare-ahead", type=int, nargs="+", default=[2, 0])
+    parser.add_argument("--serial-modes", nargs="+", default=["eager", "compiled"], help="modes with ahead=0 rows")
     parser.add_argument("--root", default=None)
     parser.add_argument("--name", default=None)
     parser.add_argument("--dry-run", action="store_true", help="CPU, 40 images, tiny model, 2+2 steps")
