@@ -109,10 +109,11 @@ class OnlineResult:
 
     @property
     def cost_s(self) -> float:
-        """Seconds the trials took beyond what the kept setting would have: slower steps and switch stalls."""
-        if self.kept is None:
-            return sum(trial.switch_s for trial in self.trials)
-        best = self.kept.steps_per_sec
+        """Seconds the trials took beyond what the kept setting (while searching: the fastest so far) would have
+        taken: slower steps and switch stalls."""
+        if not self.trials:
+            return 0.0
+        best = (self.kept or max(self.trials, key=lambda trial: trial.steps_per_sec)).steps_per_sec
         slower = sum(max(0.0, trial.seconds - trial.batches / best) for trial in self.trials)
         return slower + sum(trial.switch_s for trial in self.trials)
 

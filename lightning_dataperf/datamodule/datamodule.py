@@ -1,25 +1,4 @@
-"""TunedDataModule: DataLoader settings from the hardware, and seeded, resume-exact sampling.
-
-Subclass it instead of ``LightningDataModule`` and keep returning ordinary ``DataLoader`` objects.
-While one of your ``*_dataloader()`` methods runs, every ``DataLoader`` it constructs receives the
-policy's ``num_workers`` / ``pin_memory`` / ``persistent_workers`` / ``prefetch_factor`` for each
-argument *you did not pass* (what you pass always wins), a sampler that shards across ranks with an
-epoch-aware, resume-exact order, and a worker seeding function keyed by (seed, epoch, rank, worker).
-
-Example::
-
-    from lightning import Trainer
-    from lightning_dataperf import DataPerfCallback, TunedDataModule
-
-    class MyData(TunedDataModule):
-        def train_dataloader(self):
-            return DataLoader(self.train_set, batch_size=64, shuffle=True)   # workers etc. chosen for you
-
-        def val_dataloader(self):
-            return DataLoader(self.val_set, batch_size=256, num_workers=2)   # 2 is kept
-
-    Trainer(callbacks=[DataPerfCallback()]).fit(model, datamodule=MyData(seed=42))
-"""
+"""TunedDataModule: DataLoader settings from the hardware, and seeded, resume-exact sampling (docs/datamodule.md)."""
 
 from __future__ import annotations
 
@@ -35,6 +14,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
+from lightning_dataperf import tags
 from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
@@ -201,7 +181,8 @@ class TunedDataModule(pl.LightningDataModule):
                 continue
             updates[name] = plan.chosen[name] = getattr(settings, name)
             plan.reasons[name] = settings.reasons.get(name, "")
-        if encoded:  # the workers only read files: fewer than the policy's count, unless autotune measured it
+        # the workers only read files: fewer than the policy's count, unless autotune measured it
+        if encoded:
             measured = self.autotune_result is not None
             chosen = encoded_loader_defaults(explicit, None if measured else updates.get("num_workers"))
             for name, (value, reason) in chosen.items():
@@ -213,8 +194,11 @@ class TunedDataModule(pl.LightningDataModule):
         updates.update(self._sampler(stage, explicit, plan, shared, workers))
         if workers or self.autotune == "online":  # the loop may start workers later
             user_init = explicit.get("worker_init_fn")
-            updates["worker_init_fn"] = EpochSeededWorkerInit(self._seed(), self._ranks()[0], shared, user_init)
-            tuned = self.autotune_result if stage == "train" else None  # autotune measures the training loader
+            updates["worker_init_fn"] = EpochSeededWorkerInit(
+                self._seed(), self._ranks()[0], shared, user_init, batch_seeded=self.autotune == "online"
+            )
+            # autotune measures the training loader
+            tuned = self.autotune_result if stage == "train" else None
             if tuned is not None and tuned.sharing_strategy is not None:  # the workers send the faster way
                 updates = with_strategy(updates, tuned.sharing_strategy)
                 self._sharing.add(updates["worker_init_fn"])  # its workers' unreceived batches: at teardown
@@ -260,7 +244,8 @@ class TunedDataModule(pl.LightningDataModule):
         if trainer is not None:
             position = functools.partial(resume_position, trainer)
         listeners = [shared.set]
-        if not workers and callable(getattr(dataset, "set_epoch", None)):
+        # the online loop may load in this process later: its copy of the dataset follows the epochs too
+        if (not workers or self.autotune == "online") and callable(getattr(dataset, "set_epoch", None)):
             listeners.append(dataset.set_epoch)  # type: ignore[union-attr]
         options = dict(position=position, batch_size=explicit.get("batch_size", 1) or 1, on_epoch=listeners)
         if custom is not None and world > 1:
@@ -304,8 +289,9 @@ class TunedDataModule(pl.LightningDataModule):
             )
         trainer = self._trainer_or_none()
         if self.autotune == "online" and trainer is not None:
+            seeding = (self._seed(), self._ranks()[0])
             self._online = attach_online(
-                loader, trainer, self.hardware.cpus_per_rank, plan.notes, self.autotune_options
+                loader, trainer, self.hardware.cpus_per_rank, plan.notes, seeding, self.autotune_options
             )
 
     def _decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
@@ -357,7 +343,7 @@ class TunedDataModule(pl.LightningDataModule):
             if params:
                 logger.log_hyperparams(params)
             if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text(f"DataPerf/loader_settings_{stage}", f"```\n{text}\n```")
+                logger.experiment.add_text(tags.loader_settings_text(stage), f"```\n{text}\n```")
 
 
 TunedDataModule.teardown._dataperf_reclaims = True  # type: ignore[attr-defined]  # it reclaims itself

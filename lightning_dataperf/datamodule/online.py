@@ -22,6 +22,7 @@ from lightning_dataperf.autotune.online import (
     slower_for_sure,
 )
 from lightning_dataperf.autotune.trial import steady_rate
+from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 
 __all__ = ["OnlineIterator", "OnlineTuner", "attach_online", "make_online"]
 
@@ -88,6 +89,7 @@ class OnlineTuner:
         first, _ = next(self._search)
         self.trial: _Trial | None = _Trial(first, None)
         self._last: tuple[float, Any] | None = None
+        self._incumbent: Measured | None = None
 
     def position(self) -> tuple[int, int]:
         """Where the sampler starts: the tuner's own count while it rebuilds, else Lightning's loop counters."""
@@ -121,12 +123,15 @@ class OnlineTuner:
         result = self.result
         result.trials.append(measured)
         result.start = result.start or measured
+        self._incumbent = self._incumbent or measured
         current = measured.setting
         try:
             if self._over_budget():
                 self._search.close()
-                raise StopIteration(max(result.trials, key=lambda trial: trial.steps_per_sec))
+                # the setting the search stood on: a trial not yet confirmed against it is not kept
+                raise StopIteration(self._incumbent)
             setting, against = self._search.send(measured)
+            self._incumbent = against or self._incumbent
         except StopIteration as stop:
             result.kept, result.done = stop.value, True
             result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
@@ -142,7 +147,7 @@ class OnlineTuner:
         batches = _planned_batches(self.trainer)
         over = batches is not None and self.result.cost_s > self.max_cost * batches / best.steps_per_sec
         if over:
-            self.result.stop_reason = f"the trials had cost {self.max_cost:.0%} of the run"
+            self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
         return over
 
     def switched(self, switch_s: float, setting: Setting) -> None:
@@ -241,7 +246,12 @@ def make_online(loader: DataLoader, tuner: OnlineTuner) -> None:
 
 
 def attach_online(
-    loader: DataLoader, trainer: Any, cpus: int, notes: list[str], options: dict[str, Any] | None = None
+    loader: DataLoader,
+    trainer: Any,
+    cpus: int,
+    notes: list[str],
+    seeding: tuple[int, int],
+    options: dict[str, Any] | None = None,
 ) -> OnlineTuner | None:
     """The tuner for the training ``loader``, or ``None`` with the reason in ``notes`` where the loop cannot run.
 
@@ -263,13 +273,14 @@ def attach_online(
     )
     tuner = OnlineTuner(trainer, start, space, position=sampler.position, **(options or {}))
     sampler.position = tuner.position
-    if (seeding := vars(loader).get("_dataperf_batch_seeding")) is not None:
-        # batches seeded in the main process are numbered from where the rebuilt iterator starts
-        loader._dataperf_batch_seeding = (*seeding[:2], tuner.position)  # type: ignore[attr-defined]
+    # every batch is drawn from batch_seed(seed, epoch, rank, batch), in a worker or in this process alike
+    numbered = number_batches(loader)
+    seed_batches_in_main_process(loader, *seeding, tuner.position)
     make_online(loader, tuner)
     notes.append(
         "online tuning: these settings are the start; neighbouring settings are tried on the training steps"
         " and the fastest kept (same samples in the same order; the result in TunedDataModule.online_result)"
+        + ("; each batch's random draws are keyed by its number, whatever the workers" if numbered else "")
     )
     return tuner
 

@@ -35,17 +35,18 @@ class _ResumeExact:
     batch_size: int
     on_epoch: list[EpochListener]
     epoch: int
+    started_batch: int = 0  # the epoch's batch the last iteration started at
 
     def _follow(self, position: Position | None, batch_size: int, on_epoch: list[EpochListener] | None) -> None:
         self.position, self.batch_size, self.on_epoch = position, batch_size, list(on_epoch or [])
 
     def _start(self) -> int:
         """Bring ``self.epoch`` up to date and return how many leading samples to skip."""
-        skip = 0
+        skip = self.started_batch = 0
         if self.position is not None:
             epoch, done_batches = self.position()
             self.set_epoch(epoch)  # type: ignore[attr-defined]
-            skip = done_batches * self.batch_size
+            skip, self.started_batch = done_batches * self.batch_size, done_batches
         for listener in self.on_epoch:
             listener(self.epoch)
         return skip

@@ -7,18 +7,23 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import multiprocessing
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import BatchSampler
 
 __all__ = [
     "EpochSeededWorkerInit",
+    "NumberedBatch",
+    "NumberedBatchSampler",
     "SharedEpoch",
     "batch_seed",
     "main_process_seeded",
+    "number_batches",
     "rng_restored",
     "seed_batches_in_main_process",
     "worker_seed",
@@ -132,7 +137,8 @@ def _make_seeded_loader(base: type) -> type:
     def __iter__(self: Any) -> Any:  # noqa: N807
         iterator = base.__iter__(self)
         seeding = self.__dict__.get("_dataperf_batch_seeding")
-        return iterator if seeding is None else _SeededBatches(iterator, *seeding)
+        # with workers (the online loop may start them) the workers seed each batch themselves
+        return iterator if seeding is None or self.num_workers else _SeededBatches(iterator, *seeding)
 
     return type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
 
@@ -176,8 +182,17 @@ class EpochSeededWorkerInit:
         shared.set(epoch)                     # before iterating each epoch (the samplers here do it)
     """
 
-    def __init__(self, seed: int, rank: int, shared: SharedEpoch, user_init: Callable[[int], Any] | None = None):
+    def __init__(
+        self,
+        seed: int,
+        rank: int,
+        shared: SharedEpoch,
+        user_init: Callable[[int], Any] | None = None,
+        batch_seeded: bool = False,
+    ):
         self.seed, self.rank, self.shared, self.user_init = seed, rank, shared, user_init
+        # each numbered batch drawn from batch_seed(...): the same draws whatever the worker count
+        self.batch_seeded = batch_seeded
 
     def __call__(self, worker_id: int) -> None:
         info = torch.utils.data.get_worker_info()
@@ -233,12 +248,48 @@ def _make_follower(base: type) -> type:
         self._dataperf_epoch_state.sync(self)
         return base.__getitem__(self, index)
 
-    namespace: dict[str, Any] = {"__getitem__": __getitem__}
-    if hasattr(base, "__getitems__"):
-
-        def __getitems__(self: Any, indices: Any) -> Any:  # noqa: N807
-            self._dataperf_epoch_state.sync(self)
+    def __getitems__(self: Any, indices: Any) -> Any:  # noqa: N807
+        state = self._dataperf_epoch_state
+        state.sync(self)
+        number = getattr(indices, "number", None)
+        if state.init.batch_seeded and number is not None:
+            seed_everything_here(batch_seed(state.init.seed, state.epoch, state.init.rank, number))
+        if hasattr(base, "__getitems__"):
             return base.__getitems__(self, indices)
+        return [base.__getitem__(self, index) for index in indices]
 
-        namespace["__getitems__"] = __getitems__
-    return type(base.__name__, (base,), namespace)
+    return type(base.__name__, (base,), {"__getitem__": __getitem__, "__getitems__": __getitems__})
+
+
+class NumberedBatch(list):
+    """One batch's sample indices and its number in the epoch (pickled with it to the worker)."""
+
+    number: int
+
+
+class NumberedBatchSampler(BatchSampler):
+    """A ``BatchSampler`` whose batches carry their number, counted from where the sampler started.
+
+    The sampler must record ``started_batch`` when its iteration starts (the resume-exact samplers do).
+    """
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = super().__iter__()
+        first = next(batches, None)  # the sampler reads its start inside this
+        if first is None:
+            return
+        start = getattr(self.sampler, "started_batch", 0)
+        for number, indices in enumerate(itertools.chain([first], batches), start):
+            batch = NumberedBatch(indices)
+            batch.number = number
+            yield batch
+
+
+def number_batches(loader: Any) -> bool:
+    """Give ``loader`` a :class:`NumberedBatchSampler` in place of its plain ``BatchSampler`` (``False``: none)."""
+    if type(loader.batch_sampler) is not BatchSampler:
+        return False
+    numbered = NumberedBatchSampler(loader.sampler, loader.batch_size, loader.drop_last)
+    # a built DataLoader refuses a new batch_sampler through its own __setattr__
+    object.__setattr__(loader, "batch_sampler", numbered)
+    return True

@@ -9,11 +9,23 @@ Example::
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
-__all__ = ["child_pids", "is_shm_manager", "loader_worker_processes", "major_faults", "pss_mb"]
+__all__ = [
+    "ProcessSource",
+    "child_pids",
+    "is_shm_manager",
+    "loader_worker_processes",
+    "major_faults",
+    "pss_mb",
+    "read_chars",
+]
+
+_MB = 2**20
 
 #: PyTorch's shared-memory manager (``file_system`` sharing, see :mod:`~lightning_dataperf.loader.sharing`) is a child
 #: process of the one that started it, not a worker; its name as ``/proc`` cuts it (15 characters).
@@ -124,3 +136,137 @@ def pss_mb(pid: int) -> float | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+class ProcessSource:
+    """CPU%, memory and major page faults of the main process and the loader workers.
+
+    RSS is read every time (cheap). PSS, which counts pages shared between forked workers once,
+    costs ~10 ms per process to read (``smaps_rollup`` walks every mapping), so it is refreshed
+    every ``pss_every`` seconds and repeated in between.
+    """
+
+    name = "processes"
+
+    def __init__(
+        self, workers: Callable[[], list[psutil.Process]] = loader_worker_processes, pss_every: float = 10.0
+    ) -> None:
+        self.main = psutil.Process()
+        self.workers = workers
+        self.pss_every = pss_every
+        self._cpu_seconds: dict[int, float] = {}
+        self._major_faults: dict[int, float] = {}
+        self._read_chars: dict[int, float] = {}
+        self._runqueue: dict[int, float] = {}
+        self._pss: dict[str, float] = {}
+        self._pss_read_at = -float("inf")
+
+    def read(self, elapsed: float) -> dict[str, float]:
+        workers = [process for process in self.workers() if process.is_running()]
+        main_cpu, main_faults, main_read = self._deltas(self.main)
+        worker_cpu = worker_faults = worker_rss = 0.0
+        reads = [] if main_read is None else [main_read]
+        alive: list[psutil.Process] = []
+        for worker in workers:
+            try:
+                cpu, faults, read = self._deltas(worker)
+                worker_rss += worker.memory_info().rss / _MB
+            except psutil.Error:
+                continue
+            alive.append(worker)
+            worker_cpu += cpu or 0.0
+            worker_faults += faults or 0.0
+            if read is not None:
+                reads.append(read)
+        self._forget_dead({self.main.pid, *(worker.pid for worker in alive)})
+        values = {
+            "loader_workers_alive": float(len(alive)),
+            "main_rss_mb": self.main.memory_info().rss / _MB,
+            "workers_rss_mb": worker_rss,
+            **self._proportional_memory(alive),
+        }
+        waited, threads = _threads_runqueue_wait(self.main.pid)
+        if threads:
+            values["main_threads"] = float(threads)
+        queued = None if waited is None else _change(self._runqueue, self.main.pid, waited)
+        if queued is not None and elapsed > 0:
+            values["main_runqueue_percent"] = 100.0 * queued / elapsed
+        if main_cpu is not None and elapsed > 0:
+            values["main_cpu_percent"] = 100.0 * main_cpu / elapsed
+            values["workers_cpu_percent"] = 100.0 * worker_cpu / elapsed
+            if alive:
+                values["worker_cpu_percent_mean"] = values["workers_cpu_percent"] / len(alive)
+        if main_faults is not None and elapsed > 0:
+            values["major_faults_per_sec"] = (main_faults + worker_faults) / elapsed
+        if reads and elapsed > 0:
+            values["own_read_mbps"] = sum(reads) / _MB / elapsed
+        return values
+
+    def _proportional_memory(self, workers: list[psutil.Process]) -> dict[str, float]:
+        now = time.monotonic()
+        if now - self._pss_read_at >= self.pss_every:
+            self._pss_read_at = now
+            main = pss_mb(self.main.pid)
+            pss = [value for worker in workers if (value := pss_mb(worker.pid)) is not None]
+            self._pss = {}
+            if main is not None:
+                self._pss["main_pss_mb"] = main
+                self._pss["workers_pss_mb"] = sum(pss)
+        return self._pss
+
+    def _deltas(self, process: psutil.Process) -> tuple[float | None, float | None, float | None]:
+        """CPU seconds, major faults and bytes read (:func:`read_chars`) since this process's last reading;
+        each ``None`` on the first reading or where it cannot be read."""
+        times = process.cpu_times()
+        cpu = _change(self._cpu_seconds, process.pid, times.user + times.system)
+        faults, chars = major_faults(process.pid), read_chars(process)
+        return (
+            cpu,
+            None if faults is None else _change(self._major_faults, process.pid, faults),
+            None if chars is None else _change(self._read_chars, process.pid, chars),
+        )
+
+    def _forget_dead(self, alive: set[int]) -> None:
+        for table in (self._cpu_seconds, self._major_faults, self._read_chars):
+            for pid in [pid for pid in table if pid not in alive]:
+                del table[pid]
+
+    def close(self) -> None:
+        pass
+
+
+def _threads_runqueue_wait(pid: int) -> tuple[float | None, int]:
+    """Seconds all of ``pid``'s threads (intra-op ones too) spent runnable but waiting for a CPU, and how many
+    threads it has (Linux ``/proc/<pid>/task/*/schedstat``; ``(None, 0)`` elsewhere)."""
+    total, threads = 0.0, 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None, 0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat", encoding="ascii") as handle:
+                total += int(handle.read().split()[1]) / 1e9
+            threads += 1
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended between the listing and the read
+    return (total, threads) if threads else (None, 0)
+
+
+def _change(last_readings: dict[int, float], pid: int, now: float) -> float | None:
+    """``now`` less ``pid``'s last reading in ``last_readings`` (never negative; ``None`` the first time),
+    which ``now`` replaces."""
+    last, last_readings[pid] = last_readings.get(pid), now
+    return None if last is None else max(0.0, now - last)
+
+
+def read_chars(process: psutil.Process) -> int | None:
+    """Bytes ``process`` has read (``/proc/<pid>/io`` ``rchar``: every ``read()``, from files on any filesystem,
+    NFS included, and the page cache; ``read_bytes``, where only it exists, would miss network filesystems);
+    ``None`` where the counters cannot be read."""
+    try:
+        counters = process.io_counters()
+    except (psutil.Error, AttributeError, OSError):
+        return None
+    chars = getattr(counters, "read_chars", None)  # Linux; elsewhere only read_bytes
+    return counters.read_bytes if chars is None else chars

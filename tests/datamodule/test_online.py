@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import lightning.pytorch as pl
 import psutil
 import pytest
@@ -10,6 +12,7 @@ from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_dataperf.autotune.online import Measured, Setting, SettingSpace, online_search
+from lightning_dataperf.telemetry.processes import is_shm_manager
 
 #: every trial ends at its first 8 counted batches, so the loop switches whatever the machine's speed
 QUICK = {"precision": 10.0, "max_batches": 8, "max_cost": 10.0}
@@ -42,7 +45,16 @@ def test_the_loop_switches_settings_and_the_model_sees_the_untuned_order(tmp_pat
     assert len({trial.setting for trial in result.trials}) >= 2, "the loop tried more than its start"
     assert indices(tuned) == indices(untuned), "nothing lost, duplicated or reordered"
     assert len(indices(tuned)) == 3 * 240
-    assert not psutil.Process().children(), "no worker left behind"
+    assert not [child for child in psutil.Process().children() if not is_shm_manager(child)], "no worker left"
+
+
+def test_every_batch_draws_the_same_whatever_settings_the_loop_tries(tmp_path):
+    """Each batch's random draws are keyed by its number: an online run draws what a 0-worker run does."""
+    in_process = fit(tmp_path / "zero", IndexData(length=240, workers=0, seed=5, verbose=False))
+    datamodule = online()
+    tuned = fit(tmp_path / "online", datamodule)
+    assert len({trial.setting.num_workers for trial in datamodule.online_result.trials}) >= 2, "worker counts changed"
+    assert tuned.rows == in_process.rows, "(epoch, index, the worker's epoch, the draw) of every sample"
 
 
 def test_a_resume_in_the_middle_of_a_trial_continues_the_untuned_order(tmp_path):
@@ -123,3 +135,38 @@ def test_a_drifting_incumbent_does_not_make_a_neighbour_a_winner():
         while True:  # every other neighbour is slower
             other, _ = search.send(_measured(other, 5.0))
     assert stop.value.value.setting == start
+
+
+def _fake_trainer(batches_per_epoch=1000):
+    progress = SimpleNamespace(total=SimpleNamespace(ready=0))
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(val_loop=SimpleNamespace(batch_progress=progress)))
+    return SimpleNamespace(current_epoch=0, fit_loop=loop, max_epochs=1, num_training_batches=batches_per_epoch)
+
+
+def _drive(tuner, period_of, steps):
+    """Calls the tuner as the loader's iterator would, with step periods that depend on the setting in use."""
+    now, current = 0.0, tuner.trial.setting
+    for _ in range(steps):
+        switch = tuner.step(now)
+        if switch is not None:
+            tuner.switched(0.0, switch)
+            current = switch
+            tuner.restart_segment(1)
+        now += period_of(current)
+    return current
+
+
+def test_the_loop_stops_at_its_cost_cap_on_the_setting_it_stood_on(monkeypatch):
+    from lightning_dataperf.datamodule.online import OnlineTuner
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    start = Setting(1, 2, False, 2)
+    space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
+    # 0.5% of a 1000-step run at 10 steps/s is 0.5 s: two slower trials (half the speed, cut after 4 steps) spend it
+    tuner = OnlineTuner(_fake_trainer(), start, space, position=lambda: (0, 0), precision=0.5, max_cost=0.005)
+    in_use = _drive(tuner, lambda setting: 0.1 if setting == start else 0.2, 200)
+    result = tuner.result
+    assert result.done and "cost 0.5% of the run" in result.stop_reason
+    assert len(result.trials) == 3, "the start and two slower neighbours, then no more"
+    assert result.kept.setting == start and in_use == start, "back on the start, not on an unconfirmed trial"
+    assert 0.5 <= result.cost_s <= 1.0

@@ -1,17 +1,4 @@
-"""The input-bound verdict: why the step waits for the loader, and what would help by how much.
-
-The cause comes from what was measured in this epoch, in this order: the loader's inside
-(:class:`~lightning_dataperf.loader.stats.LoaderStats`: fetch and collate time per batch, the workers'
-busy fraction measured in the workers), telemetry (iowait, disk, each worker's CPU against its fair
-share of the cores), the loader's own settings. What was not measured is said, not guessed. Advice
-that changes a setting carries the gain it predicts from those figures.
-
-Example::
-
-    finding = input_bound(evidence)
-    finding.kind          # "input_bound_cpu"
-    finding.advice[0]     # "15 workers are 97% busy and the CPUs are spent: more workers cannot help ..."
-"""
+"""The input-bound verdict: why the step waits for the loader, and what would help by how much (docs/diagnosis.md)."""
 
 from __future__ import annotations
 
@@ -22,6 +9,13 @@ from lightning_dataperf import tags
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.findings import Finding
 from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
+from lightning_dataperf.diagnosis.rules.estimate import (
+    UNSEEN_FIRST_WORKERS,
+    UNSEEN_MORE_READS,
+    UNSEEN_MORE_WORKERS,
+    estimate,
+    more_workers_lost,
+)
 
 __all__ = ["SIGNIFICANT_SHARE", "input_bound"]
 
@@ -40,12 +34,8 @@ FETCH_CPU_WAITING = 0.3
 #: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 #: ... but only when this run itself read at least this much (MiB/s, this process and its workers, any
-#: filesystem): iowait and %util are machine-wide, and another process's writes (a ``pip install`` next to
-#: the run, measured) made a loader that reads no files look storage-bound.
+#: filesystem): iowait and %util are machine-wide, and another process's writes can look like storage.
 OWN_READ_MBPS = 1.0
-#: A worker count above autotune's pick that read at most this much faster than the pick did not help
-#: (autotune's default noise): the verdict then quotes it instead of advising more workers.
-MORE_DID_NOT_HELP = 0.03
 
 
 @dataclass(frozen=True)
@@ -56,23 +46,34 @@ class _Cause:
 
 
 def input_bound(evidence: Evidence) -> Finding | None:
+    """The step waits for the loader for at least :data:`SIGNIFICANT_SHARE` of it: the measured cause and advice.
+
+    Example::
+
+        finding = input_bound(evidence)
+        finding.kind          # "input_bound_cpu"
+        finding.advice[0]     # "15 workers are 97% busy and the CPUs are spent: more workers cannot help ..."
+    """
     summary = evidence.summary
     share = summary.input_stall_fraction
     if share is None or share < SIGNIFICANT_SHARE:
         return None
+    if evidence.straggling and not _own_wait_counts(evidence):
+        return None  # the ranks' mean stall is the straggler's wait (its finding names it): not this rank's loader
     if summary.on_device and not evidence.host_explains_idle():
-        return None  # the GPU idles but the host was not waiting for data: host-bound, not input-bound
+        # the GPU idles but the host was not waiting for data: host-bound, not input-bound
+        return None
     numbers: dict[str, float] = {"input_stall_fraction": share}
     if (wait := evidence.timing(tags.DATA_LOADING)) is not None:
-        numbers["data_wait_ms"] = 1e3 * wait
+        numbers["data_loading_ms"] = 1e3 * wait
     if summary.on_device and (idle := evidence.timing(tags.DEVICE_IDLE)) is not None:
         numbers["device_idle_ms"] = 1e3 * idle
     if evidence.loader.num_workers is not None:
         numbers["num_workers"] = float(evidence.loader.num_workers)
     inside = summary.loader
     if inside is not None:
-        numbers["loader_fetch_ms"] = 1e3 * inside.fetch_s
-        numbers["loader_collate_ms"] = 1e3 * inside.collate_s
+        numbers["workers_fetch_ms"] = 1e3 * inside.fetch_s
+        numbers["workers_collate_ms"] = 1e3 * inside.collate_s
         if inside.busy_fraction is not None:
             numbers["workers_busy_fraction"] = inside.busy_fraction
     system = evidence.system
@@ -107,6 +108,16 @@ def input_bound(evidence: Evidence) -> Finding | None:
         evidence=numbers,
         advice=advice,
     )
+
+
+def _own_wait_counts(evidence: Evidence) -> bool:
+    """Under a straggler: whether this rank (whose loader figures the verdict reads) waits for data a significant
+    share of its own step; the ranks' mean stall mixes in the straggler's wait."""
+    summary, step = evidence.summary, evidence.step_mean
+    waits = summary.rank_data_wait
+    if not step or not 0 <= summary.rank < len(waits):
+        return True
+    return waits[summary.rank] / step >= SIGNIFICANT_SHARE
 
 
 def _several_epochs(evidence: Evidence) -> bool:
@@ -229,27 +240,6 @@ def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
     return step, compute
 
 
-#: What an estimate from one epoch cannot see, by the change it is for.
-UNSEEN_FIRST_WORKERS = (
-    "not measured at num_workers=0: the hand-over of each batch from a worker process, and the workers"
-    " competing with this process's own threads for the cores"
-)
-UNSEEN_MORE_WORKERS = "not measured: what the added workers take from this process's threads and the hand-over"
-UNSEEN_MORE_READS = "not measured: whether the storage serves more reads at once, and the hand-over"
-
-
-def _estimate(evidence: Evidence, step: float | None, new_step: float, unseen: str) -> str:
-    """A predicted gain, said to be an estimate, never above the ceiling of removing the wait altogether."""
-    if not step or new_step <= 0 or evidence.measured_online:
-        return ""
-    ceiling = 1.0 / max(1e-6, 1.0 - (evidence.summary.input_stall_fraction or 0.0))
-    gain = min(step / new_step, ceiling)
-    return (
-        f" (an estimate from this epoch: up to {gain:.2f}x, {1e3 * step:.1f} -> {1e3 * step / gain:.1f} ms; {unseen};"
-        ' TunedDataModule(autotune="online") measures it on your steps)'
-    )
-
-
 def _budget(evidence: Evidence) -> int | None:
     """Workers this rank can run next to its training process."""
     return None if evidence.usable_cpus is None else max(1, evidence.usable_cpus - 1)
@@ -265,7 +255,7 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
             f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
-            f"num_workers={workers}" + _estimate(evidence, step, max(compute, work / workers), UNSEEN_FIRST_WORKERS)
+            f"num_workers={workers}" + estimate(evidence, step, max(compute, work / workers), UNSEEN_FIRST_WORKERS)
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
@@ -294,7 +284,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
             "raise num_workers "
-            f"from {workers} to {workers + added}" + _estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
+            f"from {workers} to {workers + added}" + estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
     else:
@@ -313,7 +303,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
                 f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
                 f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "
                 f"num_workers={workers + 1}"
-                + _estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
+                + estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
                 + "; on a machine of your own, free the CPUs"
             )
             words = "CPU preprocessing, CPUs shared with other processes"
@@ -355,12 +345,12 @@ def _latency_bound(evidence: Evidence) -> _Cause:
         f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time loading batches but {computing}: "
         "they wait (I/O latency, remote storage, sleeps)"
     )
-    if lost := _more_workers_lost(evidence):
+    if lost := more_workers_lost(evidence):
         advice = [f"{waiting}; {lost}"]
     else:
         advice = [
             f"{waiting}, so more of them overlap the waits: raise num_workers from {workers} to {more}"
-            + _estimate(evidence, step, predicted, UNSEEN_MORE_READS)
+            + estimate(evidence, step, predicted, UNSEEN_MORE_READS)
             + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
         ]
     if line := evidence.autotune:
@@ -395,24 +385,11 @@ def _without_inside(evidence: Evidence) -> _Cause:
         if loader.num_workers is not None and loader.prefetch_factor is not None
         else "raise the loader's workers and prefetch (its settings were not readable)"
     )
-    settings = _more_workers_lost(evidence) or settings
+    settings = more_workers_lost(evidence) or settings
     return _Cause(
         "input_bound_workers",
         "too few loader workers",
         [f"{note}: the workers use only {cpu:.0f}% of a core each, so they mostly wait: {settings}"],
-    )
-
-
-def _more_workers_lost(evidence: Evidence) -> str | None:
-    """Where the loader runs autotune's pick and autotune measured more workers no faster (within
-    :data:`MORE_DID_NOT_HELP`): that, instead of advice to add workers the search already measured."""
-    more, workers = evidence.autotune_more, evidence.loader.num_workers
-    if more is None or workers != more.pick or more.change > MORE_DID_NOT_HELP:
-        return None
-    return (
-        f"autotune measured {more.workers} workers at {100 * more.change:+.0f}% against these {more.pick}: more "
-        "workers did not help here (each costs CPU and hand-over time); shorten what each sample waits on (a "
-        "local or cached copy of the data, fewer reads per sample)"
     )
 
 

@@ -1,0 +1,51 @@
+"""Predicted gains, said to be estimates (what one epoch cannot see, never above the ceiling), and what was measured."""
+
+from __future__ import annotations
+
+from lightning_dataperf.diagnosis.evidence import Evidence
+
+__all__ = [
+    "MORE_DID_NOT_HELP",
+    "UNSEEN_FIRST_WORKERS",
+    "UNSEEN_MORE_READS",
+    "UNSEEN_MORE_WORKERS",
+    "estimate",
+    "more_workers_lost",
+]
+
+#: A worker count above autotune's pick that read at most this much faster than the pick did not help
+#: (autotune's default noise): the verdict then quotes it instead of advising more workers.
+MORE_DID_NOT_HELP = 0.03
+
+#: What an estimate from one epoch cannot see, by the change it is for.
+UNSEEN_FIRST_WORKERS = (
+    "not measured at num_workers=0: the hand-over of each batch from a worker process, and the workers"
+    " competing with this process's own threads for the cores"
+)
+UNSEEN_MORE_WORKERS = "not measured: what the added workers take from this process's threads and the hand-over"
+UNSEEN_MORE_READS = "not measured: whether the storage serves more reads at once, and the hand-over"
+
+
+def estimate(evidence: Evidence, step: float | None, new_step: float, unseen: str) -> str:
+    """A predicted gain, said to be an estimate, never above the ceiling of removing the wait altogether."""
+    if not step or new_step <= 0 or evidence.measured_online:
+        return ""
+    ceiling = 1.0 / max(1e-6, 1.0 - (evidence.summary.input_stall_fraction or 0.0))
+    gain = min(step / new_step, ceiling)
+    return (
+        f" (an estimate from this epoch: up to {gain:.2f}x, {1e3 * step:.1f} -> {1e3 * step / gain:.1f} ms; {unseen};"
+        ' TunedDataModule(autotune="online") measures it on your steps)'
+    )
+
+
+def more_workers_lost(evidence: Evidence) -> str | None:
+    """Where the loader runs autotune's pick and autotune measured more workers no faster (within
+    :data:`MORE_DID_NOT_HELP`): that, instead of advice to add workers the search already measured."""
+    more, workers = evidence.autotune_more, evidence.loader.num_workers
+    if more is None or workers != more.pick or more.change > MORE_DID_NOT_HELP:
+        return None
+    return (
+        f"autotune measured {more.workers} workers at {100 * more.change:+.0f}% against these {more.pick}: more "
+        "workers did not help here (each costs CPU and hand-over time); shorten what each sample waits on (a "
+        "local or cached copy of the data, fewer reads per sample)"
+    )
