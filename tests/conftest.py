@@ -7,7 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+HERE = Path(__file__).resolve().parent
+#: ``--import-mode=importlib`` (pyproject) leaves sys.path alone: the test modules in tests/<package>/ import
+#: ``helpers`` (and ``scripts.*``) from here, and the examples' modules by name.
+sys.path.insert(0, str(HERE.parent / "examples"))
+sys.path.insert(0, str(HERE))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,8 @@
 """What the tests share: Trainer options, models and data sets with known costs, fakes, runners.
 
-Every test module imports its helpers from here (never from another test module or ``conftest``).
+Every test module imports its helpers from here (never from another test module or ``conftest``); the autotune
+tests' stand-ins for TrialRunner are in ``autotune/autotune_fakes.py``. Test modules live in folders that mirror
+the package (pytest imports them with ``--import-mode=importlib``); ``conftest.py`` puts this folder on sys.path.
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ def trainer_kwargs(tmp_path, **overrides):
 
 
 def run_two_ranks(script: str, out_dir: Path, *args: str, timeout: float = 240.0) -> None:
-    """``script`` as two ranks under ``torch.distributed.run``, on this host's loopback only
+    """``tests/scripts/<script>`` as two ranks under ``torch.distributed.run``, on this host's loopback only
     (:func:`~lightning_dataperf.testing.loopback_ranks`). A run past ``timeout`` fails with what the ranks had
     printed by then, each rank's stacks included (:data:`DUMP_STACKS_AFTER`, 30 s before ``timeout``)."""
-    command, env = loopback_ranks(str(HERE / script), str(out_dir), *args, pythonpath=str(HERE.parent))
+    command, env = loopback_ranks(str(HERE / "scripts" / script), str(out_dir), *args, pythonpath=str(ROOT))
     env[DUMP_STACKS_AFTER] = str(max(1.0, timeout - 30))
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:

@@ -12,7 +12,7 @@ import sys
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
 from helpers import IndexData, RecordingModel, ddp_kwargs
 
 TRAIN_LENGTH, VAL_LENGTH = 31, 11  # not divisible by 2 ranks

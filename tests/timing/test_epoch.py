@@ -1,3 +1,5 @@
+"""Per-window metrics and the epoch accumulator: means, maxima, percentiles, a two-rank gather, the summary text."""
+
 import dataclasses
 import math
 

@@ -6,7 +6,7 @@ import sys
 
 import lightning.pytorch as pl
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
 
 from helpers import SleepyModel, ddp_kwargs, sleepy_loader
 

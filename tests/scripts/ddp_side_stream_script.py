@@ -11,8 +11,10 @@ import sys
 
 import lightning.pytorch as pl
 import torch
-from helpers import Checksummed, ChecksumModel, trainer_kwargs
 from torch.utils.data import DataLoader
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
+from helpers import Checksummed, ChecksumModel, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback, SideStreamDDPStrategy
 

@@ -4,8 +4,8 @@ import json
 from collections import Counter
 
 import pytest
-from ddp_sampling_script import TRAIN_LENGTH, VAL_LENGTH
 from helpers import run_two_ranks
+from scripts.ddp_sampling_script import TRAIN_LENGTH, VAL_LENGTH
 
 
 def load(out_dir, mode):
