@@ -8,6 +8,7 @@ import time
 import lightning.pytorch as pl
 import pytest
 import torch
+from evidence_fakes import INPUT_BOUND, inside, summary, timing
 from helpers import SleepyModel, sleepy_loader, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
@@ -16,39 +17,11 @@ from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.diagnosis.diagnose import diagnose
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.loader.settings import LoaderFacts
-from lightning_dataperf.loader.stats import LoaderStats
 from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.testing import SleepingLoaderDataset
 from lightning_dataperf.timing.host_gap import HostGapStats
-from lightning_dataperf.timing.summary import EpochSummary, Stall, TimingSummary
+from lightning_dataperf.timing.summary import Stall
 from lightning_dataperf.transfer.stats import CopyStats
-
-
-def timing(mean: float) -> TimingSummary:
-    return TimingSummary(mean, mean, mean, mean, mean, 100)
-
-
-def summary(on_device=False, stall=0.0, wait_share=None, epoch_start=0.001, world=1, waits=(), **means):
-    if on_device and "Compute" in means:  # on CUDA the callback records the step's work as its device span
-        means["DeviceSpan"] = means.pop("Compute")
-    return EpochSummary(
-        stage="train",
-        epoch=0,
-        steps=100,
-        timings={name: timing(value) for name, value in means.items()},
-        input_stall_fraction=stall,
-        data_wait_share=stall if wait_share is None else wait_share,
-        samples_per_sec=1000.0,
-        epoch_start=epoch_start,
-        world_size=world,
-        rank_data_wait=list(waits),
-        slowest_rank=None if not waits else max(range(len(waits)), key=lambda rank: waits[rank]),
-        straggler_ratio=None if not waits else max(waits) / max(min(waits), 1e-3),
-        on_device=on_device,
-    )
-
-
-INPUT_BOUND = summary(stall=0.6, DataLoading=0.030, Transfer=0.0, Compute=0.018, Step=0.050)
 
 
 def verdict(evidence: Evidence) -> str:
@@ -99,24 +72,6 @@ def test_machine_wide_iowait_is_storage_only_when_this_run_read_from_storage():
     reading = SystemStats.from_mapping({**quiet, "own_read_mbps": 120.0})
     assert verdict(Evidence(INPUT_BOUND, LoaderFacts(num_workers=2, prefetch_factor=2), reading)) == (
         "input_bound_storage"
-    )
-
-
-def inside(busy, workers=2, fetch=0.040, collate=0.002, handover=0.001, pin=0.0):
-    """Loader figures as the workers would have measured them."""
-    return LoaderStats(
-        batches=100,
-        samples=8,
-        fetch_s=fetch,
-        collate_s=collate,
-        pin_s=pin,
-        worker_wait_s=0.025,
-        handover_s=handover,
-        wait_s=0.030,
-        workers=workers,
-        busy_fraction=busy,
-        busy_min=busy,
-        busy_max=busy,
     )
 
 

@@ -7,7 +7,7 @@ import os
 import threading
 
 import pytest
-from diagnosis.test_diagnose import INPUT_BOUND, inside, summary
+from evidence_fakes import INPUT_BOUND, inside, summary
 
 from lightning_dataperf.diagnosis.diagnose import diagnose
 from lightning_dataperf.diagnosis.evidence import Evidence
