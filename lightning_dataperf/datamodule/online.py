@@ -233,7 +233,8 @@ def make_online(loader: DataLoader, tuner: OnlineTuner) -> None:
             if online is None:  # a copy Lightning rebuilt from the arguments: plain iteration
                 return base.__iter__(self)
             active = vars(self).get("_dataperf_active")
-            if active is not None and (iterator := active()) is not None:
+            if active is not None and (iterator := active()) is not None and not self.persistent_workers:
+                # last epoch's iterator, left unfinished (limit_train_batches); a persistent one is reused
                 iterator.close()
             iterator = OnlineIterator(self, online, base)
             # held weakly: an iterator kept alive here would keep its workers alive past the fit

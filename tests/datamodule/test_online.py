@@ -170,3 +170,24 @@ def test_the_loop_stops_at_its_cost_cap_on_the_setting_it_stood_on(monkeypatch):
     assert len(result.trials) == 3, "the start and two slower neighbours, then no more"
     assert result.kept.setting == start and in_use == start, "back on the start, not on an unconfirmed trial"
     assert 0.5 <= result.cost_s <= 1.0
+
+
+def test_a_persistent_loaders_workers_outlive_the_epoch_once_the_search_has_ended(tmp_path):
+    from lightning_dataperf.telemetry.processes import loader_worker_processes
+
+    class Workers(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 1:
+                self.seen.append(sorted(process.pid for process in loader_worker_processes()))
+
+    # no budget: the search ends on its first trial, at the start
+    options = {**QUICK, "max_cost": 0.0}
+    datamodule = IndexData(length=240, workers=1, seed=5, verbose=False, autotune="online", autotune_options=options)
+    workers = Workers()
+    fit(tmp_path, datamodule, callbacks=[workers])
+    assert datamodule.loader_plans["train"][0].chosen.get("persistent_workers", True)
+    assert datamodule.online_result.done and len(datamodule.online_result.trials) == 1
+    assert workers.seen[1] == workers.seen[2] and len(workers.seen[1]) == 1, "the same worker in epochs 1 and 2"
