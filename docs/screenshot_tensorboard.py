@@ -15,10 +15,12 @@ Options: --port (default 6007), --chromium (default: chromium or chromium-browse
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -48,13 +50,20 @@ def _wait_for(url: str, timeout: float) -> None:
     raise RuntimeError(f"TensorBoard did not answer at {url} within {timeout:.0f} s")
 
 
-def screenshot(chromium: str, url: str, out: Path, wait_s: float, size: tuple[int, int] = (1400, 1000)) -> None:
-    """One headless-Chromium screenshot of ``url`` into ``out``."""
+def screenshot(
+    chromium: str, url: str, out: Path, wait_s: float, size: tuple[int, int] = (1400, 1000), profile: str | None = None
+) -> None:
+    """One headless-Chromium screenshot of ``url`` into ``out`` (``profile``: Chromium's user-data folder)."""
     command = [
         chromium,
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        *([f"--user-data-dir={profile}"] if profile else []),
         "--hide-scrollbars",
         f"--window-size={size[0]},{size[1]}",
         f"--virtual-time-budget={int(wait_s * 1000)}",  # page time for TensorBoard's data requests
@@ -83,22 +92,25 @@ def main(argv: list[str] | None = None) -> list[Path]:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     base = f"http://127.0.0.1:{args.port}/"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", args.logdir, "--port", str(args.port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    written = []
-    try:
-        _wait_for(base, timeout=60)
-        for name, fragment in PAGES.items():
-            out = out_dir / name
-            screenshot(args.chromium, base + fragment, out, args.wait)
-            print(f"wrote {out}")
-            written.append(out)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    # TensorBoard's server notes (.tensorboard-info) and Chromium's profile go into a folder removed at the end
+    with tempfile.TemporaryDirectory(prefix="dataperf-screenshots-") as scratch:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", args.logdir, "--port", str(args.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "TMPDIR": scratch},
+        )
+        written = []
+        try:
+            _wait_for(base, timeout=60)
+            for name, fragment in PAGES.items():
+                out = out_dir / name
+                screenshot(args.chromium, base + fragment, out, args.wait, profile=os.path.join(scratch, "chromium"))
+                print(f"wrote {out}")
+                written.append(out)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
     return written
 
 

@@ -10,6 +10,7 @@ so --help and argument errors answer at once.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import os
 import sys
@@ -24,7 +25,9 @@ commands:
   probe    print the CPUs, GPUs, memory and storage this process may use, and the
            DataLoader settings recommended for them, with reasons
   report   draw a one-page summary (PNG, optionally HTML) of a run: where each step's
-           time goes, the share of step time lost to input, GPU or CPU use, the verdict
+           time goes, the share of step time lost to input, GPU or CPU use, the verdict;
+           written into the run's folder (dataperf_report.png), never over an earlier one
+           unless --force
 
 examples:
   lightning-dataperf probe --data-path /data/imagenet --local-world-size 4
@@ -87,18 +90,48 @@ def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"Worker start method: {hardware.start_method}")
     for note in hardware.notes:
         print(f"Note: {note}")
+REPORT_NAME = "dataperf_report.png"
+
+
+def _fail(message: str) -> int:
+    print(f"lightning-dataperf report: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _report_paths(args: argparse.Namespace, run_directory: Path) -> tuple[Path, Path | None] | str:
+    """Where the PNG (and the page) go: ``--out`` (a file, or a folder), else the run's own folder; an error's
+    text instead where the suffix is not ``.png`` or an earlier report would be replaced without ``--force``."""
+    png = Path(args.out) if args.out else run_directory / REPORT_NAME
+    if png.is_dir():
+        png = png / REPORT_NAME
+    if png.suffix.lower() != ".png":
+        return f"--out {args.out}: the report is a PNG; pass a path ending in .png (the page goes next to it)."
+    page = png.with_suffix(".html") if args.html else None
+    existing = [str(path) for path in (png, page) if path is not None and path.exists()]
+    if existing and not args.force:
+        return (
+            f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''} (an earlier report): pass "
+            f"--force to replace {'it' if len(existing) == 1 else 'them'}, or --out PATH to write this one elsewhere."
+        )
+    return png, page
+
+
     print(settings.explain())
     return 0
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from lightning_dataperf.report.run import load_run, render_html, render_png
+    from lightning_dataperf.report.page import render_html
+    from lightning_dataperf.report.run import load_run, render_png
 
     try:
         run = load_run(args.logdir, run=args.run)
     except (FileNotFoundError, LookupError) as error:
-        print(f"lightning-dataperf report: error: {error}", file=sys.stderr)
-        return 2
+        return _fail(str(error))
+    paths = _report_paths(args, run.directory)
+    if isinstance(paths, str):
+        return _fail(paths)
+    png, page = paths
     where = f" ({', '.join(run.sources)})" if run.sources else ""
     if run.other_runs:
         print(
@@ -107,11 +140,17 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     else:
         print(f"drew run {run.directory}{where}")
-    png = render_png(run, args.out)
-    print(f"wrote {png}")
-    if args.html:
-        page = render_html(run, png, png.with_suffix(".html"))
-        print(f"wrote {page}")
+    try:
+        png.parent.mkdir(parents=True, exist_ok=True)
+        render_png(run, png)
+        print(f"wrote {png}")
+        if page is not None:
+            render_html(run, png, page)
+            print(f"wrote {page} (open it in a browser)")
+    except OSError as error:
+        return _fail(
+            f"cannot write {error.filename or png}: {error.strerror}; pass --out PATH in a folder you can write."
+        )
     print(run.diagnosis_text())
     return 0
 
@@ -147,8 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("logdir", help="a run's log directory (e.g. lightning_logs/version_0) or a folder of runs")
     report.add_argument("--run", metavar="NAME", help="which run to draw when LOGDIR holds several (e.g. version_0)")
-    report.add_argument("--out", default="dataperf_report.png", help="PNG path (default: %(default)s)")
-    report.add_argument("--html", action="store_true", help="also write a self-contained HTML page next to the PNG")
+    report.add_argument(
+        "--out",
+        metavar="PATH",
+        help=f"PNG path, or a folder for {REPORT_NAME} (default: {REPORT_NAME} in the folder of the run drawn)",
+    )
+    report.add_argument(
+        "--html",
+        action="store_true",
+        help="also write a self-contained HTML page next to the PNG (verdict, epoch table, figure)",
+    )
+    report.add_argument("--force", action="store_true", help="replace an earlier report at that path")
     report.set_defaults(run_command=_report, command_parser=report)
     probe.set_defaults(run_command=_probe, command_parser=probe)
     return parser

@@ -1,4 +1,10 @@
-"""Every stage name and every scalar/text tag DataPerf writes, defined once.
+"""Every stage name and every scalar/text tag DataPerf writes, defined once, and the names they replaced.
+
+The scheme (README, "Metrics"): ``Group/Name``. ``Time/`` is the step's time in the article's CamelCase: a
+timing per step in seconds (``Time/DataLoading``), or, for the figures derived from those, the unit is the end of
+the name (``Time/SamplesPerSec``, ``Time/InputStallFraction``). The other groups are snake_case ending in the
+unit (``Workers/fetch_s``, ``Transfer/copy_gbps``, ``Usage/cpu_busy_percent_mean``). The verdict's evidence
+names a figure after its tag in snake_case, times in ms (``data_loading_ms``, ``workers_fetch_ms``).
 
 Example::
 
@@ -24,7 +30,9 @@ __all__ = [
     "TIMINGS",
     "TRANSFER",
     "Stage",
+    "current",
     "epoch_percentile",
+    "loader_settings_text",
     "time",
 ]
 
@@ -78,27 +86,53 @@ HOST_GAP = "HostGap"
 DECODE_GROUP = "Decode/"
 
 EPOCH_START = "Time/EpochStart"
-SAMPLES_PER_SEC = "Time/samples_per_sec"
-INPUT_STALL = "Time/input_stall_fraction"
+#: Derived from the step's time: the unit ends the name.
+SAMPLES_PER_SEC = "Time/SamplesPerSec"
+INPUT_STALL = "Time/InputStallFraction"
 
 #: Side-stream copies (:class:`~lightning_dataperf.transfer.stats.CopyStats`).
 COPY_S = "Transfer/copy_s"
 COPY_EXPOSED_S = "Transfer/exposed_s"
 COPY_HIDDEN = "Transfer/hidden_fraction"
-COPY_GBPS = "Transfer/GBps"
+COPY_GBPS = "Transfer/copy_gbps"
 COPY_TRANSFORM_S = "Transfer/transform_s"
+
+#: Inside the loader (:class:`~lightning_dataperf.loader.stats.LoaderStats`), per batch. The hand-over and the
+#: busy and CPU shares are the workers' own: logged only for a loader with workers.
+WORKERS_FETCH_S = "Workers/fetch_s"
+WORKERS_COLLATE_S = "Workers/collate_s"
+WORKERS_PIN_S = "Workers/pin_s"
+WORKERS_WAIT_S = "Workers/worker_wait_s"
+WORKERS_HANDOVER_S = "Workers/handover_s"
+WORKERS_BUSY = "Workers/busy_fraction"
+WORKERS_CPU = "Workers/cpu_fraction"
+
+#: Telemetry: ``Usage/<field>`` for each field of :class:`~lightning_dataperf.telemetry.stats.SystemStats`.
+USAGE_GROUP = "Usage/"
 
 #: Per epoch: the timings whose 90th percentile is logged (``Time/<name>_p90``; the whole distribution is
 #: in the printed summary, the TensorBoard text and the summaries file), and, with more than one rank,
 #: the straggler figures.
 EPOCH_PERCENTILE = "p90"
 EPOCH_PERCENTILE_TIMINGS = (DATA_LOADING, COMPUTE, DEVICE_SPAN)
-EPOCH_STRAGGLER_RATIO = "Time/straggler_ratio"
-EPOCH_SLOWEST_RANK = "Time/slowest_rank"
+EPOCH_STRAGGLER_RATIO = "Time/StragglerRatio"
+EPOCH_SLOWEST_RANK = "Time/SlowestRank"
 
-#: TensorBoard text tags.
+#: TensorBoard text tags (and ``DataPerf/loader_settings_<stage>``: :func:`loader_settings_text`).
 DIAGNOSIS_TEXT = "DataPerf/diagnosis"
 AUTOTUNE_TEXT = "DataPerf/autotune"
+
+#: Tags logged by earlier versions -> today's (CHANGELOG, "Deprecated"): ``lightning-dataperf report`` reads runs
+#: logged under them (:func:`current`); ``System/...`` became ``Usage/...`` earlier (the report maps those itself).
+RENAMED = {
+    "Time/samples_per_sec": SAMPLES_PER_SEC,
+    "Time/input_stall_fraction": INPUT_STALL,
+    "Time/straggler_ratio": EPOCH_STRAGGLER_RATIO,
+    "Time/slowest_rank": EPOCH_SLOWEST_RANK,
+    "Transfer/GBps": COPY_GBPS,
+    "Throughput/samples_per_sec": SAMPLES_PER_SEC,
+    "DataPerf/input_stall_fraction": INPUT_STALL,
+}
 
 #: The JSON-lines file of epoch summaries and verdicts, in the run's log directory.
 SUMMARY_FILE = "dataperf_summaries.jsonl"
@@ -107,6 +141,19 @@ SUMMARY_FILE = "dataperf_summaries.jsonl"
 def time(name: str, stage: Stage = Stage.TRAIN) -> str:
     """``Time/<name>`` with the stage's prefix."""
     return f"{stage.prefix}Time/{name}"
+
+
+def loader_settings_text(stage: str) -> str:
+    """The TensorBoard text tag of a ``TunedDataModule`` stage's loader settings."""
+    return f"DataPerf/loader_settings_{stage}"
+
+
+def current(tag: str) -> str:
+    """Today's name of a tag an earlier version logged (:data:`RENAMED`, with a stage's prefix); others unchanged."""
+    stage, _, rest = tag.partition("/")
+    if stage in {other.value for other in Stage} and rest in RENAMED:  # "val/Time/samples_per_sec"
+        return f"{stage}/{RENAMED[rest]}"
+    return RENAMED.get(tag, tag)
 
 
 def epoch_percentile(name: str, stage: Stage = Stage.TRAIN) -> str:

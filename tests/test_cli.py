@@ -296,6 +296,11 @@ def test_report_reads_runs_logged_with_earlier_tag_names():
 
     assert current_tag("System/gpu_pcie_rx_MBps") == "Usage/gpu_pcie_rx_mbps"
     assert current_tag("System/main_rss_MB") == "Usage/main_rss_mb"
-    assert current_tag("DataPerf/input_stall_fraction") == "Time/input_stall_fraction"
+    assert current_tag("DataPerf/input_stall_fraction") == "Time/InputStallFraction"
+    assert (
+        current_tag("Time/samples_per_sec") == "Time/SamplesPerSec"
+        and current_tag("Transfer/GBps") == "Transfer/copy_gbps"
+    )
+    assert current_tag("val/Time/input_stall_fraction") == "val/Time/InputStallFraction"
     assert current_tag("Time/Compute") == "Time/Compute"
     assert current_tag("System/not_a_field") == "System/not_a_field"

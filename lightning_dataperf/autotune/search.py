@@ -180,7 +180,9 @@ class Search:
                 self.compare.stop("time budget", f"the time budget ran out measuring {step} workers")
                 return best
             if trial.rough:  # the dataset ran out before one steady round: the burst's rate proves nothing
-                self.compare.stop("cut short", f"{step} workers were cut before one steady round (not ranked)")
+                limit, more = runner.last_cut or ("", "")  # the limit that cut it: the dataset, or the budget
+                cut = f": {limit}" + (f"; {more}" if more else "") if limit else ""
+                self.compare.stop("cut short", f"{step} workers were cut before one steady round (not ranked){cut}")
                 return best
             if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
                 # far slower: an artefact (start-up, memory) until seen twice; a smaller loss is taken as measured

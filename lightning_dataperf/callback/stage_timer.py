@@ -174,9 +174,9 @@ class StageTimer:
             engine = sum(self.engine_readings) / len(self.engine_readings) if self.engine_readings else None
             decode = dataclasses.replace(now.since(self.decode_epoch), jpeg_util_percent=engine)
             self.decode_epoch, self.decode_window, self.engine_readings = now, now, []
-        return dataclasses.replace(
-            summary, copies=CopyStats.of(self.epoch_copies), loader=loader, host_gap=host_gap, decode=decode
-        )
+        copies = CopyStats.of(self.epoch_copies)
+        rank = int(getattr(strategy, "global_rank", 0))  # the figures above are this rank's own
+        return dataclasses.replace(summary, copies=copies, loader=loader, host_gap=host_gap, decode=decode, rank=rank)
 
     def release(self) -> None:
         """Drop all state (teardown, exceptions)."""

@@ -35,11 +35,11 @@ def _transfer_bound(evidence: Evidence) -> Finding | None:
         return None
     numbers = {"transfer_ms": 1e3 * transfer, "step_ms": 1e3 * step, "transfer_share": share}
     if copies is not None:
-        numbers["side_stream_copy_ms"] = 1e3 * copies.copy_s
-        numbers["hidden_fraction"] = copies.hidden_fraction
+        numbers["transfer_copy_ms"] = 1e3 * copies.copy_s
+        numbers["transfer_hidden_fraction"] = copies.hidden_fraction
     rx = evidence.system.gpu_pcie_rx_mbps
     if rx is not None:
-        numbers["pcie_rx_mbps"] = rx
+        numbers["gpu_pcie_rx_mbps"] = rx
     saturated = rx is not None and evidence.pcie_capacity_mbps and rx > PCIE_SATURATED * evidence.pcie_capacity_mbps
     advice = []
     if evidence.loader.pin_memory is False:
@@ -91,7 +91,7 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
         kind="host_bound",
         headline=f"host-bound: the GPU idles {100 * share:.0f}% of the step though the host is not waiting for data",
         share=share,
-        evidence={"device_idle_ms": 1e3 * idle, "device_span_ms": 1e3 * compute, "host_data_wait_ms": 1e3 * wait},
+        evidence={"device_idle_ms": 1e3 * idle, "device_span_ms": 1e3 * compute, "data_loading_ms": 1e3 * wait},
         advice=[
             "Python or kernel-launch overhead dominates: use a larger batch, torch.compile or CUDA graphs, "
             "and avoid per-step host syncs (.item(), .cpu(), printing tensors)",
@@ -164,7 +164,7 @@ def _loop_overhead(evidence: Evidence) -> Finding | None:
         kind="host_bound",
         headline=f"host-bound: {100 * share:.0f}% of each step is per-step framework overhead, not data or compute",
         share=share,
-        evidence={"step_ms": 1e3 * step, "compute_ms": 1e3 * compute, "data_wait_ms": 1e3 * wait},
+        evidence={"step_ms": 1e3 * step, "compute_ms": 1e3 * compute, "data_loading_ms": 1e3 * wait},
         advice=[
             "the batches are too small for the per-step cost of the loop (hooks, callbacks, logging, optimizer "
             "bookkeeping): raise the batch size, log less often (log_every_n_steps) and drop per-step callbacks",
@@ -210,7 +210,7 @@ def _straggler(evidence: Evidence) -> Finding | None:
         return None
     excess = max(waits) - min(waits)  # what every rank would save per step if the slowest waited no longer
     share = min(0.99, excess / step)
-    numbers = {f"rank{rank}_data_wait_ms": 1e3 * wait for rank, wait in enumerate(waits)}
+    numbers = {f"rank{rank}_data_loading_ms": 1e3 * wait for rank, wait in enumerate(waits)}
     numbers.update(straggler_excess_ms=1e3 * excess, step_ms=1e3 * step)
     return Finding(
         kind="straggler",
@@ -302,7 +302,7 @@ def _stalls(evidence: Evidence) -> Finding | None:
     share = stalled / (stalled + step * max(1.0, steps - len(summary.stalls)))
     first = summary.stalls[0]
     wait_p50 = evidence.timing(tags.DATA_LOADING, "p50")
-    steady = f"; the steady data wait is {1e3 * wait_p50:.1f} ms per step (p50)" if wait_p50 is not None else ""
+    steady = f"; the steady data loading is {1e3 * wait_p50:.1f} ms per step (p50)" if wait_p50 is not None else ""
     more = f" (and {len(summary.stalls) - 1} more)" if len(summary.stalls) > 1 else ""
     return Finding(
         kind="stall",

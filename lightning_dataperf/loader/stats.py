@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LoaderStats"]
+from lightning_dataperf import tags
 
-PREFIX = "Workers/"  # sorts after "Time/" in TensorBoard (see tags.py)
+__all__ = ["LoaderStats"]
 
 
 @dataclass(frozen=True)
@@ -100,18 +100,19 @@ class LoaderStats:
         )
 
     def to_metrics(self, prefix: str = "") -> dict[str, float]:
+        """The ``Workers/...`` scalars; the hand-over, busy and CPU shares only where workers made the batches."""
         metrics = {
-            f"{prefix}{PREFIX}fetch_s": self.fetch_s,
-            f"{prefix}{PREFIX}collate_s": self.collate_s,
-            f"{prefix}{PREFIX}pin_s": self.pin_s,
-            f"{prefix}{PREFIX}worker_wait_s": self.worker_wait_s,
-            f"{prefix}{PREFIX}handover_s": self.handover_s,
+            tags.WORKERS_FETCH_S: self.fetch_s,
+            tags.WORKERS_COLLATE_S: self.collate_s,
+            tags.WORKERS_PIN_S: self.pin_s,
         }
-        if self.busy_fraction is not None:
-            metrics[f"{prefix}{PREFIX}busy_fraction"] = self.busy_fraction
-        if (ratio := self.cpu_fraction) is not None:
-            metrics[f"{prefix}{PREFIX}cpu_fraction"] = ratio
-        return metrics
+        if self.workers:
+            metrics.update({tags.WORKERS_WAIT_S: self.worker_wait_s, tags.WORKERS_HANDOVER_S: self.handover_s})
+            if self.busy_fraction is not None:
+                metrics[tags.WORKERS_BUSY] = self.busy_fraction
+            if (ratio := self.cpu_fraction) is not None:
+                metrics[tags.WORKERS_CPU] = ratio
+        return {prefix + tag: value for tag, value in metrics.items()}
 
     def format(self) -> str:
         where = f"{self.workers} workers" if self.workers else "the training process (num_workers=0)"

@@ -28,28 +28,36 @@ def _with_max(name: str) -> list[str]:
     return _exactly(tags.time(name), tags.time(name) + "_max")
 
 
+_SPAN = f"{tags.time(tags.DEVICE_SPAN)}: the step's span on the GPU, mean and max (s)"
+_HOST_GAP = f"{tags.time(tags.HOST_GAP)}: the GPU waiting for the host inside the step, per epoch (s)"
+_IDLE = f"{tags.time(tags.DEVICE_IDLE)}: GPU idle between steps, mean and max (s)"
+_GPU = f"{SystemStats.tag('gpu_util_percent')}: GPU utilisation (%)"
 #: TensorBoard custom-scalars layout: one quantity per chart (mean and max), since a run's series share its colour.
 CUSTOM_SCALARS = {
     "DataPerf": {
-        "Data wait per step, mean and max (s)": ["Multiline", _with_max(tags.DATA_LOADING)],
-        "Compute per step, mean and max (s; CUDA: GPU busy, per epoch)": ["Multiline", _with_max(tags.COMPUTE)],
-        "Step span on the GPU, mean and max (s)": ["Multiline", _with_max(tags.DEVICE_SPAN)],
-        "GPU waiting for the host inside the step, per epoch (s)": ["Multiline", _exactly(tags.time(tags.HOST_GAP))],
-        "Step time, mean and max (s)": ["Multiline", _with_max(tags.STEP)],
-        "Input stall fraction (share of step time)": ["Multiline", _exactly(tags.INPUT_STALL)],
-        "Host-to-device copy, mean and max (s)": ["Multiline", _with_max(tags.TRANSFER)],
-        "GPU idle between steps, mean and max (s)": ["Multiline", _with_max(tags.DEVICE_IDLE)],
-        "CPU busy, mean across cores (%)": ["Multiline", _exactly(SystemStats.tag("cpu_busy_percent_mean"))],
-        "GPU utilisation (%)": ["Multiline", _exactly(SystemStats.tag("gpu_util_percent"))],
+        f"{tags.time(tags.DATA_LOADING)}: data loading per step, mean and max (s)": [
+            "Multiline",
+            _with_max(tags.DATA_LOADING),
+        ],
+        f"{tags.time(tags.COMPUTE)}: compute per step, mean and max (s; CUDA: GPU busy, per epoch)": [
+            "Multiline",
+            _with_max(tags.COMPUTE),
+        ],
+        _SPAN: ["Multiline", _with_max(tags.DEVICE_SPAN)],
+        _HOST_GAP: ["Multiline", _exactly(tags.time(tags.HOST_GAP))],
+        f"{tags.time(tags.STEP)}: step time, mean and max (s)": ["Multiline", _with_max(tags.STEP)],
+        f"{tags.INPUT_STALL}: share of step time lost to input": ["Multiline", _exactly(tags.INPUT_STALL)],
+        f"{tags.time(tags.TRANSFER)}: host-to-device copy, mean and max (s)": ["Multiline", _with_max(tags.TRANSFER)],
+        _IDLE: ["Multiline", _with_max(tags.DEVICE_IDLE)],
+        f"{SystemStats.tag('cpu_busy_percent_mean')}: CPU busy, mean across cores (%)": [
+            "Multiline",
+            _exactly(SystemStats.tag("cpu_busy_percent_mean")),
+        ],
+        _GPU: ["Multiline", _exactly(SystemStats.tag("gpu_util_percent"))],
     }
 }
 #: The charts of quantities measured on CUDA only, left out of a run on another device.
-CUDA_CHARTS = (
-    "Step span on the GPU, mean and max (s)",
-    "GPU waiting for the host inside the step, per epoch (s)",
-    "GPU idle between steps, mean and max (s)",
-    "GPU utilisation (%)",
-)
+CUDA_CHARTS = (_SPAN, _HOST_GAP, _IDLE, _GPU)
 
 
 def custom_scalars(cuda: bool) -> dict[str, dict[str, list]]:

@@ -15,13 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
 import json
 import math
 import re
 from dataclasses import dataclass, field
+from lightning_dataperf.report.panels import COLOURS, LABELS, device_panel, stall_per_epoch, timeline, wrap
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from lightning_dataperf.tags import SUMMARY_FILE
 from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.timing.summary import EpochSummary
 
-__all__ = ["RunData", "find_runs", "load_run", "render_figure", "render_html", "render_png"]
+__all__ = ["COLOURS", "LABELS", "RunData", "find_runs", "load_run", "render_figure", "render_png"]
 
 # The logged tags this report reads, in one place: key -> tag.
 TAGS = {
@@ -41,57 +40,27 @@ TAGS = {
     "device_span": tags.time(tags.DEVICE_SPAN),
     "device_idle": tags.time(tags.DEVICE_IDLE),
     "input_stall": tags.INPUT_STALL,
+    "workers_alive": SystemStats.tag("loader_workers_alive"),
     "gpu_util": SystemStats.tag("gpu_util_percent"),
     "pcie_rx": SystemStats.tag("gpu_pcie_rx_mbps"),
     "cpu_busy": SystemStats.tag("cpu_busy_percent_mean"),
     "main_cpu": SystemStats.tag("main_cpu_percent"),
     "workers_cpu": SystemStats.tag("workers_cpu_percent"),
 }
-#: Tags of runs logged by earlier versions -> today's (so their reports still draw).
-_LEGACY = {"DataPerf/input_stall_fraction": tags.INPUT_STALL, "Throughput/samples_per_sec": tags.SAMPLES_PER_SEC}
 
 
 def current_tag(tag: str) -> str:
-    """Today's name of a logged tag (``System/gpu_util_percent`` -> ``Usage/gpu_util_percent``)."""
-    if tag in _LEGACY:
-        return _LEGACY[tag]
+    """Today's name of a logged tag (``Time/samples_per_sec`` -> ``Time/SamplesPerSec``: :data:`tags.RENAMED`;
+    ``System/gpu_util_percent`` -> ``Usage/gpu_util_percent``)."""
     if tag.startswith("System/"):
         field = tag.removeprefix("System/")
         for old, new in (("_MBps", "_mbps"), ("_MB", "_mb"), ("_MHz", "_mhz"), ("_W", "_w")):
             if field.endswith(old):
                 field = field[: -len(old)] + new
         return SystemStats.tag(field) if field in SystemStats.fields() else tag
-    return tag
+    return tags.current(tag)
 
 
-# Legend words: those of README's metric table ("meaning" column).
-LABELS = {
-    "data_wait": "data loading: host time blocked getting the batch",
-    "transfer": "transfer: host-to-device copy",
-    "compute": "compute: forward, backward, optimizer",
-    "device_span": "the step on the GPU: its work and the gaps waiting for the host",
-    "device_idle": "GPU idle between the end of one step and the next step's work",
-    "input_stall": "share of step time lost to input",
-    "gpu_util": "GPU utilisation (this rank's GPU)",
-    "pcie_rx": "PCIe bytes into the GPU",
-    "cpu_busy": "CPU use, mean across cores",
-    "main_cpu": "the training process",
-    "workers_cpu": "its DataLoader workers",
-}
-# One colour per metric, the same in every panel, no two metrics alike.
-COLOURS = {
-    "data_wait": "#d62728",
-    "transfer": "#ff7f0e",
-    "compute": "#1f77b4",
-    "device_span": "#aec7e8",
-    "device_idle": "#000000",
-    "input_stall": "#8c1c13",
-    "gpu_util": "#2ca02c",
-    "pcie_rx": "#9467bd",
-    "cpu_busy": "#7f7f7f",
-    "main_cpu": "#17becf",
-    "workers_cpu": "#bcbd22",
-}
 STACK = ("data_wait", "transfer", "compute")
 #: On CUDA the step's per-step time is its device span (``Time/Compute`` is the GPU busy time, per epoch).
 STACK_CUDA = ("data_wait", "transfer", "device_span")
@@ -117,6 +86,11 @@ class RunData:
     name: str = "."
     other_runs: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run (from its epoch summaries; 1 without). The logged scalars are rank 0's."""
+        return max((int(record["summary"].get("world_size", 1)) for record in self.epochs), default=1)
+
 
     @property
     def on_gpu(self) -> bool:
@@ -135,9 +109,12 @@ class RunData:
         train = [record for record in self.epochs if record["summary"]["stage"] == "train"]
         if not train:
             return "no epoch summaries recorded"
-        summary = EpochSummary.from_dict(train[-1]["summary"])
-        parts = (summary.loader, summary.host_gap, summary.decode)
-        return "\n".join([Diagnosis.from_dict(train[-1]["diagnosis"]).format(), *(p.format() for p in parts if p)])
+        record = train[-1]
+        summary = EpochSummary.from_dict(record["summary"])
+        own = f"[rank {summary.rank}] " if summary.world_size > 1 else ""  # one rank's figures, not reduced
+        parts = [own + part.format() for part in (summary.loader, summary.host_gap, summary.decode) if part]
+        verdict = [Diagnosis.from_dict(record["diagnosis"]).format()] if "diagnosis" in record else []
+        return "\n".join([*verdict, *parts])
 
 
 def _run_files(directory: Path) -> list[Path]:
@@ -265,14 +242,14 @@ def render_figure(run: RunData) -> Any:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 10), dpi=110)
-    grid = figure.add_gridspec(3, 2, height_ratios=[1.1, 1.0, 0.9], hspace=0.55, wspace=0.22)
-    _timeline(figure.add_subplot(grid[0, :]), run)
-    _stall_per_epoch(figure.add_subplot(grid[1, 0]), run)
-    _device_panel(figure.add_subplot(grid[1, 1]), run)
+    figure = Figure(figsize=(13, 10.5), dpi=110)
+    grid = figure.add_gridspec(3, 2, height_ratios=[1.1, 1.0, 0.9], hspace=0.7, wspace=0.22)
+    timeline(figure.add_subplot(grid[0, :]), run)
+    stall_per_epoch(figure.add_subplot(grid[1, 0]), run)
+    device_panel(figure.add_subplot(grid[1, 1]), run)
     text = figure.add_subplot(grid[2, :])
     text.axis("off")
-    text.text(0, 1, _wrap(run.diagnosis_text()), va="top", ha="left", family="monospace", fontsize=9)
+    text.text(0, 1, wrap(run.diagnosis_text()), va="top", ha="left", family="monospace", fontsize=9)
     title = f"DataPerf report: run {run.name}" if run.name != "." else "DataPerf report"
     subtitle = f"{run.directory} (from {', '.join(run.sources) or 'epoch summaries only'})"
     if run.other_runs:
@@ -286,108 +263,4 @@ def render_png(run: RunData, path: str | Path) -> Path:
     figure = render_figure(run)
     path = Path(path)
     figure.savefig(path, bbox_inches="tight")
-    return path
-
-
-def _wrap(text: str, width: int = 150) -> str:
-    import textwrap
-
-    return "\n".join(
-        textwrap.fill(line, width, subsequent_indent="     ") if len(line) > width else line
-        for line in text.splitlines()
-    )
-
-
-def _no_data_note(axes, text: str) -> None:
-    axes.text(0.5, 0.5, text, ha="center", va="center", transform=axes.transAxes, fontsize=9, color="#555555")
-
-
-def _timeline(axes, run: RunData) -> None:
-    steps = [step for step, _ in run.series(run.stack[-1])]
-    axes.set_title("Where each training step's time goes (mean per logging window)")
-    axes.set_xlabel("global step")
-    axes.set_ylabel("s per step")
-    if not steps:
-        _no_data_note(axes, "no per-step times logged")
-        return
-    layers, labels, colours = [], [], []
-    for key in run.stack:
-        values = dict(run.series(key))
-        if values:
-            layers.append([values.get(step, 0.0) for step in steps])
-            labels.append(LABELS[key])
-            colours.append(COLOURS[key])
-    axes.stackplot(steps, *layers, labels=labels, colors=colours)
-    idle = dict(run.series("device_idle"))
-    if idle:
-        idle_s = [idle.get(step, 0.0) for step in steps]
-        axes.plot(steps, idle_s, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
-    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4, fontsize=9, frameon=False)
-
-
-def _stall_per_epoch(axes, run: RunData) -> None:
-    summaries = [EpochSummary.from_dict(record["summary"]) for record in run.epochs]
-    train = [summary for summary in summaries if summary.stage == "train" and summary.input_stall_fraction is not None]
-    where = "GPU idle / GPU step time" if run.on_gpu else "data wait / step time"
-    axes.set_title(f"Share of step time lost to input, per epoch ({where})")
-    axes.set_xlabel("epoch")
-    axes.set_ylabel("share of step time (0-1)")
-    axes.set_ylim(0, 1.05)
-    if not train:
-        _no_data_note(axes, f"no epoch summaries ({SUMMARY_FILE}) with an input stall")
-        return
-    shares = [summary.input_stall_fraction for summary in train]
-    epochs = [summary.epoch for summary in train]
-    axes.bar(epochs, shares, color=COLOURS["input_stall"], label=LABELS["input_stall"])
-    for epoch, share in zip(epochs, shares, strict=True):
-        axes.text(epoch, share, f"{share:.2f}", ha="center", va="bottom", fontsize=9)
-    axes.set_xticks(epochs)
-    axes.set_xlim(min(epochs) - 0.6, max(epochs) + 0.6)
-
-
-def _line(axes, run: RunData, key: str, scale: float = 1.0) -> bool:
-    points = run.series(key)
-    if not points:
-        return False
-    steps, values = zip(*points, strict=True)
-    axes.plot(steps, [value * scale for value in values], "o-", ms=3, color=COLOURS[key], label=LABELS[key])
-    return True
-
-
-def _device_panel(axes, run: RunData) -> None:
-    axes.set_xlabel("global step")
-    if run.on_gpu and run.series("gpu_util"):
-        _line(axes, run, "gpu_util")
-        axes.set_ylabel("GPU utilisation (%)")
-        axes.set_ylim(0, 105)
-        if run.series("pcie_rx"):
-            right = axes.twinx()
-            _line(right, run, "pcie_rx")
-            right.set_ylabel("PCIe bytes into the GPU (MB/s)")
-            right.legend(loc="lower right", fontsize=9)
-        axes.set_title("GPU utilisation and PCIe traffic (NVML)")
-    else:
-        drawn = [_line(axes, run, key) for key in ("cpu_busy", "main_cpu", "workers_cpu")]
-        axes.set_ylabel("% of one core")
-        axes.set_title("CPU use (no GPU in this run)" if not run.on_gpu else "CPU use (no GPU telemetry)")
-        if not any(drawn):
-            _no_data_note(axes, "no Usage/ telemetry logged (DataPerfCallback(telemetry=False)?)")
-    if axes.get_legend_handles_labels()[0]:
-        axes.legend(loc="upper left", fontsize=9)
-
-
-def render_html(run: RunData, png: str | Path, path: str | Path) -> Path:
-    """A self-contained page: the PNG inlined and the verdict as text."""
-    image = base64.b64encode(Path(png).read_bytes()).decode()
-    others = (
-        f"<p>Not drawn, also in this folder: {html.escape(', '.join(run.other_runs))}</p>" if run.other_runs else ""
-    )
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>DataPerf report</title></head><body>"
-        f"<h1>DataPerf report: run {html.escape(run.name)}</h1><p>{html.escape(str(run.directory))}</p>{others}"
-        f"<img alt='DataPerf report' style='max-width:100%' src='data:image/png;base64,{image}'>"
-        f"<pre>{html.escape(run.diagnosis_text())}</pre></body></html>"
-    )
-    path = Path(path)
-    path.write_text(page, encoding="utf-8")
     return path

@@ -6,9 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from lightning_dataperf import tags
+
 __all__ = ["SYSTEM_PREFIX", "SystemStats"]
 
-SYSTEM_PREFIX = "Usage/"  # sorts after "Time/" in TensorBoard (see tags.py)
+SYSTEM_PREFIX = tags.USAGE_GROUP
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,12 @@ class SystemStats:
         return cls(**{key: float(value) for key, value in values.items() if key in _FIELD_SET})
 
     def to_metrics(self) -> dict[str, float]:
-        """``Usage/<field>`` -> value for every known field."""
-        return {SYSTEM_PREFIX + name: value for name in _FIELDS if (value := getattr(self, name)) is not None}
+        """``Usage/<field>`` -> value for every known field (the per-worker mean only with two workers or more: with
+        one it is ``workers_cpu_percent``)."""
+        known = self.known()
+        if (self.loader_workers_alive or 0) < 2:
+            known.pop("worker_cpu_percent_mean", None)
+        return {SYSTEM_PREFIX + name: value for name, value in known.items()}
 
     def known(self) -> dict[str, float]:
         """Field name -> value for every known field."""

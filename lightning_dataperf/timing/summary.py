@@ -45,8 +45,9 @@ class EpochSummary:
     the CPU. ``rank_data_wait`` holds each rank's mean data wait per step; ``slowest_rank`` is the
     rank that waits longest for its loader, and ``straggler_ratio`` the max/min ratio of those waits
     (the min floored at 1 ms so that a rank that never waits does not make the ratio infinite).
-    ``loader`` (the loader's inside), ``stalls``, ``host_gap`` and ``decode`` (a GPU-decode loader's
-    telemetry) are this rank's own; the rest is reduced over all ranks.
+    ``loader`` (the loader's inside), ``copies``, ``stalls``, ``host_gap`` and ``decode`` (a GPU-decode loader's
+    telemetry) are the figures of rank ``rank`` (:meth:`format` labels them so with several ranks); the rest is
+    reduced over all ranks.
     """
 
     stage: str
@@ -67,6 +68,7 @@ class EpochSummary:
     stalls: list[Stall] = field(default_factory=list)
     host_gap: HostGapStats | None = None
     decode: DecodeStats | None = None
+    rank: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,28 +136,24 @@ class EpochSummary:
         if self.input_stall_fraction is not None:
             facts.append(f"input stall {100 * self.input_stall_fraction:.1f}% of {where} step time")
         if self.data_wait_share is not None and self.on_device:
-            facts.append(f"host data wait {100 * self.data_wait_share:.1f}%")
+            facts.append(f"host data loading {100 * self.data_wait_share:.1f}%")
         if self.samples_per_sec is not None:
             facts.append(f"{self.samples_per_sec:,.1f} samples/s")
         if facts:
             lines.append("  " + " | ".join(facts))
-        if self.copies is not None:
-            lines.append("  " + self.copies.format())
-        if self.loader is not None:
-            lines.append("  " + self.loader.format())
-        if self.host_gap is not None:
-            lines.append("  " + self.host_gap.format())
-        if self.decode is not None:
-            lines.append("  " + self.decode.format())
+        own = f"  [rank {self.rank}] " if self.world_size > 1 else "  "  # this rank's own figures, not reduced
+        for part in (self.copies, self.loader, self.host_gap, self.decode):
+            if part is not None:
+                lines.append(own + part.format())
         for stall in self.stalls:
             lines.append(
-                f"  stall: batch {stall.step} waited {stall.wait_s:.2f} s for the loader, "
+                f"{own}stall: batch {stall.step} waited {stall.wait_s:.2f} s for the loader, "
                 f"{stall.at_s:.1f} s into the epoch (left out of the steady-state figures)"
             )
         if self.straggler_ratio is not None and self.world_size > 1:
             waits = ", ".join(f"{1e3 * wait:.1f}" for wait in self.rank_data_wait)
             lines.append(
-                f"  data wait per rank (ms/step): {waits} | slowest rank {self.slowest_rank},"
+                f"  data loading per rank (ms/step): {waits} | slowest rank {self.slowest_rank},"
                 f" max/min {self.straggler_ratio:.2f}x"
             )
         return "\n".join(lines)

@@ -30,6 +30,7 @@ class FakeRunner:
         self.sharing, self.shared, self.earlier = None, [], []
         self.wait_share = None  # the main thread's wait share the fake trials report
         self._held, self.released = [], []
+        self.last_cut = None  # as TrialRunner: what cut the last trial short (none: these are never cut)
 
     def _rate(self, key, sharing):
         return (self.sharing_rate if sharing else self.rate)(*key)

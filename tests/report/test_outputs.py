@@ -92,7 +92,7 @@ def test_quickstart_tags_open_on_the_time_group(tmp_path, monkeypatch):
     removed = [name for name in logged if name.startswith(("Epoch/", "System/", "Loader/", "Throughput/", "DataPerf/"))]
     assert removed == []
     assert not [name for name in logged if name.endswith(("_mean", "_p50", "_p99")) and name.startswith("Time/")]
-    assert "Time/straggler_ratio" not in logged and perf.summaries[-1].world_size == 1  # one rank: no straggler
+    assert "Time/StragglerRatio" not in logged and perf.summaries[-1].world_size == 1  # one rank: no straggler
     time_cards = [name for name in logged if name.startswith("Time/")]
     assert len(time_cards) <= 13, sorted(time_cards)
 
@@ -101,14 +101,19 @@ def test_custom_scalars_one_quantity_per_chart():
     charts = CUSTOM_SCALARS["DataPerf"]
     series = {title: patterns for title, (kind, patterns) in charts.items() if kind == "Multiline"}
     assert len(series) == len(charts)
-    assert series["Data wait per step, mean and max (s)"] == ["^Time/DataLoading$", "^Time/DataLoading_max$"]
-    assert series["Compute per step, mean and max (s; CUDA: GPU busy, per epoch)"] == [
+    assert series["Time/DataLoading: data loading per step, mean and max (s)"] == [
+        "^Time/DataLoading$",
+        "^Time/DataLoading_max$",
+    ]
+    assert series["Time/Compute: compute per step, mean and max (s; CUDA: GPU busy, per epoch)"] == [
         "^Time/Compute$",
         "^Time/Compute_max$",
     ]
-    assert series["Step time, mean and max (s)"] == ["^Time/Step$", "^Time/Step_max$"]
-    assert series["Input stall fraction (share of step time)"] == ["^Time/input_stall_fraction$"]
-    assert series["CPU busy, mean across cores (%)"] == ["^Usage/cpu_busy_percent_mean$"]
+    assert series["Time/Step: step time, mean and max (s)"] == ["^Time/Step$", "^Time/Step_max$"]
+    assert series["Time/InputStallFraction: share of step time lost to input"] == ["^Time/InputStallFraction$"]
+    for title, patterns in series.items():  # each chart is named by its tag first
+        assert title.split(":")[0] == patterns[0].strip("^$"), title
+    assert series["Usage/cpu_busy_percent_mean: CPU busy, mean across cores (%)"] == ["^Usage/cpu_busy_percent_mean$"]
     for title, patterns in series.items():  # one quantity: a mean, or a mean and its maximum
         bases = {pattern.strip("^$").removesuffix("_max") for pattern in patterns}
         assert len(bases) == 1, (title, patterns)

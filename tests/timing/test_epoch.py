@@ -24,15 +24,15 @@ def test_window_metrics_means_maxima_throughput_and_stall():
     assert metrics["Time/DataLoading"] == pytest.approx(0.3)  # start-up wait of step 0 left out
     assert metrics["Time/DataLoading_max"] == pytest.approx(0.4)
     assert metrics["Time/Compute"] == pytest.approx((0.1 + 0.3 + 0.3) / 3)
-    assert metrics["Time/samples_per_sec"] == pytest.approx(20 / 1.5)
-    assert metrics["Time/input_stall_fraction"] == pytest.approx(0.6 / 1.5)
+    assert metrics["Time/SamplesPerSec"] == pytest.approx(20 / 1.5)
+    assert metrics["Time/InputStallFraction"] == pytest.approx(0.6 / 1.5)
     assert "Time/DeviceIdle" not in metrics
 
 
 def test_window_metrics_on_device_use_idle_over_device_step():
     steps = [timing(1, 0.2, 0.1, 0.5, idle=0.05, device_step=0.25)]
     metrics = window_metrics(steps, Stage.VAL)
-    assert metrics["val/Time/input_stall_fraction"] == pytest.approx(0.2)
+    assert metrics["val/Time/InputStallFraction"] == pytest.approx(0.2)
     assert metrics["val/Time/DeviceIdle"] == pytest.approx(0.05)
 
 

@@ -133,7 +133,7 @@ def test_copy_stats():
             "val/Transfer/copy_s": 0.002,
             "val/Transfer/exposed_s": 0.00025,
             "val/Transfer/hidden_fraction": 0.875,
-            "val/Transfer/GBps": 50.0,
+            "val/Transfer/copy_gbps": 50.0,
         }
     )  # no transform: no transform_s
     assert CopyStats.of([]) is None
