@@ -21,6 +21,7 @@ from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, recla
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
+from lightning_dataperf.loader.rebuild import loader_arguments
 from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
     EpochAwareSamplerWrapper,
@@ -125,6 +126,20 @@ class TunedDataModule(pl.LightningDataModule):
         reclaim_sharing(self)
         if self._online is not None and stage == "fit":
             self._online.close()
+
+    @classmethod
+    def from_loaders(cls, train: DataLoader, val: DataLoader | None = None, **options: Any) -> TunedDataModule:
+        """A TunedDataModule that builds your DataLoaders again from the arguments they were made with.
+
+        What you set stays (the online loop starts from it); ``options`` are this class's arguments.
+
+        Example::
+
+            trainer.fit(model, datamodule=TunedDataModule.from_loaders(train_loader, autotune="online"))
+        """
+        if val is None:
+            return _TrainLoaderModule(train, **options)
+        return _TrainValLoaderModule(train, val, **options)
 
     @property
     def online_result(self) -> OnlineResult | None:
@@ -352,3 +367,25 @@ TunedDataModule.teardown._dataperf_reclaims = True  # type: ignore[attr-defined]
 @rank_zero_only
 def _print_on_rank_zero(text: str) -> None:
     print(text, flush=True)
+
+
+class _TrainLoaderModule(TunedDataModule):
+    """:meth:`TunedDataModule.from_loaders` with a training loader only."""
+
+    def __init__(self, train: DataLoader, **options: Any) -> None:
+        super().__init__(**options)
+        self._train_arguments = loader_arguments(train)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(**self._train_arguments)
+
+
+class _TrainValLoaderModule(_TrainLoaderModule):
+    """:meth:`TunedDataModule.from_loaders` with a validation loader too."""
+
+    def __init__(self, train: DataLoader, val: DataLoader, **options: Any) -> None:
+        super().__init__(train, **options)
+        self._val_arguments = loader_arguments(val)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(**self._val_arguments)

@@ -191,3 +191,23 @@ def test_a_persistent_loaders_workers_outlive_the_epoch_once_the_search_has_ende
     assert datamodule.loader_plans["train"][0].chosen.get("persistent_workers", True)
     assert datamodule.online_result.done and len(datamodule.online_result.trials) == 1
     assert workers.seen[1] == workers.seen[2] and len(workers.seen[1]) == 1, "the same worker in epochs 1 and 2"
+
+
+def test_a_plain_dataloader_gets_the_loop_in_one_line_and_keeps_its_own_settings(tmp_path):
+    from helpers import IndexedDataset
+    from torch.utils.data import DataLoader
+
+    from lightning_dataperf import TunedDataModule
+
+    def loader():
+        return DataLoader(IndexedDataset(240), batch_size=4, shuffle=True, drop_last=True, num_workers=0)
+
+    untuned = fit(tmp_path / "untuned", TunedDataModule.from_loaders(loader(), seed=5, verbose=False))
+    datamodule = TunedDataModule.from_loaders(
+        loader(), seed=5, verbose=False, autotune="online", autotune_options=QUICK
+    )
+    tuned = fit(tmp_path / "online", datamodule)
+    plan = datamodule.loader_plans["train"][0]
+    assert plan.explicit["num_workers"] == 0 and plan.explicit["drop_last"] is True, "what the user set is kept"
+    assert datamodule.online_result.start.setting.num_workers == 0, "the loop starts from the user's setting"
+    assert tuned.rows == untuned.rows

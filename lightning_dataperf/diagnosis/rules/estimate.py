@@ -34,7 +34,8 @@ def estimate(evidence: Evidence, step: float | None, new_step: float, unseen: st
     gain = min(step / new_step, ceiling)
     return (
         f" (an estimate from this epoch: up to {gain:.2f}x, {1e3 * step:.1f} -> {1e3 * step / gain:.1f} ms; {unseen};"
-        ' TunedDataModule(autotune="online") measures it on your steps)'
+        ' measure it on your steps: TunedDataModule(autotune="online"), or for a plain DataLoader'
+        ' TunedDataModule.from_loaders(loader, autotune="online"))'
     )
 
 
