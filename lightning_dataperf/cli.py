@@ -10,11 +10,11 @@ so --help and argument errors answer at once.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 __all__ = ["build_parser", "main"]
 
@@ -90,6 +90,10 @@ def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"Worker start method: {hardware.start_method}")
     for note in hardware.notes:
         print(f"Note: {note}")
+    print(settings.explain())
+    return 0
+
+
 REPORT_NAME = "dataperf_report.png"
 
 
@@ -114,10 +118,6 @@ def _report_paths(args: argparse.Namespace, run_directory: Path) -> tuple[Path, 
             f"--force to replace {'it' if len(existing) == 1 else 'them'}, or --out PATH to write this one elsewhere."
         )
     return png, page
-
-
-    print(settings.explain())
-    return 0
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -20,12 +20,12 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from lightning_dataperf.report.panels import COLOURS, LABELS, device_panel, stall_per_epoch, timeline, wrap
 from pathlib import Path
 from typing import Any
 
 from lightning_dataperf import tags
 from lightning_dataperf.diagnosis.findings import Diagnosis
+from lightning_dataperf.report.panels import COLOURS, LABELS, device_panel, stall_per_epoch, timeline, wrap
 from lightning_dataperf.tags import SUMMARY_FILE
 from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.timing.summary import EpochSummary
@@ -40,12 +40,12 @@ TAGS = {
     "device_span": tags.time(tags.DEVICE_SPAN),
     "device_idle": tags.time(tags.DEVICE_IDLE),
     "input_stall": tags.INPUT_STALL,
-    "workers_alive": SystemStats.tag("loader_workers_alive"),
     "gpu_util": SystemStats.tag("gpu_util_percent"),
     "pcie_rx": SystemStats.tag("gpu_pcie_rx_mbps"),
     "cpu_busy": SystemStats.tag("cpu_busy_percent_mean"),
     "main_cpu": SystemStats.tag("main_cpu_percent"),
     "workers_cpu": SystemStats.tag("workers_cpu_percent"),
+    "workers_alive": SystemStats.tag("loader_workers_alive"),
 }
 
 
@@ -86,15 +86,15 @@ class RunData:
     name: str = "."
     other_runs: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
-    @property
-    def world_size(self) -> int:
-        """Ranks of the run (from its epoch summaries; 1 without). The logged scalars are rank 0's."""
-        return max((int(record["summary"].get("world_size", 1)) for record in self.epochs), default=1)
-
 
     @property
     def on_gpu(self) -> bool:
         return TAGS["device_idle"] in self.scalars or TAGS["gpu_util"] in self.scalars
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the run (from its epoch summaries; 1 without). The logged scalars are rank 0's."""
+        return max((int(record["summary"].get("world_size", 1)) for record in self.epochs), default=1)
 
     @property
     def stack(self) -> tuple[str, ...]:
