@@ -13,6 +13,9 @@ Options (all optional):
   --samples N        samples in the synthetic data set (default 1024)
   --batch-size N     batch size (default 32)
   --logdir DIR       where the TensorBoard logs go (default dataperf_logs)
+  --online           let the loader be tuned on the training steps themselves
+                     (TunedDataModule.from_loaders(loader, autotune="online"): workers and threads tried, the
+                     fastest kept, the same samples in the same order)
 
 With the default --workers 0 each batch is loaded in the training process, so the run is input-bound
 and the verdict says so; try --workers 2 to see it change.
@@ -27,7 +30,7 @@ from _synthetic import SmallClassifier, SyntheticImages
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from lightning_dataperf import DataPerfCallback
+from lightning_dataperf import DataPerfCallback, TunedDataModule
 
 
 def main(argv: list[str] | None = None) -> DataPerfCallback:
@@ -38,6 +41,7 @@ def main(argv: list[str] | None = None) -> DataPerfCallback:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--logdir", default="dataperf_logs")
+    parser.add_argument("--online", action="store_true", help="tune the loader on the training steps")
     args = parser.parse_args(argv)
 
     pl.seed_everything(0, verbose=False)
@@ -60,7 +64,10 @@ def main(argv: list[str] | None = None) -> DataPerfCallback:
         enable_progress_bar=False,
         enable_checkpointing=False,
     )
-    trainer.fit(SmallClassifier(), train)
+    if args.online:
+        trainer.fit(SmallClassifier(), datamodule=TunedDataModule.from_loaders(train, autotune="online"))
+    else:
+        trainer.fit(SmallClassifier(), train)
     print(f"\nTensorBoard logs: {trainer.logger.log_dir}\n  tensorboard --logdir {args.logdir}")
     return perf
 

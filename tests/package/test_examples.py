@@ -17,6 +17,16 @@ def test_quickstart_runs_and_reports(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_quickstart_online_tunes_on_its_own_steps(tmp_path, capsys):
+    import quickstart
+
+    argv = ["--epochs", "2", "--samples", "1024", "--sample-ms", "1", "--logdir", str(tmp_path), "--online"]
+    perf = quickstart.main(argv)
+    assert "online tuning: these settings are the start" in capsys.readouterr().out
+    assert perf.last_diagnosis is not None
+
+
+@pytest.mark.slow
 def test_input_bound_example_fixes_what_it_diagnoses(tmp_path, capsys):
     import input_bound
 
