@@ -57,13 +57,19 @@ class SettingSpace:
     """CUDA runs without the side stream: pinned and pageable host memory are both tried."""
 
     def neighbours(self, at: Setting) -> Iterator[Setting]:
-        """Worker counts up and down, then threads, prefetch and pinning at ``at``'s workers."""
+        """Worker counts up and down (on a CPU run each also with the cores they leave as intra-op threads),
+        then threads, prefetch and pinning at ``at``'s workers."""
         workers = at.num_workers
         ups = [workers + 1, 2 * workers] if workers else [1, 2]
-        for count in sorted({w for w in ups if workers < w <= self.max_workers}):
-            yield self._with_workers(at, count)
+        counts = sorted({count for count in ups if workers < count <= self.max_workers})
         if workers:
-            yield self._with_workers(at, max(0, min(workers - 1, workers // 2 if workers > 3 else workers - 1)))
+            counts.append(max(0, workers // 2 if workers > 3 else workers - 1))
+        for count in counts:
+            moved = self._with_workers(at, count)
+            yield moved
+            # workers and intra-op threads share the cores: a move of one alone can hide the pair that wins
+            if self.tune_threads and (left := max(1, self.cpus - count)) != at.threads:
+                yield replace(moved, threads=left)
         if self.tune_threads:
             for threads in sorted({1, max(1, self.cpus - workers), self.cpus} - {at.threads}):
                 yield replace(at, threads=threads)

@@ -79,9 +79,12 @@ class OnlineTuner:
         precision: float = 0.03,
         max_batches: int = 200,
         max_cost: float = 0.05,
+        min_seconds: float = 1.0,
     ) -> None:
         self.trainer, self.space, self._position = trainer, space, position
         self.precision, self.max_batches, self.max_cost = precision, max_batches, max_cost
+        # a trial shorter than this reads the machine's moment (other processes, the scheduler), not the setting
+        self.min_seconds = min_seconds
         self.result = OnlineResult()
         self.override: tuple[int, int] | None = None
         self.user_threads = torch.get_num_threads()
@@ -113,8 +116,11 @@ class OnlineTuner:
             return None
         trial.add(now - last[0])
         rate, error, counted = trial.rate()
+        seconds = sum(trial.periods)
         enough = counted >= max(8, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
-        cut = trial.against is not None and counted >= 4 and slower_for_sure(rate, error, trial.against)
+        enough = enough and seconds >= self.min_seconds
+        cut = trial.against is not None and counted >= 8 and seconds >= self.min_seconds / 2
+        cut = cut and slower_for_sure(rate, error, trial.against)
         if not (enough or cut or len(trial.periods) >= self.max_batches):
             return None
         return self._next(trial.measured())
