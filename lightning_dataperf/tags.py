@@ -1,10 +1,6 @@
 """Every stage name and every scalar/text tag DataPerf writes, defined once, and the names they replaced.
 
-The scheme (README, "Metrics"): ``Group/Name``. ``Time/`` is the step's time in the article's CamelCase: a
-timing per step in seconds (``Time/DataLoading``), or, for the figures derived from those, the unit is the end of
-the name (``Time/SamplesPerSec``, ``Time/InputStallFraction``). The other groups are snake_case ending in the
-unit (``Workers/fetch_s``, ``Transfer/copy_gbps``, ``Usage/cpu_busy_percent_mean``). The verdict's evidence
-names a figure after its tag in snake_case, times in ms (``data_loading_ms``, ``workers_fetch_ms``).
+The naming scheme (``Group/Name``, the unit at the end) is in docs/report.md, section 4.
 
 Example::
 
