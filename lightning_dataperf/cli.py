@@ -1,10 +1,6 @@
-"""The lightning-dataperf command: look at the hardware, and at a finished run.
+"""The lightning-dataperf command: ``probe`` the hardware, ``report`` a finished run.
 
-lightning-dataperf probe [--json] [--data-path DIR] [--local-world-size N] [--epochs N]
-lightning-dataperf report LOGDIR [--run NAME] [--out report.png] [--html]
-
-Nothing heavy (torch, Lightning, TensorBoard, matplotlib) is imported before the arguments are parsed,
-so --help and argument errors answer at once.
+Nothing heavy (torch, Lightning, TensorBoard, matplotlib) is imported before the arguments are parsed.
 """
 
 from __future__ import annotations

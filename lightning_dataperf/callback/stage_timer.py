@@ -1,17 +1,4 @@
-"""The timing state of one stage (train, val, test or predict) for DataPerfCallback.
-
-One :class:`StageTimer` per stage owns a :class:`~lightning_dataperf.timing.clock.StepClock`, the steps of
-the current logging window and of the epoch, and the side-stream copy records. Finished records
-are *collected* (read back without blocking) at log points and epoch ends, and every
-:data:`EVAL_COLLECT_EVERY` evaluation batches (evaluation has no log points).
-
-Example::
-
-    timer = StageTimer(StepClock(device), Stage.TRAIN)
-    timer.start_epoch(anchor=time.perf_counter())
-    ...                                          # the clock is told about fetches and steps
-    metrics = timer.window_metrics()             # {"Time/DataLoading": ..., ...}
-"""
+"""The timing state of one stage (train, val, test or predict) for DataPerfCallback."""
 
 from __future__ import annotations
 
@@ -39,7 +26,19 @@ EVAL_COLLECT_EVERY = 64
 
 @dataclass
 class StageTimer:
-    """Timing state of one stage. ``copies`` are this window's side-stream copies, ``epoch_copies`` the epoch's."""
+    """Timing state of one stage. ``copies`` are this window's side-stream copies, ``epoch_copies`` the epoch's.
+
+    It owns a :class:`~lightning_dataperf.timing.clock.StepClock`, the steps of the current logging window and
+    of the epoch. Finished records are *collected* (read back without blocking) at log points and epoch ends,
+    and every :data:`EVAL_COLLECT_EVERY` evaluation batches (evaluation has no log points).
+
+    Example::
+
+        timer = StageTimer(StepClock(device), Stage.TRAIN)
+        timer.start_epoch(anchor=time.perf_counter())
+        ...                                          # the clock is told about fetches and steps
+        metrics = timer.window_metrics()             # {"Time/DataLoading": ..., ...}
+    """
 
     clock: StepClock
     stage: Stage
@@ -56,8 +55,9 @@ class StageTimer:
     batches_epoch: list[BatchTiming] = field(default_factory=list)
     host_gap: HostGapProbe | None = None
     decode: Any = None  # a GpuDecodeLoader this stage reads from (its ``stats()`` are cumulative)
-    decode_window: DecodeStats | None = None  # its figures at the last log point and at the last epoch end:
-    decode_epoch: DecodeStats | None = None  # contiguous, so batches decoded ahead of an epoch's start count in it
+    # its figures at the last log point and epoch end, contiguous: batches decoded ahead of an epoch count in it
+    decode_window: DecodeStats | None = None
+    decode_epoch: DecodeStats | None = None
     engine_readings: list[float] = field(default_factory=list)  # the epoch's JPEG-engine readings (NVML, %)
 
     def watch_decode(self, loader: Any) -> None:

@@ -1,10 +1,5 @@
 """A one-page picture of a run: per-step time split, data-wait share per epoch, GPU or CPU use, verdict.
 
-Reads what :class:`~lightning_dataperf.DataPerfCallback` wrote for one run: the TensorBoard event
-files, or a CSVLogger's ``metrics.csv`` when there are none, and ``dataperf_summaries.jsonl``. Draws a
-PNG, optionally wrapped in a self-contained HTML page. A folder holding several runs (``version_0``,
-``version_1``, ... of one logger) draws the latest and names the others; ``run=`` picks one.
-
 Example::
 
     from lightning_dataperf.report.run import load_run, render_png
