@@ -74,6 +74,25 @@ class SmallDicts(Dataset):
         }
 
 
+class Records(Dataset):
+    """Samples of many small tensors and a Python-heavy collate (a tokenised-text stand-in that computes)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(index)
+        return [torch.rand(16, generator=generator) for _ in range(32)]
+
+
+def collate_records(samples: list[list[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [torch.stack(parts).mean(0) + torch.stack(parts).std(0) for parts in samples]
+    return torch.stack(rows), torch.tensor([len(rows) % 10] * len(rows))
+
+
 class Mlp(pl.LightningModule):
     """An MLP that does real arithmetic on the CPU (``width`` sets its cost)."""
 
@@ -87,6 +106,7 @@ class Mlp(pl.LightningModule):
             inputs, labels = batch["x"] * batch["mask"], batch["y"]
         else:
             inputs, labels = batch
+        inputs = inputs.flatten(1)
         return nn.functional.cross_entropy(self.head(self.net(inputs)), labels)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -107,6 +127,16 @@ PIPELINES: dict[str, dict[str, Any]] = {
     "fft": {"data": FftSamples, "model": lambda: Mlp(1024, 512), "batch": 32, "start": 1},
     "dicts": {"data": SmallDicts, "model": lambda: Mlp(64, 256), "batch": 8, "start": 0},
     "io": {"data": lambda n: SyntheticImages(n, sleep_ms=4.0), "model": SmallClassifier, "batch": 16, "start": 2},
+    # tiny batches and a step whose Python (many small layers) dominates its arithmetic
+    "tiny": {"data": lambda n: SyntheticImages(n, shape=(64,)), "model": lambda: Mlp(64, 64), "batch": 2, "start": 0},
+    "collate": {"data": Records, "model": lambda: Mlp(16, 256), "batch": 64, "start": 0, "collate": collate_records},
+    # large float batches (8 MB) made cheaply: the hand-over from a worker is the cost
+    "large": {
+        "data": lambda n: SyntheticImages(n, shape=(3, 64, 64)),
+        "model": lambda: Mlp(3 * 64 * 64, 64),
+        "batch": 512,
+        "start": 0,
+    },
 }
 
 
@@ -117,6 +147,8 @@ class Pipeline(TunedDataModule):
 
     def train_dataloader(self) -> DataLoader:
         options = {} if self.workers is None else {"num_workers": self.workers}
+        if "collate" in self.spec:
+            options["collate_fn"] = self.spec["collate"]
         return DataLoader(self.spec["data"](200_000), batch_size=self.spec["batch"], shuffle=True, **options)
 
 
@@ -159,19 +191,41 @@ def measure(name: str, workers: int, threads: int, seconds: float) -> float:
     return clock.rate()
 
 
-def verdict_at_start(name: str, threads: int, seconds: float) -> tuple[str, int | None, float | None]:
+class Verdicts(Callback):
+    """Each epoch's verdict (after DataPerfCallback wrote it): the bottleneck, the advised workers, the estimate."""
+
+    def __init__(self, perf: DataPerfCallback) -> None:
+        self.perf, self.epochs = perf, []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        diagnosis = self.perf.last_diagnosis
+        if diagnosis is None or not diagnosis.findings:
+            self.epochs.append({"bottleneck": "unknown", "workers": None, "estimate": None, "text": ""})
+            return
+        advice = " ".join(advice for finding in diagnosis.findings for advice in finding.advice)
+        workers = re.search(r"num_workers(?:=| from \d+ to )(\d+)", advice)
+        threads = re.search(r"torch.set_num_threads\((\d+)\)", advice)
+        estimate = re.search(r"up to ([0-9.]+)x", advice)
+        self.epochs.append(
+            {
+                "bottleneck": diagnosis.bottleneck,
+                "workers": int(workers.group(1)) if workers else None,
+                "threads": int(threads.group(1)) if threads else None,
+                "estimate": float(estimate.group(1)) if estimate else None,
+                "text": diagnosis.format(),
+            }
+        )
+
+
+def verdicts_at_start(name: str, threads: int, batches: int, epochs: int = 3) -> list[dict[str, Any]]:
+    """The callback's verdict in each of ``epochs`` epochs of ``batches`` steps at the pipeline's start setting."""
     torch.set_num_threads(threads)
     perf = DataPerfCallback(telemetry_interval=0.25)
-    clock = StepClock(seconds, skip=2 * PIPELINES[name]["start"] + 3)
-    trainer([perf, clock], log_every_n_steps=5).fit(
+    verdicts = Verdicts(perf)
+    trainer([perf, verdicts], log_every_n_steps=5, max_epochs=epochs, limit_train_batches=batches).fit(
         PIPELINES[name]["model"](), datamodule=Pipeline(name, PIPELINES[name]["start"])
     )
-    diagnosis = perf.last_diagnosis
-    text = diagnosis.format() if diagnosis is not None else "no verdict"
-    advice = " ".join(advice for finding in diagnosis.findings for advice in finding.advice) if diagnosis else ""
-    workers = re.search(r"num_workers(?:=| from \d+ to )(\d+)", advice)
-    estimate = re.search(r"up to ([0-9.]+)x", advice)
-    return text, int(workers.group(1)) if workers else None, float(estimate.group(1)) if estimate else None
+    return verdicts.epochs
 
 
 def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
@@ -181,8 +235,10 @@ def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
     started = time.perf_counter()
     trainer([clock]).fit(PIPELINES[name]["model"](), datamodule=module)
     result = module.online_result
-    assert result is not None and result.start is not None
-    kept = result.kept or max(result.trials, key=lambda trial: trial.steps_per_sec)
+    if result is None or result.start is None:
+        raise SystemExit(f"{name}: the online run ended before its first trial; give it more --online-seconds")
+    # still searching when the run ended: the setting in use is the start's or a trial's, report the start's
+    kept = result.kept or result.start
     return {
         "kept": [kept.setting.num_workers, kept.setting.threads, kept.setting.prefetch_factor],
         "start": [result.start.setting.num_workers, result.start.setting.threads],
@@ -205,7 +261,11 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     median = {point: statistics.median(values) for point, values in rates.items()}
     best = max(median, key=median.get)
     start = (PIPELINES[name]["start"], cpus)
-    text, advised, estimate = verdict_at_start(name, cpus, args.seconds * 3)
+    epochs = verdicts_at_start(name, cpus, max(20, int(median[start] * args.seconds * 2)))
+    steady = [(epoch["bottleneck"], epoch["workers"]) for epoch in epochs[1:]]
+    last = epochs[-1]
+    text, advised, estimate = last["text"], last["workers"], last["estimate"]
+    advised_point = (advised, last["threads"] or cpus)
     online = online_run(name, cpus, args.online_seconds)
     kept = (online["kept"][0], online["kept"][1])
     row = {
@@ -216,11 +276,15 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "start": list(start),
         "start_rate": median[start],
         "verdict": text,
+        "verdicts": epochs,
+        "steady_epochs_same": steady.count(steady[-1]) if steady else 0,
+        "steady_epochs": len(steady),
         "advised_workers": advised,
         "estimate": estimate,
+        "advised_threads": advised_point[1],
         "advised_measured": None
-        if advised is None or (advised, cpus) not in median
-        else median[(advised, cpus)] / median[start],
+        if advised is None or advised_point not in median
+        else median[advised_point] / median[start],
         "online": online,
         "online_of_best": median.get(kept, float("nan")) / median[best],
         "online_cost_of_5min": online["cost_s"] / 300.0,
@@ -248,6 +312,8 @@ def main() -> None:
         "pipeline",
         "start",
         "grid best",
+        "verdict",
+        "same in steady epochs",
         "advised",
         "estimate",
         "advised measured",
@@ -264,6 +330,8 @@ def main() -> None:
                 row["pipeline"],
                 setting(row["start"]),
                 setting(row["best"]),
+                row["verdicts"][-1]["bottleneck"],
+                f"{row['steady_epochs_same']}/{row['steady_epochs']}",
                 "-" if row["advised_workers"] is None else f"{row['advised_workers']}w",
                 "-" if row["estimate"] is None else f"{row['estimate']:.2f}x",
                 "-" if row["advised_measured"] is None else f"{row['advised_measured']:.2f}x",

@@ -115,12 +115,13 @@ class OnlineResult:
 
     @property
     def cost_s(self) -> float:
-        """Seconds the trials took beyond what the kept setting (while searching: the fastest so far) would have
-        taken: slower steps and switch stalls."""
-        if not self.trials:
-            return 0.0
-        best = (self.kept or max(self.trials, key=lambda trial: trial.steps_per_sec)).steps_per_sec
-        slower = sum(max(0.0, trial.seconds - trial.batches / best) for trial in self.trials)
+        """Seconds the trials took beyond what the kept setting would have taken: slower steps and switch stalls."""
+        reference = self.kept or self.start
+        return 0.0 if reference is None else self.cost_at(reference.steps_per_sec)
+
+    def cost_at(self, steps_per_sec: float) -> float:
+        """The trials' seconds beyond what ``steps_per_sec`` would have taken, and the switches' stalls."""
+        slower = sum(max(0.0, trial.seconds - trial.batches / steps_per_sec) for trial in self.trials)
         return slower + sum(trial.switch_s for trial in self.trials)
 
     def summary(self) -> str:

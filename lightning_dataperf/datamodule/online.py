@@ -149,9 +149,10 @@ class OnlineTuner:
 
     def _over_budget(self) -> bool:
         """The slower trials already cost ``max_cost`` of the run (its length at the best rate measured)."""
-        best = max(self.result.trials, key=lambda trial: trial.steps_per_sec)
+        # against the setting the search stands on: one lucky short trial must not inflate every other's cost
+        rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
         batches = _planned_batches(self.trainer)
-        over = batches is not None and self.result.cost_s > self.max_cost * batches / best.steps_per_sec
+        over = bool(batches and rate) and self.result.cost_at(rate) > self.max_cost * batches / rate
         if over:
             self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
         return over

@@ -11,6 +11,7 @@ __all__ = [
     "UNSEEN_MORE_WORKERS",
     "estimate",
     "more_workers_lost",
+    "threads_beside",
 ]
 
 #: A worker count above autotune's pick that read at most this much faster than the pick did not help
@@ -50,3 +51,12 @@ def more_workers_lost(evidence: Evidence) -> str | None:
         "workers did not help here (each costs CPU and hand-over time); shorten what each sample waits on (a "
         "local or cached copy of the data, fewer reads per sample)"
     )
+
+
+def threads_beside(evidence: Evidence, workers: int) -> str:
+    """CPU runs: the intra-op threads to set beside ``workers`` workers, so the two do not outnumber the cores."""
+    threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
+    if evidence.summary.on_device or not threads or not cpus or threads + workers <= cpus:
+        return ""
+    # benchmarks/online.py, 2 cores: at the same workers one intra-op thread beat two on every pipeline
+    return f" and torch.set_num_threads({max(1, cpus - workers)}) (now {threads}: the workers need the cores too)"

@@ -15,6 +15,7 @@ from lightning_dataperf.diagnosis.rules.estimate import (
     UNSEEN_MORE_WORKERS,
     estimate,
     more_workers_lost,
+    threads_beside,
 )
 
 __all__ = ["SIGNIFICANT_SHARE", "input_bound"]
@@ -255,7 +256,9 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
             f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
-            f"num_workers={workers}" + estimate(evidence, step, max(compute, work / workers), UNSEEN_FIRST_WORKERS)
+            f"num_workers={workers}"
+            + threads_beside(evidence, workers)
+            + estimate(evidence, step, max(compute, work / workers), UNSEEN_FIRST_WORKERS)
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
@@ -284,7 +287,9 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
             "raise num_workers "
-            f"from {workers} to {workers + added}" + estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
+            f"from {workers} to {workers + added}"
+            + threads_beside(evidence, workers + added)
+            + estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
     else:
