@@ -332,7 +332,7 @@ def main() -> None:
                 setting(row["best"]),
                 row["verdicts"][-1]["bottleneck"],
                 f"{row['steady_epochs_same']}/{row['steady_epochs']}",
-                "-" if row["advised_workers"] is None else f"{row['advised_workers']}w",
+                "-" if row["advised_workers"] is None else f"{row['advised_workers']}w {row['advised_threads']}t",
                 "-" if row["estimate"] is None else f"{row['estimate']:.2f}x",
                 "-" if row["advised_measured"] is None else f"{row['advised_measured']:.2f}x",
                 setting(row["online"]["kept"][:2]),
