@@ -22,7 +22,8 @@ from helpers import (
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
-from lightning_dataperf import TunedDataModule, article_settings, recommend_loader_settings
+from lightning_dataperf import TunedDataModule, recommend_loader_settings
+from lightning_dataperf.loader import article_settings
 from lightning_dataperf.loader.policy import check_loader_kwargs
 from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler, LoaderResumeState
 from lightning_dataperf.loader.seeding import batch_seed, main_process_seeded, worker_seed

@@ -68,6 +68,7 @@ def test_batches_are_unchanged_and_their_inside_is_measured(workers):
     assert instrument(loader) is probe, "a loader processed twice keeps one probe"
 
 
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true but no accelerator:UserWarning")
 def test_pinned_batches_count_the_pin_thread():
     loader = DataLoader(SleepPerSample(8, 0.0), batch_size=4, num_workers=1, pin_memory=True)
     probe = instrument(loader)
