@@ -133,7 +133,8 @@ class AutotuneResult:
             use = f": pass worker_init_fn=ShareBy({self.sharing_strategy!r})" if self.sharing_strategy else ""
             lines.append(f"  hand-over: {self.sharing_detail}{use}")
         lines.append("  workers prefetch pin   batches/s  start-up s  trial s  worker busy  memory MB  runs  sharing")
-        for trial in self.trials:
+        chosen = self.chosen_trial
+        for trial in self.trials:  # in the order measured (the policy's pick first)
             if trial.refused:
                 status = f"refused: {trial.refused}"
             else:
@@ -143,7 +144,7 @@ class AutotuneResult:
             lines.append(
                 f"  {trial.num_workers:7d} {trial.prefetch_factor!s:>8} {trial.pin_memory!s:5} {status:>11} "
                 f"{trial.startup_s:10.2f} {trial.seconds:8.1f} {busy:>12} {trial.memory_mb:10.0f} "
-                f"{trial.measurements:5d}  {trial.sharing or '-'}"
+                f"{trial.measurements:5d}  {trial.sharing or '-'}" + ("  <- chosen" if trial is chosen else "")
             )
         return "\n".join(lines)
 

@@ -94,6 +94,7 @@ class TrialRunner:
         #: Why the last :meth:`run` ended before one steady round (``None``: it did not): the limit that cut it and
         #: what to know about it, e.g. ``("the dataset ran out", "one pass of it is 24 batches, ...")``.
         self.last_cut: tuple[str, str] | None = None
+        self._order: dict[Any, int] = {}  # each configuration and hand-over, by when it was first measured
 
     @property
     def remaining(self) -> float:
@@ -146,6 +147,10 @@ class TrialRunner:
     def all_trials(self) -> list[Trial]:  # those measured another way (:attr:`earlier`) first
         return [*self.earlier, *self.trials.values()]
 
+    def in_order(self) -> list[Trial]:
+        """Every trial (:meth:`all_trials`) in the order first measured: the policy's pick first, as the log showed."""
+        return sorted(self.all_trials(), key=lambda trial: self._order.get(trial.measured_as, len(self._order)))
+
     def _current(self, trial: Trial) -> bool:  # measured the way trials are measured now
         return trial.sharing == _sent(trial.num_workers, self.sharing)
 
@@ -161,6 +166,7 @@ class TrialRunner:
         other = self.run(*trial.config, against=trial, sharing=strategy)
         self.listener("done", other)
         self.earlier.append(other)
+        self._order.setdefault(other.measured_as, len(self._order))
         return other
 
     def adopt(self, trial: Trial) -> None:
@@ -183,6 +189,7 @@ class TrialRunner:
             trial = self.run(*key, against=against, sharing=self.sharing)
             self.listener("done", trial)
         self.trials[key] = trial
+        self._order.setdefault(trial.measured_as, len(self._order))
         return trial
 
     def remeasure(self, trial: Trial, cap_scale: float = 1.0, against: Trial | None = None) -> Trial:

@@ -259,7 +259,7 @@ def _climb(
     settings = _settings_from(chosen, max_epochs)
     return AutotuneResult(
         settings=settings,
-        trials=tuple(runner.all_trials()),
+        trials=tuple(runner.in_order()),  # as measured: the policy's pick first
         search_seconds=0.0,
         baseline_batches_per_sec=baseline.batches_per_sec,
         best_batches_per_sec=top,
