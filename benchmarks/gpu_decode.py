@@ -399,7 +399,7 @@ def torchvision_decode_only(batches: list[list[bytes]], warmup: int = 3) -> floa
 def nvimgcodec_decode_only(batches: list[list[bytes]], warmup: int = 3) -> float | None:
     """images/s of nvImageCodec's batched decode (hardware engines first) over ``batches``; None if it is absent."""
     try:
-        from lightning_dataperf.decode._backends import NvImageCodecBackend, import_nvimgcodec
+        from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend, import_nvimgcodec
 
         codec = import_nvimgcodec()
         backend = NvImageCodecBackend(torch.device("cuda", 0))

@@ -40,8 +40,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_decode import BATCH, SIZE, gpu_loader, make_model, make_set, measure
 
-from lightning_dataperf.decode._backends import import_nvimgcodec
 from lightning_dataperf.decode._graph import GraphedAugment
+from lightning_dataperf.decode._nvimgcodec import import_nvimgcodec
 from lightning_dataperf.decode.decoder import JpegDecoder
 from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 

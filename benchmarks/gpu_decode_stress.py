@@ -39,8 +39,8 @@ from _common import print_table, write_json
 from gpu_decode import make_set
 
 from lightning_dataperf.decode import GpuDecodeLoader
-from lightning_dataperf.decode._backends import pil_decode
 from lightning_dataperf.decode._gather import augment_batch
+from lightning_dataperf.decode._prepare import pil_decode
 from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD
 from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import write_json
 from gpu_decode import BATCH, ceiling_batches, make_model, make_set
 
-from lightning_dataperf.decode._backends import _decode_params, import_nvimgcodec
+from lightning_dataperf.decode._nvimgcodec import _decode_params, import_nvimgcodec
 from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
 

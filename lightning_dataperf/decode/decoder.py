@@ -1,29 +1,4 @@
-"""Decode and augment :class:`~lightning_dataperf.decode.encoded.EncodedBatch` on the GPU (issue 17).
-
-:class:`JpegDecoder` turns one encoded batch into ``(images, labels)``: batched nvJPEG (nvImageCodec,
-else ``torchvision.io.decode_jpeg``; the hardware JPEG engines where the GPU has them) straight into
-one flat buffer, then crop + resize + flip + normalise of the whole batch in a fixed number of kernel
-launches: every output pixel gathers its four bilinear neighbours from the flat buffer (the
-arithmetic of ``F.interpolate(mode="bilinear", align_corners=False, antialias=False)`` on the crop).
-Samples the header marked for the CPU (progressive, grayscale, CMYK, PNG, ...) are decoded with PIL
-and counted (``Decode/cpu_fallback``). Without CUDA everything runs on the CPU (PIL), same arithmetic.
-
-:class:`GpuDecodeLoader` is the one switch: it wraps a ``DataLoader`` of encoded batches and runs the
-decoder ahead of the training step in a background thread on its own CUDA stream, with a bounded
-look-ahead queue and CUDA-event hand-over (no synchronize per step).
-
-Example (plain PyTorch or a LightningModule's ``train_dataloader``)::
-
-    dataset = EncodedImageDataset.from_folder("/data/train", seed=42)
-    loader = DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4,
-                        collate_fn=collate_encoded, persistent_workers=True)
-    train = GpuDecodeLoader(loader, device="cuda", size=224, dtype=torch.bfloat16)
-    for images, labels in train:       # images: [128, 3, 224, 224] bf16 channels_last on cuda
-        ...
-    print(train.stats().to_metrics())  # {"Decode/images_per_sec": ..., "Decode/cpu_fallback": ...}
-
-GPU path: ``pip install "lightning-dataperf[gpu-decode]"`` (nvImageCodec; torchvision also works).
-"""
+"""Decode and augment an :class:`~lightning_dataperf.decode.encoded.EncodedBatch` on the GPU: :class:`JpegDecoder`."""
 
 from __future__ import annotations
 
@@ -35,27 +10,26 @@ from typing import Any
 
 import torch
 
-from lightning_dataperf.decode._backends import host_layout, make_backend, pil_decode, slot_view
+from lightning_dataperf.decode._backends import make_backend
 from lightning_dataperf.decode._gather import augment_batch, compiled_augment, crop_resize_flip
 from lightning_dataperf.decode._graph import GraphedAugment
+from lightning_dataperf.decode._prepare import DecodeError, HostStages
+from lightning_dataperf.decode._slots import host_layout, slot_view
 from lightning_dataperf.decode._state import PreparedBatch, Telemetry, jpeg_utilisation
-from lightning_dataperf.decode.encoded import KIND_BAD, KIND_GPU, EncodedBatch
+from lightning_dataperf.decode.encoded import KIND_GPU, EncodedBatch
 from lightning_dataperf.decode.stats import DecodeStats
 
 __all__ = ["DecodeError", "DecodeStats", "JpegDecoder", "crop_resize_flip"]
 
-_TABLE_COLUMNS = 9  # base, height, width, crop top, left, height, width, flip, label
+# columns of the per-sample table: base, height, width, crop top, left, height, width, flip, label
+_TABLE_COLUMNS = 9
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _EXTRA = "lightning-dataperf[gpu-decode]"
 _log = logging.getLogger(__name__)
 
 
-class DecodeError(RuntimeError):
-    """A sample that neither the GPU nor the CPU can decode (names its dataset index and path)."""
-
-
-class JpegDecoder:
+class JpegDecoder(HostStages):
     """Decodes and augments one :class:`EncodedBatch` into ``(images, labels)`` on ``device``.
 
     Args:
@@ -67,9 +41,9 @@ class JpegDecoder:
         on_error: ``"raise"`` a :class:`DecodeError` naming index and path for an undecodable sample,
             or ``"zeros"``: an all-zero image (after normalisation), counted as ``Decode/undecodable``.
         backend: ``"auto"`` (torchvision's CUDA decode if it imports, else nvImageCodec), ``"nvimgcodec"`` or
-            ``"torchvision"`` (ignored on CPU), or a backend object (see ``_decode_backends``).
+            ``"torchvision"`` (ignored on CPU), or a backend object (see ``_backends.make_backend``).
         decode_threads: nvImageCodec's CPU thread pool (default ``min(4, cores)``).
-        graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph_augment`; eager if
+        graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph`; eager if
             the capture fails, and for a batch of another size).
         compile_augment: in that graph, the augment compiled by ``torch.compile`` (fused gathers: about a
             tenth of its GPU time; compiled at the first batch, in the decode thread, seconds); uncompiled
@@ -113,8 +87,7 @@ class JpegDecoder:
         self.layout = self.backend.layout if self.backend is not None else "hwc"
         self.graph_augment = graph_augment and self._cuda
         self.compile_augment = compile_augment and self.graph_augment
-        #: Wait on the host, before each GPU decode, until the memory it writes is no longer read (see
-        #: :meth:`_wait_writable`): where the backend's decoder writes at call time, not in stream order.
+        #: Wait on the host before each GPU decode (:meth:`_wait_writable`): the backend writes at call time.
         self.host_barrier = bool(self._cuda and getattr(self.backend, "writes_at_call", True))
         self._graphs: list[GraphedAugment | None] = [None] * (2 if self.host_barrier else 1)
         self._turn = 0
@@ -125,65 +98,6 @@ class JpegDecoder:
     def __call__(self, batch: EncodedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode and augment ``batch``: :meth:`prepare` then :meth:`run`, in the calling thread."""
         return self.run(self.prepare(batch))
-
-    def prepare(self, batch: EncodedBatch) -> PreparedBatch:
-        """The host-only half of a batch (no CUDA work is queued): the per-sample rows, the byte views,
-        the layout of the flat buffer, the pinned per-sample table, the backend's own inputs, and the CPU
-        decodes of the samples the header sent to the CPU. :class:`GpuDecodeLoader` runs it in a thread of
-        its own, so the decode thread only decodes and augments."""
-        started, cpu_started = time.perf_counter(), time.thread_time()
-        meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
-        rows = meta.tolist()
-        data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
-        offsets = batch.offsets.tolist()
-        count = len(rows)
-        sizes = [(row[3], row[4]) for row in rows]
-        gpu = [i for i, row in enumerate(rows) if row[2] == KIND_GPU] if self.backend is not None else []
-        on_gpu = set(gpu)
-        host: dict[int, torch.Tensor] = {}
-        bad: list[int] = []
-        for i in range(count):
-            if i not in on_gpu:
-                self._host_decode(batch, data, offsets, rows, i, host, bad)
-        bases, position = [0] * count, 0
-        for i in gpu:
-            bases[i] = position
-            position += 3 * sizes[i][0] * sizes[i][1]
-        host_start = position
-        for i, image in host.items():
-            sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
-            position += image.numel()
-        spans = [(offsets[i], offsets[i + 1]) for i in gpu]
-        inputs = None
-        prepare_inputs = getattr(self.backend, "prepare", None)
-        if gpu and callable(prepare_inputs):
-            inputs = prepare_inputs(data, spans)
-        prepared = PreparedBatch(
-            batch, rows, data, offsets, sizes, gpu, host, bad, bases, position, host_start, spans, inputs
-        )
-        if count and not bad:  # the table is final unless a sample turns out undecodable on the GPU
-            prepared.table = self._table(prepared, 0, bad)
-        prepared.seconds = time.perf_counter() - started
-        prepared.cpu_seconds = time.thread_time() - cpu_started
-        return prepared
-
-    @property
-    def can_submit(self) -> bool:
-        """Can the decode call run apart from :meth:`run` (:meth:`submit`)? Where the backend decodes into
-        buffers of its own and has a ``submit`` (torchvision's nvJPEG), not where it decodes into the flat buffer."""
-        return callable(getattr(self.backend, "submit", None)) and getattr(self.backend, "ordered", True)
-
-    def submit(self, prepared: PreparedBatch) -> PreparedBatch:
-        """The decode library's call for a prepared batch, where :attr:`can_submit` (else nothing): what it returns
-        goes with the batch to :meth:`run`, which then only copies it into the flat buffer and augments.
-        :class:`GpuDecodeLoader` calls it in a thread of its own, so one batch's call (the GIL released) overlaps
-        the previous batch's copy and augment and the next one's preparation."""
-        if prepared.gpu and self.can_submit:
-            started = time.perf_counter()
-            parts = prepared.inputs if prepared.inputs is not None else [prepared.data[a:b] for a, b in prepared.spans]
-            prepared.submitted = self.backend.submit(parts)
-            prepared.call_seconds = time.perf_counter() - started
-        return prepared
 
     def run(self, prepared: PreparedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """The device half of a batch prepared by :meth:`prepare`: decode into the flat buffer, augment."""
@@ -201,7 +115,8 @@ class JpegDecoder:
                 host_table = self._table(prepared, zero_base, bad)
             if graphed is not None:
                 images, labels = self._replay(graphed, host_table)
-                graphed.readers_done = self._record()  # the next hardware decode into its buffer waits for this
+                # the next hardware decode into its buffer waits for this
+                graphed.readers_done = self._record()
             else:
                 images, labels = self._augment(flat, host_table.to(self.device, non_blocking=True))
             self._release_after_use(keep)
@@ -228,16 +143,6 @@ class JpegDecoder:
                 telemetry.decode_s += elapsed + prepared.seconds
         return images, labels
 
-    def _table(self, prepared: PreparedBatch, zero_base: int, undecodable: list[int]) -> torch.Tensor:
-        """The pinned ``[B, 9]`` per-sample table (base, height, width, crop box, flip, label); the
-        undecodable samples read the zero pixel at ``zero_base``."""
-        bad = set(undecodable)
-        table = [
-            (zero_base, 1, 1, 0, 0, 1, 1, row[9], row[0]) if i in bad else (base, h, w, *row[5:10], row[0])
-            for i, (row, base, (h, w)) in enumerate(zip(prepared.rows, prepared.bases, prepared.sizes, strict=True))
-        ]  # fmt: skip
-        return self._pinned(torch.tensor(table, dtype=torch.int64))
-
     def _record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(self.device))
@@ -258,12 +163,14 @@ class JpegDecoder:
         if self.compile_augment:
             try:
                 return graphed.run(table, self._fused)
-            except Exception as error:  # no Triton / compiler, or the compiled code cannot be captured
+            except Exception as error:
+                # no Triton or compiler, or the compiled code cannot be captured
                 self.compile_augment = False
                 _log.warning("torch.compile of the GPU augment failed (%s); using the uncompiled augment", error)
         try:
             return graphed.run(table, self._augment)
-        except Exception:  # capture failed: eager from now on (the static buffers hold this batch)
+        except Exception:
+            # the capture failed: eager from now on, from the static buffers that hold this batch
             self._graphs, self.graph_augment = [None] * len(self._graphs), False
             return self._augment(graphed.flat, graphed.table)
 
@@ -276,7 +183,8 @@ class JpegDecoder:
             turn = self._turn % len(self._graphs)
             graphed = self._graphs[turn]
             if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
-                self._release_after_use(graphed)  # replays of the old graph may still be queued
+                # replays of the old graph may still be queued
+                self._release_after_use(graphed)
                 capacity = needed * 5 // 4 + 3
                 graphed = self._graphs[turn] = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
             if graphed.fits(count, needed):
@@ -306,11 +214,9 @@ class JpegDecoder:
         else:
             event = self._record()
         started = time.perf_counter()
-        event.synchronize()  # releases the GIL
+        # releases the GIL while it waits
+        event.synchronize()
         return time.perf_counter() - started
-
-    def _pinned(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.pin_memory() if self._cuda else tensor
 
     def _to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._pinned(tensor).to(self.device, non_blocking=True) if self._cuda else tensor
@@ -360,24 +266,6 @@ class JpegDecoder:
             flat[host_start:position].copy_(self._pinned(joined), non_blocking=True)
         return flat, zero_base, graphed, fallback, bad, keep, waited
 
-    def _host_decode(self, batch, data, offsets, rows, i, out, bad) -> None:
-        """PIL decode of sample ``i`` into ``out[i]`` (``[H, W, 3]``), or mark it bad / raise."""
-        reason = batch.reasons[i] if i < len(batch.reasons) else ""
-        if rows[i][2] != KIND_BAD:
-            try:
-                out[i] = pil_decode(data[offsets[i] : offsets[i + 1]].numpy().tobytes())
-                return
-            except Exception as error:  # the CPU cannot decode it either
-                reason = f"{type(error).__name__}: {error}"
-        self._fail(batch, i, reason, bad)
-
-    def _fail(self, batch: EncodedBatch, i: int, reason: str, bad: list[int]) -> None:
-        if self.on_error == "raise":
-            index = int(batch.meta[i, 1])
-            path = batch.paths[i] if i < len(batch.paths) else "?"
-            raise DecodeError(f"cannot decode dataset index {index} ({path}): {reason or 'undecodable'}")
-        bad.append(i)
-
     def _release_after_use(self, keep: Any) -> None:
         """Keep the decoder's outputs and inputs alive until the current stream has read them (instead of
         ``record_stream`` per image: their blocks may belong to another stream)."""
@@ -415,4 +303,5 @@ class JpegDecoder:
             )
 
 
-_jpeg_utilisation = jpeg_utilisation  # the name benchmarks/decode_process_prototype.py imports
+# the name benchmarks/decode_process_prototype.py imports
+_jpeg_utilisation = jpeg_utilisation

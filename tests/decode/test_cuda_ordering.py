@@ -17,7 +17,8 @@ IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}  # outp
 
 
 def _available(name: str) -> bool:
-    from lightning_dataperf.decode._backends import import_decode_jpeg, import_nvimgcodec
+    from lightning_dataperf.decode._nvimgcodec import import_nvimgcodec
+    from lightning_dataperf.decode._torchvision import import_decode_jpeg
 
     try:
         (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()

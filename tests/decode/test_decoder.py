@@ -21,7 +21,8 @@ MEAN_TOLERANCE, P99_TOLERANCE = 2.0, 16.0
 
 
 def _available(name: str) -> bool:
-    from lightning_dataperf.decode._backends import import_decode_jpeg, import_nvimgcodec
+    from lightning_dataperf.decode._nvimgcodec import import_nvimgcodec
+    from lightning_dataperf.decode._torchvision import import_decode_jpeg
 
     try:
         (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()

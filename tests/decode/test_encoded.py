@@ -233,7 +233,7 @@ class _FakeNvImageCodec:
         return [self._Wrapped(slot) for slot in slots]
 
     def decode(self, streams, images=None, params=None, cuda_stream=0):
-        from lightning_dataperf.decode._backends import pil_decode
+        from lightning_dataperf.decode._prepare import pil_decode
 
         self.calls.append("into" if images is not None else "copy")
         out = []
@@ -252,7 +252,7 @@ class _FakeNvImageCodec:
 
 @pytest.mark.parametrize("into", [True, False, "own"])
 def test_nvimgcodec_backend_fills_the_flat_buffer(tmp_path, into):
-    from lightning_dataperf.decode._backends import NvImageCodecBackend
+    from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend
 
     paths = odd_files(str(tmp_path))
     samples = [*write_files(str(tmp_path / "ok"), 5), (paths["progressive"], 0)]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from lightning_dataperf.decode import DecodeError, DecodeStats, GpuDecodeLoader, JpegDecoder
-from lightning_dataperf.decode._backends import TorchvisionBackend, pil_decode
+from lightning_dataperf.decode._prepare import pil_decode
+from lightning_dataperf.decode._torchvision import TorchvisionBackend
 from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
 
 pytest.importorskip("PIL")
@@ -105,7 +106,7 @@ def test_the_decode_call_runs_in_its_own_thread_where_it_can(tmp_path, ahead, no
 
 def test_which_backends_need_the_host_barrier():
     assert TorchvisionBackend.writes_at_call is False  # its own allocation stream, a stream-ordered copy
-    from lightning_dataperf.decode._backends import NvImageCodecBackend
+    from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend
 
     assert NvImageCodecBackend.writes_at_call is True  # decodes into the buffer: the hardware engine ignores order
 
