@@ -52,7 +52,7 @@ class DataPerfCallback(Callback):
 
     ``Time/DataLoading`` (host blocked in the loader's ``next()``), ``Time/Transfer``,
     ``Time/Compute``, ``Time/DeviceIdle`` (CUDA: GPU idle between steps), ``Time/Step``,
-    ``Time/samples_per_sec``, ``Time/input_stall_fraction`` and, per epoch, ``Time/EpochStart``
+    ``Time/SamplesPerSec``, ``Time/InputStallFraction`` and, per epoch, ``Time/EpochStart``
     and the 90th percentiles ``Time/DataLoading_p90``, ``Time/Compute_p90``. Evaluation loops log the same under
     ``val/``, ``test/`` and ``predict/``. On CUDA the step figures come from CUDA events read back
     lazily, so the callback never synchronises the device per step.

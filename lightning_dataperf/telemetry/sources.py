@@ -54,7 +54,7 @@ class GpuSource:
 
     PCIe rates are deltas of NVML's byte counters (``NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES``), which the
     driver refreshes lazily and which some platforms do not maintain (``benchmarks/pcie_counters.py``). The
-    copy figures that DataPerfCallback measures itself (``Time/Transfer``, ``Transfer/GBps``) do not depend on them.
+    copy figures DataPerfCallback measures itself (``Time/Transfer``, ``Transfer/copy_gbps``) do not depend on them.
 
     Args:
         device: the torch CUDA device index; mapped to NVML through the device UUID, so
