@@ -18,12 +18,12 @@ from lightning_dataperf.telemetry.processes import is_shm_manager
 QUICK = {"precision": 10.0, "max_batches": 8, "max_cost": 10.0, "min_seconds": 0.0}
 
 
-def fit(tmp_path, datamodule, epochs=3, ckpt_path=None, every=None, callbacks=()):
+def fit(tmp_path, datamodule, epochs=3, ckpt_path=None, every=None, callbacks=(), **trainer_options):
     model = RecordingModel()
     callbacks = list(callbacks)
     if every:
         callbacks.append(ModelCheckpoint(tmp_path / "ckpt", every_n_train_steps=every, save_top_k=-1))
-    options = trainer_kwargs(tmp_path, enable_checkpointing=bool(every), num_sanity_val_steps=0)
+    options = trainer_kwargs(tmp_path, enable_checkpointing=bool(every), num_sanity_val_steps=0, **trainer_options)
     trainer = pl.Trainer(max_epochs=epochs, callbacks=callbacks, **options)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return model
@@ -214,3 +214,13 @@ def test_a_plain_dataloader_gets_the_loop_in_one_line_and_keeps_its_own_settings
     assert plan.explicit["num_workers"] == 0 and plan.explicit["drop_last"] is True, "what the user set is kept"
     assert datamodule.online_result.start.setting.num_workers == 0, "the loop starts from the user's setting"
     assert tuned.rows == untuned.rows
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_the_loop_switches_a_pinned_loader_and_the_order_holds(tmp_path):
+    untuned = fit(tmp_path / "untuned", IndexData(length=240, workers=1, seed=5, verbose=False), accelerator="gpu")
+    datamodule = online()
+    tuned = fit(tmp_path / "online", datamodule, accelerator="gpu")
+    assert len({trial.setting for trial in datamodule.online_result.trials}) >= 2
+    assert datamodule.online_result.trials[0].setting.pin_memory, "pinned to start with, on a GPU run"
+    assert indices(tuned) == indices(untuned), "pin thread stopped and restarted without a batch lost"
