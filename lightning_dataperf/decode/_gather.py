@@ -1,10 +1,6 @@
-"""Crop + bilinear resize + flip of a whole batch of images of any sizes held in one flat buffer (issue 17).
+"""Crop, bilinear resize, flip and normalise a batch of images of any sizes held in one flat buffer.
 
-Import :func:`crop_resize_flip` from :mod:`lightning_dataperf.decode.decoder`. :func:`augment_batch` adds the
-normalisation and the output layout; :func:`compiled_augment` is the same function through
-``torch.compile`` (Triton; opt-in, ``compile_augment=True``): the index arithmetic and the four gathers
-fuse into a few kernels instead of ~90 (1.43 -> 0.13 ms of GPU time per batch of 128 at 224 px on an H200,
-benchmarks/README.md).
+:func:`crop_resize_flip` is public through :mod:`lightning_dataperf.decode.decoder`; :func:`compiled_augment` is opt-in.
 """
 
 from __future__ import annotations
@@ -21,9 +17,10 @@ _COMPILED: list[Callable[..., Any]] = []
 
 def _axis(start: torch.Tensor, length: torch.Tensor, out: int, flip: torch.Tensor | None):
     """Source indices (absolute) and weights along one axis, as ``upsample_bilinear2d`` computes them."""
-    scale = length.to(torch.float32) / out  # [B]
+    scale = length.to(torch.float32) / out
     position = torch.arange(out, device=start.device, dtype=torch.float32).add_(0.5)
-    source = (position[None, :] * scale[:, None]).sub_(0.5).clamp_(min=0)  # [B, out]
+    # [B, out], clamped at 0 as upsample_bilinear2d does
+    source = (position[None, :] * scale[:, None]).sub_(0.5).clamp_(min=0)
     first = source.floor()
     weight = source - first
     first = first.long()
@@ -76,7 +73,8 @@ def crop_resize_flip(
     x0, x1, wx = _axis(left, box_w, size, flips)
     channels = torch.arange(3, device=flat.device)
     if layout == "chw":
-        channel = bases[:, None] + (heights * widths)[:, None] * channels  # [B, 3]
+        # [B, 3]: each channel's plane starts one image area after the last
+        channel = bases[:, None] + (heights * widths)[:, None] * channels
         row_stride = widths[:, None]
     else:
         channel = bases[:, None] + channels
@@ -85,7 +83,8 @@ def crop_resize_flip(
     row0 = (y0 * row_stride)[:, :, None, None]
     row1 = (y1 * row_stride)[:, :, None, None]
     col0, col1 = x0[:, None, :, None], x1[:, None, :, None]
-    base = channel[:, None, None, :]  # [B, 1, 1, 3]
+    # [B, 1, 1, 3], to broadcast against rows [B, out, 1, 1] and columns [B, 1, out, 1]
+    base = channel[:, None, None, :]
     top_row = base + row0
     bottom_row = base + row1
     wx = wx[:, None, :, None].to(compute_dtype)
@@ -111,11 +110,13 @@ def augment_batch(
     pixels = crop_resize_flip(
         flat, table[:, 0], table[:, 1:3], table[:, 3:7], table[:, 7].bool(), size, compute_dtype, layout
     )
-    if dtype == torch.uint8:  # in place: no full-size temporaries (they would stay in a CUDA graph's pool)
+    # in place, since full-size temporaries would stay in a CUDA graph's pool
+    if dtype == torch.uint8:
         out = pixels.round_().clamp_(0, 255).to(torch.uint8)
     else:
         out = pixels.float().mul_(scale).add_(shift).to(dtype)
-    out = out.permute(0, 3, 1, 2)  # NCHW view, channels-last strides
+    # an NCHW view with channels-last strides, so no copy
+    out = out.permute(0, 3, 1, 2)
     return (out if channels_last else out.contiguous()), table[:, 8].contiguous()
 
 

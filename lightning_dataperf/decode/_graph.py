@@ -1,23 +1,4 @@
-"""The batched crop/resize/flip/normalise as ONE CUDA graph (issue 17).
-
-In eager mode the augment is ~90 small PyTorch calls per batch, each taking the GIL from a training
-step that may need all of it (a small model's step keeps the main thread 100% busy launching
-kernels). Captured once, it is one ``replay`` plus two copies. The graph reads fixed addresses, so
-the decoder decodes straight into :attr:`GraphedAugment.flat` and the per-sample table goes into
-:attr:`GraphedAugment.table`; the outputs are cloned so the next replay cannot overwrite a batch the
-step still reads. Batches of another size (the last, partial one) or needing more bytes than the
-buffer holds use the eager path or a new, larger graph.
-
-Example::
-
-    graphed = GraphedAugment(batch=128, capacity=needed * 5 // 4, columns=9, device=device)
-    flat = graphed.flat[:needed]                          # decode into this
-    images, labels = graphed.run(table_pinned, augment)   # on the current stream
-
-The graph holds no reference to ``augment`` (a bound method of the decoder would make a reference
-cycle, freed only by the cyclic garbage collector, which may then run in a forked DataLoader worker
-and destroy the CUDA graph there: a crash).
-"""
+"""The batched crop/resize/flip/normalise captured as ONE CUDA graph: :class:`GraphedAugment` (issue 17)."""
 
 from __future__ import annotations
 
@@ -38,6 +19,12 @@ class GraphedAugment:
         capacity: bytes of the static flat buffer; its last 3 bytes stay zero (the undecodable pixel).
         columns: columns of the ``int64`` per-sample table.
         device: the CUDA device.
+
+    Example::
+
+        graphed = GraphedAugment(batch=128, capacity=needed * 5 // 4, columns=9, device=device)
+        flat = graphed.flat[:needed]                          # decode into this
+        images, labels = graphed.run(table_pinned, augment)   # on the current stream
     """
 
     def __init__(self, batch: int, capacity: int, columns: int, device: torch.device) -> None:
@@ -76,7 +63,8 @@ class GraphedAugment:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            augment(self.flat, self.table)  # warm-up outside the capture
+            # warm up first, so one-time initialisation stays out of the capture
+            augment(self.flat, self.table)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the training step's CUDA calls in other threads go on during the capture
             graph.capture_begin(capture_error_mode="thread_local")

@@ -1,7 +1,4 @@
-"""The host half of :class:`~lightning_dataperf.decode.decoder.JpegDecoder`: batches prepared, the decode call apart.
-
-Also the CPU (PIL) decode of the samples nvJPEG does not take, and :class:`DecodeError`.
-"""
+"""The host half of :class:`~lightning_dataperf.decode.decoder.JpegDecoder`, its CPU (PIL) decode and DecodeError."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import torch
 
 __all__ = ["EXTRA", "NVIMGCODEC_EXTRA", "Sizes", "Spans", "host_layout", "slot_view"]
 
-# torchvision, the default backend
+# the default backend's (torchvision's) extra, named in the import errors
 EXTRA = "lightning-dataperf[gpu-decode]"
 NVIMGCODEC_EXTRA = "lightning-dataperf[gpu-decode-nvimgcodec]"
 Spans = Sequence[tuple[int, int]]

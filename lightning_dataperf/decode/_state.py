@@ -41,7 +41,8 @@ class PreparedBatch:
         self.sizes, self.gpu, self.host, self.bad, self.bases = sizes, gpu, host, bad, bases
         self.needed, self.host_start, self.spans, self.inputs = needed, host_start, spans, inputs
         self.table: torch.Tensor | None = None
-        self.submitted: Any = None  # what the backend's submit returned (JpegDecoder.submit), if it ran
+        # what the backend's submit returned (JpegDecoder.submit), if it ran
+        self.submitted: Any = None
         self.seconds = self.cpu_seconds = self.call_seconds = 0.0
 
     def __len__(self) -> int:
@@ -60,5 +61,6 @@ def jpeg_utilisation(device: torch.device) -> float | None:
         pynvml.nvmlInit()
         handle = nvml_handle(pynvml, device.index if device.index is not None else torch.cuda.current_device())
         return float(pynvml.nvmlDeviceGetJpgUtilization(handle)[0])
-    except Exception:  # no NVML, no JPEG engine, or an old driver
+    except Exception:
+        # no NVML, no JPEG engine, or an old driver
         return None

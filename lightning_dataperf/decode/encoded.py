@@ -1,31 +1,6 @@
 """Encoded-JPEG batches: workers read bytes and draw augmentations, the GPU decodes (issue 17).
 
-The workers of a ``DataLoader`` over :class:`EncodedImageDataset` only read each file and parse its
-header (no decode). :func:`collate_encoded` packs a batch's bytes into ONE contiguous ``uint8``
-tensor plus offsets, and every sample's metadata (label, dataset index, kind, size, crop box, flip)
-into one ``int64`` tensor, so a batch crosses the worker queue as three shared-memory segments
-however many images it holds. :mod:`lightning_dataperf.decode.decoder` decodes and augments it.
-
-Augmentation parameters (RandomResizedCrop box in source pixels, horizontal flip) are drawn from a
-seed derived from ``(seed, epoch, dataset index)`` alone, so they are the same for any
-``num_workers``, any sampler order and after a resume. The epoch lives in shared memory
-(:class:`~lightning_dataperf.loader.seeding.SharedEpoch`), so persistent workers follow ``set_epoch``.
-
-Each sample is classified from its header: ``KIND_GPU`` (baseline or extended-sequential 8-bit
-three-component JPEG, nvJPEG's batched path), ``KIND_CPU`` (progressive, grayscale, CMYK/YCCK,
-missing end marker, PNG or another format PIL can open: decoded on the CPU and counted) and
-``KIND_BAD`` (zero bytes, no readable header: the decoder raises naming index and path, or
-substitutes zeros when asked).
-
-Example::
-
-    dataset = EncodedImageDataset.from_folder("/data/imagenet/train", seed=42)
-    loader = DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4,
-                        collate_fn=collate_encoded, persistent_workers=True)
-    for epoch in range(3):
-        dataset.set_epoch(epoch)
-        for batch in loader:            # EncodedBatch
-            ...
+:class:`EncodedImageDataset` reads and classifies; :func:`collate_encoded` packs a batch into three tensors.
 """
 
 from __future__ import annotations
@@ -106,7 +81,8 @@ def probe_image(data: bytes) -> ImageProbe:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
             name = image.format or "unknown format"
-    except Exception as error:  # any PIL failure: not an image we can read
+    except Exception as error:
+        # any PIL failure means not an image we can read
         return ImageProbe(KIND_BAD, 0, 0, f"not a readable image ({type(error).__name__}: {error})")
     return ImageProbe(KIND_CPU, height, width, name)
 
@@ -117,16 +93,19 @@ def _probe_jpeg(data: bytes) -> ImageProbe:
         if data[position] != 0xFF:
             return ImageProbe(KIND_BAD, 0, 0, f"corrupt JPEG: no marker at byte {position}")
         marker = data[position + 1]
-        if marker == 0xFF:  # fill byte
+        # a fill byte
+        if marker == 0xFF:
             position += 1
             continue
         position += 2
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+        # markers without a length
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:
             continue
         if marker in (0xD9, 0xDA):
             return ImageProbe(KIND_BAD, 0, 0, "corrupt JPEG: no frame header before the scan")
         (length,) = struct.unpack(">H", data[position : position + 2])
-        if marker == 0xEE:  # Adobe APP14: CMYK/YCCK colour transforms
+        # Adobe APP14 marks CMYK/YCCK colour transforms
+        if marker == 0xEE:
             adobe = True
         if marker in _SOF_MARKERS:
             if position + 8 > size:
@@ -150,7 +129,8 @@ def _jpeg_kind(
     if comps != 3:
         name = {1: "grayscale", 4: "CMYK/YCCK"}.get(comps, f"{comps}-component")
         return ImageProbe(KIND_CPU, height, width, f"{name} JPEG")
-    if adobe:  # Adobe APP14 with three components may be RGB, not YCbCr
+    # Adobe APP14 with three components may be RGB, not YCbCr
+    if adobe:
         return ImageProbe(KIND_CPU, height, width, "Adobe (APP14) JPEG")
     if data[-2:] != b"\xff\xd9":
         return ImageProbe(KIND_CPU, height, width, "JPEG without end marker (truncated?)")
@@ -216,6 +196,16 @@ class EncodedImageDataset(Dataset):
         scale, ratio: RandomResizedCrop's ranges.
         flip_p: probability of a horizontal flip.
         crop_fraction: evaluation crop side over the short side.
+
+    Example::
+
+        dataset = EncodedImageDataset.from_folder("/data/imagenet/train", seed=42)
+        loader = DataLoader(dataset, batch_size=128, shuffle=True, num_workers=4,
+                            collate_fn=collate_encoded, persistent_workers=True)
+        for epoch in range(3):
+            dataset.set_epoch(epoch)
+            for batch in loader:            # EncodedBatch
+                ...
     """
 
     def __init__(
@@ -231,7 +221,8 @@ class EncodedImageDataset(Dataset):
         self.samples = [(os.fspath(path), int(label)) for path, label in samples]
         self.seed, self.train, self.scale, self.ratio = seed, train, scale, ratio
         self.flip_p, self.crop_fraction = flip_p, crop_fraction
-        self._epoch = SharedEpoch()  # shared memory: persistent workers see set_epoch
+        # in shared memory, so persistent workers see set_epoch
+        self._epoch = SharedEpoch()
         self.classes: list[str] = []
 
     @classmethod
@@ -378,7 +369,7 @@ def collate_encoded(samples: Sequence[EncodedSample]) -> EncodedBatch:
     return EncodedBatch(data, offsets, meta, paths, reasons)
 
 
-#: With GPU decode the workers only read files: this many are enough (measured on an H200: 2-4 workers).
+#: With GPU decode the workers only read files: this many are enough.
 GPU_DECODE_MAX_WORKERS = 4
 
 

@@ -25,11 +25,9 @@ _FORK_GUARD: list[bool] = []
 def guard_forked_workers() -> None:
     """In every process forked from this one from now on, freeze what it inherits (``gc.freeze``).
 
-    A DataLoader worker forked while this process holds cyclic garbage (e.g. an earlier loader's
-    decoder: its nvImageCodec decoder, CUDA graphs, events) would otherwise collect it: the destructors
-    then call into CUDA / nvImageCodec in a child where neither works (CUDA "initialization error" ->
-    ``terminate``, or a segfault in nvImageCodec's thread pool). Frozen, the inherited objects are never
-    collected in the child; what the child itself allocates is collected as usual. Registered once.
+    A worker's garbage collection then never runs the destructors of this process's CUDA / nvImageCodec
+    objects, which crash in a child (docs/gpu_decode.md); what the child allocates is collected as usual.
+    Registered once.
     """
     if not _FORK_GUARD and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=gc.freeze)
@@ -76,14 +74,21 @@ class GpuDecodeLoader:
             fallbacks), and, with torchvision's decode, batches a call thread decodes ahead
             (:meth:`JpegDecoder.submit`), at most; ``0``: the decode thread does all of it, one batch at a time.
 
-    Worker processes: the decoder (nvImageCodec, CUDA) lives in this process only; nothing of it is
-    reachable from the dataset or the collate function the workers get. Forked workers freeze what
-    they inherit (:func:`guard_forked_workers`), so a garbage-collection in a worker never runs a CUDA
-    or nvImageCodec destructor there; ``spawn``/``forkserver`` contexts work too (slower start-up).
+    Worker processes: the decoder lives in this process only; forked workers freeze what they inherit
+    (:func:`guard_forked_workers`); ``spawn``/``forkserver`` contexts work too (slower start-up).
 
     Lightning: return it from ``train_dataloader``. ``sampler.set_epoch`` (Lightning calls it each
     epoch) reaches the wrapped sampler and the dataset's ``set_epoch``, so crops follow the epoch.
     Lightning does not inject a distributed sampler into it: pass one to the wrapped ``DataLoader``.
+
+    Example::
+
+        loader = DataLoader(EncodedImageDataset.from_folder("/data/train", seed=42), batch_size=128,
+                            num_workers=4, collate_fn=collate_encoded, persistent_workers=True)
+        train = GpuDecodeLoader(loader, device="cuda", size=224, dtype=torch.bfloat16)
+        for images, labels in train:       # images: [128, 3, 224, 224] bf16 channels_last on cuda
+            ...
+        print(train.stats().to_metrics())  # {"Decode/images_per_sec": ..., "Decode/cpu_fallback": ...}
     """
 
     def __init__(
@@ -129,11 +134,7 @@ class GpuDecodeLoader:
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None
         if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
-            # the wrapped loader's state (a TunedDataModule training loader has one): Lightning then checkpoints
-            # and restores this loader as stateful (it looks them up statically: instance attributes, not
-            # __getattr__). The position inside the epoch is not in it: the package's sampler reads Lightning's
-            # counters when the epoch's iteration starts, so a resumed epoch continues with the batches the
-            # interrupted run had not taken, whatever was decoded ahead.
+            # instance attributes: Lightning finds a stateful loader's methods statically, not via __getattr__
             self.state_dict = loader.state_dict
             self.load_state_dict = loader.load_state_dict
 
@@ -172,7 +173,8 @@ class GpuDecodeLoader:
             self._active = None
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown
+        # may run at interpreter shutdown
+        with contextlib.suppress(Exception):
             self.close()
 
 
@@ -196,7 +198,8 @@ class _DecodeIterator(Iterator):
     def _start(self) -> None:
         if getattr(self._loader, "num_workers", 0):
             guard_forked_workers()
-        self._source = iter(self._loader)  # in the calling thread: worker processes start here
+        # in the calling thread, where worker processes start
+        self._source = iter(self._loader)
         self._loader = None
         # the thread gets the parts, not this iterator: a dropped iterator is freed (and closed) at once
         args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop, self._prepare_ahead)
@@ -213,10 +216,12 @@ class _DecodeIterator(Iterator):
         waited = time.perf_counter()
         try:
             item = self._take()
-        except BaseException:  # e.g. a worker's death raised here by the DataLoader's SIGCHLD handler
+        except BaseException:
+            # e.g. a worker's death, raised here by the DataLoader's SIGCHLD handler
             self.close()
             raise
-        if item is _END or isinstance(item, _Failed):  # not a batch taken: not counted
+        # not a batch taken, so not counted
+        if item is _END or isinstance(item, _Failed):
             self.close()
             if isinstance(item, _Failed):
                 raise item.error
@@ -228,8 +233,10 @@ class _DecodeIterator(Iterator):
         images, labels, event = item
         if event is not None:
             current = torch.cuda.current_stream(self._device)
-            current.wait_event(event)  # on the GPU; the host goes on
-            images.record_stream(current)  # made on the decode thread's stream, used on this one
+            # a wait on the GPU, so the host goes on
+            current.wait_event(event)
+            # made on the decode thread's stream, used on this one
+            images.record_stream(current)
             labels.record_stream(current)
         return images, labels
 
@@ -254,7 +261,8 @@ class _DecodeIterator(Iterator):
                 break
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
-        with contextlib.suppress(queue.Empty):  # what a put blocked in the drain above got in before the stop
+        # what a put blocked in the drain above got in before the stop
+        with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
         shutdown = getattr(self._source, "_shutdown_workers", None)
@@ -263,7 +271,8 @@ class _DecodeIterator(Iterator):
         self._source = iter(())
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # interpreter shutdown
+        # may run at interpreter shutdown
+        with contextlib.suppress(Exception):
             self.close()
 
 
@@ -305,11 +314,13 @@ def _stage(
     """A pipeline thread: ``work(item)`` for each item of ``source`` into ``out``, then ``_END`` or the error."""
     try:
         if device.type == "cuda":
-            torch.cuda.set_device(device)  # pinned tables, nvJPEG's outputs
+            # for the pinned tables and nvJPEG's outputs
+            torch.cuda.set_device(device)
         for item in source:
             if stop.is_set() or not _put(out, work(item), stop):
                 return
-    except BaseException as error:  # handed on, in order
+    except BaseException as error:
+        # handed on, in order
         _put(out, _Failed(error), stop)
     else:
         _put(out, _END, stop)
@@ -331,7 +342,8 @@ def _decode_batches(
     (:attr:`JpegDecoder.can_submit`: torchvision), a call thread makes it (:meth:`JpegDecoder.submit`, the
     GIL released); this thread then only copies the decoded images into the flat buffer and augments them.
     ``prepare_ahead`` bounds the batches waiting between two threads."""
-    halt = threading.Event()  # the helper threads' stop: this thread's end, whatever ends it
+    # the helper threads' stop: this thread's end, whatever ends it
+    halt = threading.Event()
     helpers: list[tuple[threading.Thread, queue.Queue]] = []
 
     def start(name: str, items: Iterable[Any], work: Callable[[Any], Any]) -> Iterator[Any]:
@@ -367,14 +379,16 @@ def _decode_batches(
                 loop()
         else:
             loop()
-    except BaseException as error:  # handed to the consumer
+    except BaseException as error:
+        # handed to the consumer
         _put(out, _Failed(error), stop)
     else:
         _put(out, _END, stop)
     finally:
         halt.set()
         for _thread, handed in helpers:
-            with contextlib.suppress(queue.Empty):  # a put blocked on a full queue sees the halt anyway
+            # a put blocked on a full queue sees the halt anyway
+            with contextlib.suppress(queue.Empty):
                 while True:
                     handed.get_nowait()
         for thread, _ in helpers:

@@ -1,17 +1,4 @@
-"""The GPU-decode path's telemetry as a typed record: :class:`DecodeStats`, and its change over a window.
-
-A :class:`~lightning_dataperf.decode.GpuDecodeLoader` keeps cumulative figures; ``stats.since(earlier)``
-gives what happened in between (a log window, an epoch), which DataPerfCallback logs as ``Decode/...`` and
-hands to the verdict.
-
-Example::
-
-    before = loader.stats()
-    ...                                   # some training steps
-    window = loader.stats().since(before)
-    window.to_metrics()                   # {"Decode/batch_seconds": 0.0061, "Decode/wait_seconds": 0.0004, ...}
-    print(window.format())
-"""
+"""The GPU-decode path's telemetry as a typed record: :class:`DecodeStats`, and its change over a window."""
 
 from __future__ import annotations
 
@@ -36,7 +23,15 @@ class DecodeStats:
     runs in a thread of its own (:meth:`~lightning_dataperf.decode.JpegDecoder.submit`; else it is inside
     ``submit_seconds``); ``takes`` the batches the training step took,
     ``lookahead_mean`` the decoded batches already waiting when it asked for one, ``wait_seconds`` its total
-    wait for them; ``backend`` the decode library.
+    wait for them; ``backend`` the decode library. ``since(earlier)`` gives a window (DataPerfCallback logs it).
+
+    Example::
+
+        before = loader.stats()
+        ...                                   # some training steps
+        window = loader.stats().since(before)
+        window.to_metrics()                   # {"Decode/batch_seconds": 0.0061, "Decode/wait_seconds": 0.0004, ...}
+        print(window.format())
     """
 
     batches: int = 0
@@ -47,7 +42,8 @@ class DecodeStats:
     lookahead_mean: float = 0.0
     cpu_fallback: int = 0
     undecodable: int = 0
-    jpeg_util_percent: float | None = None  # NVML, the mean of the readings taken (None: not measured)
+    # NVML, the mean of the readings taken; None where not measured
+    jpeg_util_percent: float | None = None
     submit_cpu_seconds: float = 0.0
     backend: str = ""
     takes: int = 0
