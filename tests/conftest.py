@@ -44,8 +44,8 @@ def no_leaked_threads():
 
 
 def _checkout_files() -> set[str]:
-    """Untracked and ignored files in the checkout (caches of Python, pytest and ruff aside; sources aside: the
-    suite writes data, and other work in a shared checkout may add source files meanwhile)."""
+    """Untracked and ignored files in the checkout (caches of Python, pytest and ruff aside; sources and benchmark
+    results aside: the suite writes neither, and other work in a shared checkout may add them meanwhile)."""
     listed = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=all", "--ignored"],
         cwd=HERE.parent,
@@ -53,7 +53,7 @@ def _checkout_files() -> set[str]:
         text=True,
         check=False,
     ).stdout.splitlines()
-    skip = ("__pycache__", ".pytest_cache", ".ruff_cache", ".venv/", ".egg-info/", ".whl")
+    skip = ("__pycache__", ".pytest_cache", ".ruff_cache", ".venv/", ".egg-info/", ".whl", "benchmarks/results/")
     return {
         line[3:]
         for line in listed

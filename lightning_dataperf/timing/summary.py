@@ -70,6 +70,11 @@ class EpochSummary:
     decode: DecodeStats | None = None
     rank: int = 0
 
+    @property
+    def own_data_wait(self) -> float | None:
+        """Rank ``rank``'s mean data wait per step (``rank_data_wait``; ``None`` where it was not gathered)."""
+        return self.rank_data_wait[self.rank] if 0 <= self.rank < len(self.rank_data_wait) else None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -59,7 +59,8 @@ def input_bound(evidence: Evidence) -> Finding | None:
     share = summary.input_stall_fraction
     if share is None or share < SIGNIFICANT_SHARE:
         return None
-    if evidence.straggling and not _own_wait_counts(evidence):
+    own, step = summary.own_data_wait, evidence.step_mean  # the rank whose loader figures the verdict reads
+    if evidence.straggling and own is not None and step and own < SIGNIFICANT_SHARE * step:
         return None  # the ranks' mean stall is the straggler's wait (its finding names it): not this rank's loader
     if summary.on_device and not evidence.host_explains_idle():
         # the GPU idles but the host was not waiting for data: host-bound, not input-bound
@@ -109,16 +110,6 @@ def input_bound(evidence: Evidence) -> Finding | None:
         evidence=numbers,
         advice=advice,
     )
-
-
-def _own_wait_counts(evidence: Evidence) -> bool:
-    """Under a straggler: whether this rank (whose loader figures the verdict reads) waits for data a significant
-    share of its own step; the ranks' mean stall mixes in the straggler's wait."""
-    summary, step = evidence.summary, evidence.step_mean
-    waits = summary.rank_data_wait
-    if not step or not 0 <= summary.rank < len(waits):
-        return True
-    return waits[summary.rank] / step >= SIGNIFICANT_SHARE
 
 
 def _several_epochs(evidence: Evidence) -> bool:
