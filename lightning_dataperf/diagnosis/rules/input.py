@@ -8,15 +8,8 @@ from dataclasses import dataclass
 from lightning_dataperf import tags
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.findings import Finding
+from lightning_dataperf.diagnosis.rules import estimate as estimates
 from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
-from lightning_dataperf.diagnosis.rules.estimate import (
-    UNSEEN_FIRST_WORKERS,
-    UNSEEN_MORE_READS,
-    UNSEEN_MORE_WORKERS,
-    estimate,
-    more_workers_lost,
-    threads_beside,
-)
 
 __all__ = ["SIGNIFICANT_SHARE", "input_bound"]
 
@@ -248,8 +241,8 @@ def _in_main_process(evidence: Evidence) -> _Cause:
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
             f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
             f"num_workers={workers}"
-            + threads_beside(evidence, workers)
-            + estimate(evidence, step, max(compute, work / workers), UNSEEN_FIRST_WORKERS)
+            + estimates.threads_beside(evidence, workers)
+            + estimates.estimate(evidence, step, max(compute, work / workers), estimates.UNSEEN_FIRST_WORKERS)
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
@@ -279,8 +272,8 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
             "raise num_workers "
             f"from {workers} to {workers + added}"
-            + threads_beside(evidence, workers + added)
-            + estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
+            + estimates.threads_beside(evidence, workers + added)
+            + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
     else:
@@ -299,7 +292,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
                 f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
                 f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "
                 f"num_workers={workers + 1}"
-                + estimate(evidence, step, predicted, UNSEEN_MORE_WORKERS)
+                + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
                 + "; on a machine of your own, free the CPUs"
             )
             words = "CPU preprocessing, CPUs shared with other processes"
@@ -341,12 +334,12 @@ def _latency_bound(evidence: Evidence) -> _Cause:
         f"{workers} workers spend {100 * inside.busy_fraction:.0f}% of their time loading batches but {computing}: "
         "they wait (I/O latency, remote storage, sleeps)"
     )
-    if lost := more_workers_lost(evidence):
+    if lost := estimates.more_workers_lost(evidence):
         advice = [f"{waiting}; {lost}"]
     else:
         advice = [
             f"{waiting}, so more of them overlap the waits: raise num_workers from {workers} to {more}"
-            + estimate(evidence, step, predicted, UNSEEN_MORE_READS)
+            + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_READS)
             + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
         ]
     if line := evidence.autotune:
@@ -381,7 +374,7 @@ def _without_inside(evidence: Evidence) -> _Cause:
         if loader.num_workers is not None and loader.prefetch_factor is not None
         else "raise the loader's workers and prefetch (its settings were not readable)"
     )
-    settings = more_workers_lost(evidence) or settings
+    settings = estimates.more_workers_lost(evidence) or settings
     return _Cause(
         "input_bound_workers",
         "too few loader workers",
