@@ -75,11 +75,11 @@ class Rig:
 
 
 def prediction(diagnosis: Diagnosis) -> float | None:
-    """The gain the verdict's first advice predicts ("predicted from this epoch: 1.77x faster"); 1.0 for
-    "more workers cannot help"."""
+    """The gain the verdict's first advice estimates ("an estimate from this epoch: up to 1.77x"; before issue 37
+    "predicted from this epoch: 1.77x faster"); 1.0 for "more workers cannot help"."""
     advice = diagnosis.findings[0].advice if diagnosis.findings else []
     for line in advice:
-        if match := re.search(r"predicted from this epoch: ([0-9.]+)x faster", line):
+        if match := re.search(r"(?:an estimate from this epoch: up to|predicted from this epoch:) ([0-9.]+)x", line):
             return float(match.group(1))
     return 1.0 if any("cannot help" in line for line in advice) else None
 
