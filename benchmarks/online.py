@@ -253,7 +253,8 @@ def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
 
 def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cpus = len(os.sched_getaffinity(0))
-    grid = [(w, t) for w in range(0, 2 * cpus) for t in sorted({1, cpus})]
+    # the online loop may go up to 2 x cpus workers: the grid covers what it can keep
+    grid = [(w, t) for w in range(0, 2 * cpus + 1) for t in sorted({1, cpus})]
     rates: dict[tuple[int, int], list[float]] = {point: [] for point in grid}
     for _ in range(args.reps):
         for workers, threads in random.sample(grid, len(grid)):

@@ -121,9 +121,18 @@ class OnlineTuner:
         enough = enough and seconds >= self.min_seconds
         cut = trial.against is not None and counted >= 8 and seconds >= self.min_seconds / 2
         cut = cut and slower_for_sure(rate, error, trial.against)
-        if not (enough or cut or len(trial.periods) >= self.max_batches):
+        if not (enough or cut or len(trial.periods) >= self.max_batches or self._spent(trial)):
             return None
         return self._next(trial.measured())
+
+    def _spent(self, trial: _Trial) -> bool:
+        """A slow trial that alone would take the search past its cost cap ends now (its rate as measured)."""
+        rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
+        batches = _planned_batches(self.trainer)
+        if not rate or not batches or len(trial.periods) < 4:
+            return False
+        own = max(0.0, sum(trial.periods) - len(trial.periods) / rate) + trial.switch_s
+        return self.result.cost_at(rate) + own > self.max_cost * batches / rate
 
     def _next(self, measured: Measured) -> Setting | None:
         result = self.result

@@ -224,3 +224,21 @@ def test_on_a_gpu_the_loop_switches_a_pinned_loader_and_the_order_holds(tmp_path
     assert len({trial.setting for trial in datamodule.online_result.trials}) >= 2
     assert datamodule.online_result.trials[0].setting.pin_memory, "pinned to start with, on a GPU run"
     assert indices(tuned) == indices(untuned), "pin thread stopped and restarted without a batch lost"
+
+
+def test_a_slow_trial_ends_where_it_alone_would_pass_the_cost_cap(monkeypatch):
+    from lightning_dataperf.datamodule.online import OnlineTuner
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    start = Setting(1, 2, False, 2)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    # 1% of 1000 steps at 10 steps/s is 1 s; a neighbour 20x slower and never decided (huge error) would run
+    # max_batches=200 steps (100 s) without the cap
+    tuner = OnlineTuner(
+        _fake_trainer(), start, space, position=lambda: (0, 0), precision=0.01, max_cost=0.01, min_seconds=0.0
+    )
+    periods = iter([0.01, 0.01, 5.0, 5.0] * 100)
+    _drive(tuner, lambda setting: next(periods) if setting != start else 0.1, 60)
+    slow = tuner.result.trials[1]
+    assert slow.batches < 10, "cut once its own cost passed the cap, not at max_batches"
+    assert tuner.result.done and "cost 1.0% of the run" in tuner.result.stop_reason

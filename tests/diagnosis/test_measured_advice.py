@@ -80,3 +80,12 @@ def test_advice_to_start_workers_on_a_cpu_run_leaves_them_the_cores_the_threads_
     assert "set num_workers=1 and torch.set_num_threads(1) (now 2" in diagnose(on_two).findings[0].advice[0]
     roomy = Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=8, intra_op_threads=2)
     assert "set_num_threads" not in diagnose(roomy).findings[0].advice[0], "2 threads and 3 workers fit 8 cores"
+
+
+def test_loading_cheaper_than_a_hand_over_gets_no_worker_count_at_num_workers_0():
+    cheap = dataclasses.replace(
+        summary(stall=0.3, DataLoading=0.0012, Transfer=0.0, Compute=0.0028, Step=0.004),
+        loader=inside(None, workers=0, fetch=0.001, collate=0.0002),
+    )
+    advice = diagnose(Evidence(cheap, LoaderFacts(num_workers=0), usable_cpus=2)).findings[0].advice[0]
+    assert "about what a worker process's hand-over of it costs" in advice and "num_workers=" not in advice

@@ -5,11 +5,13 @@ from __future__ import annotations
 from lightning_dataperf.diagnosis.evidence import Evidence
 
 __all__ = [
+    "HANDOVER_FLOOR_S",
     "MORE_DID_NOT_HELP",
     "UNSEEN_FIRST_WORKERS",
     "UNSEEN_MORE_READS",
     "UNSEEN_MORE_WORKERS",
     "estimate",
+    "handover_floor_words",
     "more_workers_lost",
     "threads_beside",
 ]
@@ -60,3 +62,19 @@ def threads_beside(evidence: Evidence, workers: int) -> str:
         return ""
     # benchmarks/online.py, 2 cores: at the same workers one intra-op thread beat two on every pipeline
     return f" and torch.set_num_threads({max(1, cpus - workers)}) (now {threads}: the workers need the cores too)"
+
+
+#: Loading a batch in the training process cheaper than this is about what a worker's hand-over of it costs:
+#: benchmarks/online.py's dict of small tensors (batch 8) read 0.46x at one worker (issue 37's: 0.34x).
+HANDOVER_FLOOR_S = 0.002
+
+
+def handover_floor_words(work: float) -> str:
+    """Advice for a loader whose batches cost less to make here than a worker's hand-over would."""
+    return (
+        f"each batch takes {1e3 * work:.1f} ms to load in the training process, about what a worker process's"
+        " hand-over of it costs (pickling, shared memory, the pin thread): workers may well be slower, so no"
+        ' worker count is advised; TunedDataModule(autotune="online") measures it on your steps (also'
+        ' TunedDataModule.from_loaders(loader, autotune="online") for a plain DataLoader); cheaper loading'
+        " (fewer, larger tensors per sample) helps either way"
+    )

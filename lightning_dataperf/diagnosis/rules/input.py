@@ -234,8 +234,10 @@ def _in_main_process(evidence: Evidence) -> _Cause:
     inside, step, compute = evidence.summary.loader, *_step_and_compute(evidence)
     budget = _budget(evidence)
     advice = []
-    if inside is not None and compute and budget:
-        work = inside.work_s + inside.pin_s
+    work = None if inside is None else inside.work_s + inside.pin_s
+    if work is not None and work < estimates.HANDOVER_FLOOR_S and not evidence.summary.on_device:
+        advice.append(estimates.handover_floor_words(work))
+    elif inside is not None and work is not None and compute and budget:
         workers = max(1, min(budget, math.ceil(work / compute) + 1))
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
