@@ -37,12 +37,17 @@ class Measured:
     seconds: float
     switch_s: float = 0.0
     """Seconds the switch to this setting stalled training (old workers stopped, new ones started)."""
+    cost_s: float = 0.0
+    """What trying it cost: its seconds beyond the setting it stood in for would have taken, and the switch's stall."""
 
     def pooled(self, again: Measured) -> Measured:
         """The two measurements of one setting as one (batch-weighted rate, the mean's error)."""
         batches, seconds = self.batches + again.batches, self.seconds + again.seconds
         error = math.hypot(self.error, again.error) / 2
-        return replace(self, steps_per_sec=batches / seconds, error=error, batches=batches, seconds=seconds)
+        cost = self.cost_s + again.cost_s
+        return replace(
+            self, steps_per_sec=batches / seconds, error=error, batches=batches, seconds=seconds, cost_s=cost
+        )
 
 
 @dataclass(frozen=True)
@@ -115,14 +120,8 @@ class OnlineResult:
 
     @property
     def cost_s(self) -> float:
-        """Seconds the trials took beyond what the kept setting would have taken: slower steps and switch stalls."""
-        reference = self.kept or self.start
-        return 0.0 if reference is None else self.cost_at(reference.steps_per_sec)
-
-    def cost_at(self, steps_per_sec: float) -> float:
-        """The trials' seconds beyond what ``steps_per_sec`` would have taken, and the switches' stalls."""
-        slower = sum(max(0.0, trial.seconds - trial.batches / steps_per_sec) for trial in self.trials)
-        return slower + sum(trial.switch_s for trial in self.trials)
+        """Seconds the search cost the run: each trial's steps slower than the setting in use, and the switches."""
+        return sum(trial.cost_s for trial in self.trials)
 
     def summary(self) -> str:
         if self.start is None or self.kept is None:

@@ -6,6 +6,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -57,7 +58,14 @@ class _Trial:
         batches = counted or len(self.periods)
         # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
         stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
-        return Measured(self.setting, batches / seconds if seconds else 0.0, error, batches, seconds, stall)
+        measured = Measured(self.setting, batches / seconds if seconds else 0.0, error, batches, seconds, stall)
+        return replace(measured, cost_s=self.cost())
+
+    def cost(self) -> float:
+        """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
+        rate = self.against.steps_per_sec if self.against is not None else 0.0
+        slower = max(0.0, sum(self.periods) - len(self.periods) / rate) if rate else 0.0
+        return slower + (self.switch_s if self.against is not None else 0.0)
 
 
 class OnlineTuner:
@@ -131,8 +139,7 @@ class OnlineTuner:
         batches = _planned_batches(self.trainer)
         if not rate or not batches or len(trial.periods) < 4:
             return False
-        own = max(0.0, sum(trial.periods) - len(trial.periods) / rate) + trial.switch_s
-        return self.result.cost_at(rate) + own > self.max_cost * batches / rate
+        return self.result.cost_s + trial.cost() >= self.max_cost * batches / rate
 
     def _next(self, measured: Measured) -> Setting | None:
         result = self.result
@@ -161,7 +168,7 @@ class OnlineTuner:
         # against the setting the search stands on: one lucky short trial must not inflate every other's cost
         rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
         batches = _planned_batches(self.trainer)
-        over = bool(batches and rate) and self.result.cost_at(rate) > self.max_cost * batches / rate
+        over = bool(batches and rate) and self.result.cost_s >= self.max_cost * batches / rate
         if over:
             self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
         return over

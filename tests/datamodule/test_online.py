@@ -163,16 +163,16 @@ def test_the_loop_stops_at_its_cost_cap_on_the_setting_it_stood_on(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
     start = Setting(1, 2, False, 2)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
-    # 1% of a 1000-step run at 10 steps/s is 1 s: two slower trials (half the speed, cut after 8 steps) spend it
+    # 1% of a 1000-step run at 10 steps/s is 1 s: a neighbour at half the speed spends it in 10 steps
     tuner = OnlineTuner(
         _fake_trainer(), start, space, position=lambda: (0, 0), precision=0.5, max_cost=0.01, min_seconds=0.0
     )
     in_use = _drive(tuner, lambda setting: 0.1 if setting == start else 0.2, 200)
     result = tuner.result
     assert result.done and "cost 1.0% of the run" in result.stop_reason
-    assert len(result.trials) == 3, "the start and two slower neighbours, then no more"
+    assert len(result.trials) == 2, "the start and one slower neighbour, cut where it spent the budget"
     assert result.kept.setting == start and in_use == start, "back on the start, not on an unconfirmed trial"
-    assert 1.0 <= result.cost_s <= 2.0
+    assert 1.0 <= result.cost_s <= 1.3
 
 
 def test_a_persistent_loaders_workers_outlive_the_epoch_once_the_search_has_ended(tmp_path):
