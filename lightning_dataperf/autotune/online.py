@@ -124,8 +124,10 @@ class OnlineResult:
         return sum(trial.cost_s for trial in self.trials)
 
     def summary(self) -> str:
-        if self.start is None or self.kept is None:
+        if self.start is None:
             return f"online tuning: {self.stop_reason or 'nothing measured yet'}"
+        if self.kept is None:
+            return f"online tuning: still searching, {len(self.trials)} trials measured on this run's steps so far"
         seconds = sum(trial.seconds + trial.switch_s for trial in self.trials)
         words = f"{self.gain:.2f}x the start's {self.start.steps_per_sec:.1f} steps/s" if self.gain else ""
         return (

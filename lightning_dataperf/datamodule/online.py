@@ -88,11 +88,12 @@ class OnlineTuner:
         max_batches: int = 200,
         max_cost: float = 0.05,
         min_seconds: float = 1.0,
+        max_seconds: float = 10.0,
     ) -> None:
         self.trainer, self.space, self._position = trainer, space, position
         self.precision, self.max_batches, self.max_cost = precision, max_batches, max_cost
         # a trial shorter than this reads the machine's moment (other processes, the scheduler), not the setting
-        self.min_seconds = min_seconds
+        self.min_seconds, self.max_seconds = min_seconds, max_seconds
         self.result = OnlineResult()
         self.override: tuple[int, int] | None = None
         self.user_threads = torch.get_num_threads()
@@ -129,7 +130,8 @@ class OnlineTuner:
         enough = enough and seconds >= self.min_seconds
         cut = trial.against is not None and counted >= 8 and seconds >= self.min_seconds / 2
         cut = cut and slower_for_sure(rate, error, trial.against)
-        if not (enough or cut or len(trial.periods) >= self.max_batches or self._spent(trial)):
+        capped = len(trial.periods) >= self.max_batches or seconds >= self.max_seconds
+        if not (enough or cut or capped or self._spent(trial)):
             return None
         return self._next(trial.measured())
 
