@@ -144,6 +144,19 @@ def _fake_trainer(batches_per_epoch=1000):
     return SimpleNamespace(current_epoch=0, fit_loop=loop, max_epochs=1, num_training_batches=batches_per_epoch)
 
 
+START = Setting(1, 2, False, 2)
+
+
+def _tuner(monkeypatch, max_workers, precision):
+    """A tuner from :data:`START` on a fake 1000-step run whose budget (1%) is 1 s at 10 steps/s."""
+    from lightning_dataperf.datamodule.online import OnlineTuner
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    space = SettingSpace(max_workers=max_workers, cpus=2, tune_threads=False, tune_pinning=False)
+    options = {"precision": precision, "max_cost": 0.01, "min_seconds": 0.0}
+    return OnlineTuner(_fake_trainer(), START, space, position=lambda: (0, 0), **options)
+
+
 def _drive(tuner, period_of, steps):
     """Calls the tuner as the loader's iterator would, with step periods that depend on the setting in use."""
     now, current = 0.0, tuner.trial.setting
@@ -158,15 +171,9 @@ def _drive(tuner, period_of, steps):
 
 
 def test_the_loop_stops_at_its_cost_cap_on_the_setting_it_stood_on(monkeypatch):
-    from lightning_dataperf.datamodule.online import OnlineTuner
-
-    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
-    start = Setting(1, 2, False, 2)
-    space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
-    # 1% of a 1000-step run at 10 steps/s is 1 s: a neighbour at half the speed spends it in 10 steps
-    tuner = OnlineTuner(
-        _fake_trainer(), start, space, position=lambda: (0, 0), precision=0.5, max_cost=0.01, min_seconds=0.0
-    )
+    start = START
+    # a neighbour at half the speed spends the 1-s budget in 10 steps
+    tuner = _tuner(monkeypatch, max_workers=4, precision=0.5)
     in_use = _drive(tuner, lambda setting: 0.1 if setting == start else 0.2, 200)
     result = tuner.result
     assert result.done and "cost 1.0% of the run" in result.stop_reason
@@ -227,16 +234,9 @@ def test_on_a_gpu_the_loop_switches_a_pinned_loader_and_the_order_holds(tmp_path
 
 
 def test_a_slow_trial_ends_where_it_alone_would_pass_the_cost_cap(monkeypatch):
-    from lightning_dataperf.datamodule.online import OnlineTuner
-
-    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
-    start = Setting(1, 2, False, 2)
-    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
-    # 1% of 1000 steps at 10 steps/s is 1 s; a neighbour 20x slower and never decided (huge error) would run
-    # max_batches=200 steps (100 s) without the cap
-    tuner = OnlineTuner(
-        _fake_trainer(), start, space, position=lambda: (0, 0), precision=0.01, max_cost=0.01, min_seconds=0.0
-    )
+    start = START
+    # a neighbour far slower and never decided (a huge error) would run max_batches=200 steps without the cap
+    tuner = _tuner(monkeypatch, max_workers=2, precision=0.01)
     periods = iter([0.01, 0.01, 5.0, 5.0] * 100)
     _drive(tuner, lambda setting: next(periods) if setting != start else 0.1, 60)
     slow = tuner.result.trials[1]
