@@ -66,11 +66,7 @@ def _stage_loaders(trainer: pl.Trainer, stage: Stage) -> Any:
 
 def online_words(result: Any) -> str | None:
     """What ``TunedDataModule(autotune="online")`` measured on this run's steps (``None``: it did not run)."""
-    if result is None or not result.trials:
-        return None
-    if result.done:
-        return str(result.summary())
-    return f"online tuning is trying settings on this run's steps ({len(result.trials)} measured so far)"
+    return None if result is None or not result.trials else str(result.summary())
 
 
 def autotune_words(result: Any) -> str | None:

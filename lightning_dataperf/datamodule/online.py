@@ -135,13 +135,17 @@ class OnlineTuner:
             return None
         return self._next(trial.measured())
 
-    def _spent(self, trial: _Trial) -> bool:
-        """A slow trial that alone would take the search past its cost cap ends now (its rate as measured)."""
+    def _budget_s(self) -> float | None:
+        """The search's cost cap in seconds: ``max_cost`` of the run at the rate of the setting it stands on."""
+        # not the fastest trial's rate: one lucky short trial must not inflate every other's cost
         rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
         batches = _planned_batches(self.trainer)
-        if not rate or not batches or len(trial.periods) < 4:
-            return False
-        return self.result.cost_s + trial.cost() >= self.max_cost * batches / rate
+        return self.max_cost * batches / rate if rate and batches else None
+
+    def _spent(self, trial: _Trial) -> bool:
+        """A slow trial that alone would take the search past its cost cap ends now (its rate as measured)."""
+        budget = self._budget_s()
+        return budget is not None and len(trial.periods) >= 4 and self.result.cost_s + trial.cost() >= budget
 
     def _next(self, measured: Measured) -> Setting | None:
         result = self.result
@@ -166,11 +170,9 @@ class OnlineTuner:
         return setting if setting != current else None
 
     def _over_budget(self) -> bool:
-        """The slower trials already cost ``max_cost`` of the run (its length at the best rate measured)."""
-        # against the setting the search stands on: one lucky short trial must not inflate every other's cost
-        rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
-        batches = _planned_batches(self.trainer)
-        over = bool(batches and rate) and self.result.cost_s >= self.max_cost * batches / rate
+        """The slower trials already cost ``max_cost`` of the run."""
+        budget = self._budget_s()
+        over = budget is not None and self.result.cost_s >= budget
         if over:
             self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
         return over
