@@ -1,19 +1,20 @@
 """Reference pipelines with a known binding stage: the verdict on each, and its advice applied and measured.
 
-Each row is a real Trainer run with DataPerfCallback on a pipeline built to bind at one stage. The
-row records the expected kind, the verdict's kind, and, where the verdict advises a change, the
-throughput after applying that change next to the gain it predicted ("ok": the change delivered at
-least half of the predicted gain, or, where the verdict said it cannot help, less than 10%). On CUDA
-the step is GPU work (``torch.cuda._sleep``); on the CPU the same rows run with a host sleep in its
-place (the training process waits as it would for the GPU). ``pageable`` and ``jpeg`` need CUDA; the
-JPEG rows are PIL decode + RandomResizedCrop + flip in workers into a torchvision ResNet-18 in bf16
-(channels-last, batch 128), then the verdict's GPU-decode advice applied (``GpuDecodeLoader``, 4
-workers). ``straggler`` runs two gloo ranks on the CPU (``torch.distributed.run``, DDP), rank 1's
-loader 40 ms per batch slower, then without the slowdown. Prints a table and writes JSON (``$OUT``
-or ``benchmarks/results``).
+On the CPU the rows are pipelines whose steps compute for real (``_cpu_pipelines.py``: the README
+quickstart, a dict of small tensors, a numpy FFT transform into an MLP, tiny batches, a Python-heavy
+collate, large batches, I/O latency): the verdict in each of three epochs at the pipeline's start setting,
+then its advised change (workers, intra-op threads) applied and measured against the start in interleaved
+pairs, predicted beside measured ("ok": no change below 0.97x, and an estimate of at least 1.1x delivers
+at least half of itself; where more workers "cannot help", one worker more gains under 10%). On CUDA the
+rows bind by construction (the step is GPU work, ``torch.cuda._sleep``); ``pageable`` and ``jpeg`` need
+CUDA; the JPEG rows are PIL decode + RandomResizedCrop + flip in workers into a torchvision ResNet-18 in
+bf16 (channels-last, batch 128), then the verdict's GPU-decode advice applied (``GpuDecodeLoader``, 4
+workers). ``straggler`` runs two gloo ranks on the CPU (``torch.distributed.run``, DDP), rank 1's loader
+40 ms per batch slower, then without the slowdown. Prints a table and writes JSON (``$OUT`` or
+``benchmarks/results``).
 
     PYTHONPATH=$PWD python benchmarks/verdicts.py                 # every row this machine can run
-    PYTHONPATH=$PWD python benchmarks/verdicts.py --rows zero_workers io_latency --name verdicts_cpu
+    PYTHONPATH=$PWD python benchmarks/verdicts.py --rows quickstart fft --pairs 3 --name verdicts_cpu
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from _common import ROOT, print_table, write_json
 from _common import CostlySamples as Samples
 from _common import HostStepModel as CpuModel
 from _common import fit_with_dataperf as run
+from _cpu_pipelines import PIPELINES, computing
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader
 
@@ -42,7 +44,8 @@ from lightning_dataperf.diagnosis.findings import Diagnosis
 from lightning_dataperf.testing import GpuSleepModel, calibrate_cuda_sleep, loopback_ranks
 from lightning_dataperf.timing.summary import EpochSummary
 
-CUDA_ROWS = {"pageable", "jpeg"}
+#: Rows whose step is GPU work made to bind at one stage (on the CPU the computing pipelines stand for them).
+CUDA_ROWS = {"zero_workers", "io_latency", "cpu_heavy", "tiny_batches", "pageable", "compute", "jpeg"}
 #: Where more workers were said to give nothing, a gain below this counts as "as said".
 NO_GAIN = 1.10
 
@@ -230,17 +233,6 @@ def short_epoch(rig: Rig) -> list[dict]:
     return [row("short_single_epoch", "epoch_start", before, note=note)]
 
 
-def cpu_only(rig: Rig) -> list[dict]:  # CPU training, large batches loaded in the training process
-    before = run(CpuModel(5.0), DataLoader(Samples(64 * 60, 0.3), batch_size=64), batches=40, accelerator="cpu")
-    text = before["diagnosis"].format()
-    cuda_words = [word for word in ("pin_memory", "side_stream", "GPU", "CUDA") if word in text]
-    workers = advised_workers(before["diagnosis"]) or rig.policy_workers
-    loader = DataLoader(Samples(64 * 60, 0.3), batch_size=64, num_workers=workers, persistent_workers=True)
-    after = run(CpuModel(5.0), loader, batches=40, accelerator="cpu")
-    note = f"applied num_workers={workers}; CUDA words in the verdict: {cuda_words or 'none'}"
-    return [row("cpu_only_large_batches", "input_bound_workers", before, after, note)]
-
-
 STRAGGLER_MS, STRAGGLER_BATCHES = 40.0, 60
 
 
@@ -370,14 +362,15 @@ ROWS = {
     "stall": stall,
     "short_epoch": short_epoch,
     "jpeg": jpeg,
-    "cpu_only": cpu_only,
     "straggler": straggler,
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--rows", nargs="*", default=None, choices=[*ROWS, *PIPELINES])
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved start/advised pairs per computing row")
+    parser.add_argument("--seconds", type=float, default=3.0, help="steady seconds per computing measurement")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if present")
     parser.add_argument("--name", default="verdicts", help="the JSON file's name (without .json)")
     parser.add_argument("--rank-out", help=argparse.SUPPRESS)  # one straggler rank (torch.distributed.run)
@@ -388,25 +381,31 @@ def main() -> None:
         return
     rig = Rig(torch.cuda.is_available() if args.device == "auto" else args.device == "cuda")
     results: list[dict] = []
-    for name in args.rows:
+    rows = args.rows or ([*ROWS] if rig.cuda else [*PIPELINES, "stall", "short_epoch", "straggler"])
+    for name in rows:
         if name in CUDA_ROWS and not rig.cuda:
-            print(f"--- {name}: skipped (needs CUDA)", flush=True)
+            print(f"--- {name}: skipped (needs CUDA; on the CPU the computing pipelines stand for it)", flush=True)
+            continue
+        if name in PIPELINES:
+            results += guarded(name, lambda name=name: computing(name, args.pairs, args.seconds))
             continue
         results += guarded(name, lambda name=name: ROWS[name](rig))
         write_json(args.name, {"device": rig.accelerator, "policy_workers": rig.policy_workers, "rows": results})
     table = print_table(
-        ["row", "expected", "verdict", "right", "before/s", "after/s", "predicted", "measured", "ok"],
+        ["row", "expected", "verdict", "right", "steady", "before/s", "after/s", "predicted", "measured", "ok", "note"],
         [
             [
                 r["row"],
                 r["expected"],
                 r["verdict"],
-                r["right"],
-                f"{r['before_sps']:.0f}",
+                "" if r.get("right") is None else r["right"],
+                "" if r.get("steady_same") is None else r["steady_same"],
+                f"{r['before_sps']:.0f}" if r.get("before_sps") else "",
                 "" if r.get("after_sps") is None else f"{r['after_sps']:.0f}",
                 "" if r.get("predicted") is None else f"{r['predicted']:.2f}x",
                 "" if r.get("measured") is None else f"{r['measured']:.2f}x",
                 "" if r.get("ok") is None else r["ok"],
+                r.get("note", ""),
             ]
             for r in results
         ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 import weakref
@@ -28,6 +29,10 @@ from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_ma
 __all__ = ["OnlineIterator", "OnlineTuner", "attach_online", "make_online"]
 
 Position = Callable[[], tuple[int, int]]
+
+#: After the search, a window of steps whose rate moved this far from the kept setting's (and beyond three
+#: standard errors), twice in a row, is drift: the loop looks again from the kept setting, within its cost cap.
+DRIFT = 0.15
 
 
 class _Trial:
@@ -102,6 +107,8 @@ class OnlineTuner:
         self.trial: _Trial | None = _Trial(first, None)
         self._last: tuple[float, Any] | None = None
         self._incumbent: Measured | None = None
+        self._watch: _Trial | None = None
+        self._drifts = 0
 
     def position(self) -> tuple[int, int]:
         """Where the sampler starts: the tuner's own count while it rebuilds, else Lightning's loop counters."""
@@ -110,18 +117,22 @@ class OnlineTuner:
     def restart_segment(self, burst: int) -> None:
         """A new iterator (an epoch's, or a switch's): the next ``burst`` periods are its start-up."""
         self._last = None
-        if self.trial is not None:
-            self.trial.skip = max(self.trial.skip, burst)
+        for segment in (self.trial, self._watch):
+            if segment is not None:
+                segment.skip = max(segment.skip, burst)
 
     def step(self, now: float) -> Setting | None:
         """Called before each batch is fetched: records the step period that ended; the setting to switch to."""
         trial = self.trial
-        if trial is None:
+        if trial is None and self._watch is None:
             return None
         # a period with validation or an epoch's end in it is not a training step's
         marker = (self.trainer.current_epoch, validation_batches_seen(self.trainer))
         last, self._last = self._last, (now, marker)
         if last is None or last[1] != marker:
+            return None
+        if trial is None:
+            self._watching(now - last[0])
             return None
         trial.add(now - last[0])
         rate, error, counted = trial.rate()
@@ -164,6 +175,8 @@ class OnlineTuner:
             result.kept, result.done = stop.value, True
             result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
             self.trial = None
+            # with budget left, the kept setting's rate is watched for drift
+            self._watch = None if self._over_budget() else _Trial(stop.value.setting, None)
             rank_zero_info(result.summary())
             return stop.value.setting if stop.value.setting != current else None
         self.trial = _Trial(setting, against)
@@ -176,6 +189,25 @@ class OnlineTuner:
         if over:
             self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
         return over
+
+    def _watching(self, period: float) -> None:
+        """After the search: a window's rate against the kept setting's; drift twice in a row starts a new search."""
+        watch, kept = self._watch, self.result.kept
+        assert watch is not None and kept is not None
+        watch.add(period)
+        if len(watch.periods) < self.max_batches and sum(watch.periods) < self.max_seconds:
+            return
+        rate, error, _ = watch.rate()
+        moved = abs(rate / kept.steps_per_sec - 1) if kept.steps_per_sec else 0.0
+        self._drifts = self._drifts + 1 if moved > max(DRIFT, 3 * math.hypot(error, kept.error)) else 0
+        self._watch = _Trial(kept.setting, None)
+        if self._drifts < 2:
+            return
+        self._drifts, self._watch, self._incumbent = 0, None, None
+        self.result.looks, self.result.done, self.result.stop_reason = self.result.looks + 1, False, ""
+        self._search = online_search(kept.setting, self.space)
+        first, _ = next(self._search)  # the kept setting itself, measured again: no switch
+        self.trial = _Trial(first, None)
 
     def switched(self, switch_s: float, setting: Setting) -> None:
         if self.trial is not None:

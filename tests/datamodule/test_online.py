@@ -11,7 +11,7 @@ import torch
 from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lightning_dataperf.autotune.online import Measured, Setting, SettingSpace, online_search
+from lightning_dataperf.autotune.online import Setting, SettingSpace
 from lightning_dataperf.telemetry.processes import is_shm_manager
 
 #: every trial ends at its first 8 counted batches, so the loop switches whatever the machine's speed
@@ -101,43 +101,6 @@ def test_a_bad_autotune_value_names_the_choices():
         IndexData(autotune="onlin")
 
 
-def _measured(setting, rate, error=0.01):
-    return Measured(setting, rate, error, batches=50, seconds=50 / rate)
-
-
-def test_the_search_keeps_a_neighbour_only_when_the_incumbent_measured_again_is_still_slower():
-    start = Setting(0, None, False, 2)
-    space = SettingSpace(max_workers=4, cpus=2, tune_threads=True, tune_pinning=False)
-    rates = {Setting(1, 2, False, 2): 9.0, Setting(2, 2, False, 2): 13.0, Setting(2, 2, False, 1): 18.0}
-    search = online_search(start, space)
-    asked = [next(search)]
-    try:
-        while True:
-            setting, _ = asked[-1]
-            asked.append(search.send(_measured(setting, rates.get(setting, 10.0))))
-    except StopIteration as stop:
-        kept = stop.value
-    assert kept.setting == Setting(2, 2, False, 1), "2 workers and one intra-op thread: the fastest"
-    settings = [setting for setting, _ in asked]
-    # each worker count also with the cores it leaves as intra-op threads; the start measured again after a win
-    assert settings[:5] == [start, Setting(1, 2, False, 2), Setting(1, 2, False, 1), Setting(2, 2, False, 2), start]
-
-
-def test_a_drifting_incumbent_does_not_make_a_neighbour_a_winner():
-    start = Setting(1, 2, False, 2)
-    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
-    search = online_search(start, space)
-    next(search)
-    setting, _ = search.send(_measured(start, 10.0))
-    again, _ = search.send(_measured(setting, 11.0))  # 10% faster than the first look at the start
-    assert again == start, "measured again before the neighbour is kept"
-    other, _ = search.send(_measured(start, 12.0))  # the step itself got faster: the start reads as fast
-    with pytest.raises(StopIteration) as stop:
-        while True:  # every other neighbour is slower
-            other, _ = search.send(_measured(other, 5.0))
-    assert stop.value.value.setting == start
-
-
 def _fake_trainer(batches_per_epoch=1000):
     progress = SimpleNamespace(total=SimpleNamespace(ready=0))
     loop = SimpleNamespace(epoch_loop=SimpleNamespace(val_loop=SimpleNamespace(batch_progress=progress)))
@@ -159,7 +122,7 @@ def _tuner(monkeypatch, max_workers, precision):
 
 def _drive(tuner, period_of, steps):
     """Calls the tuner as the loader's iterator would, with step periods that depend on the setting in use."""
-    now, current = 0.0, tuner.trial.setting
+    now, current = 0.0, tuner.trial.setting if tuner.trial is not None else tuner.result.kept.setting
     for _ in range(steps):
         switch = tuner.step(now)
         if switch is not None:
@@ -242,3 +205,24 @@ def test_a_slow_trial_ends_where_it_alone_would_pass_the_cost_cap(monkeypatch):
     slow = tuner.result.trials[1]
     assert slow.batches < 10, "cut once its own cost passed the cap, not at max_batches"
     assert tuner.result.done and "cost 1.0% of the run" in tuner.result.stop_reason
+
+
+def test_after_the_search_a_drifting_step_rate_makes_the_loop_look_again(monkeypatch):
+    tuner = _tuner(monkeypatch, max_workers=2, precision=0.05)
+    tuner.max_cost = 1.0  # budget left for a second search
+    faster = Setting(2, 2, False, 2)
+    drifted = [False]
+
+    def period(setting):
+        if drifted[0]:  # the pipeline changed: 2 workers now win by far
+            return 0.05 if setting == faster else 0.2
+        return 0.1 if setting == START else 0.2
+
+    _drive(tuner, period, 300)
+    result = tuner.result
+    assert result.done and result.kept.setting == START and result.looks == 0, "steady: no second look"
+    drifted[0] = True
+    tuner.restart_segment(0)  # the drive's clock starts again at 0
+    in_use = _drive(tuner, period, 1200)
+    assert result.looks == 1 and result.done and result.kept.setting == faster and in_use == faster
+    assert "looked again 1 times after the step rate drifted" in result.summary()

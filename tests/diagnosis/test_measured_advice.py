@@ -88,5 +88,23 @@ def test_loading_cheaper_than_a_hand_over_gets_no_worker_count_at_num_workers_0(
         summary(stall=0.3, DataLoading=0.0012, Transfer=0.0, Compute=0.0028, Step=0.004),
         loader=inside(None, workers=0, fetch=0.001, collate=0.0002),
     )
-    advice = diagnose(Evidence(cheap, LoaderFacts(num_workers=0), usable_cpus=2)).findings[0].advice[0]
-    assert "about what a worker process's hand-over of it costs" in advice and "num_workers=" not in advice
+    advice = diagnose(Evidence(cheap, LoaderFacts(num_workers=0), usable_cpus=2)).findings[0].advice
+    assert "about what a worker process's hand-over of it costs" in advice[0] and "num_workers=" not in advice[0]
+    # the policy would start a worker too: not pointed to where a worker may well be slower
+    assert not any("TunedDataModule picks num_workers" in line for line in advice), advice
+
+
+def test_spent_cpus_held_by_intra_op_threads_are_given_to_the_workers():
+    # issue 37's FFT pipeline: 1 worker 99% busy beside 2 intra-op threads on 2 cores ("more workers cannot help")
+    spent = SystemStats(cpu_busy_percent_mean=99.0, main_cpu_percent=95.0, workers_cpu_percent=96.0, runnable_tasks=2.2)
+    busy = dataclasses.replace(INPUT_BOUND, loader=inside(0.99, workers=1))
+    evidence = Evidence(busy, LoaderFacts(num_workers=1), spent, usable_cpus=2, intra_op_threads=2)
+    finding = diagnose(evidence).findings[0]
+    advice = " ".join(finding.advice)
+    assert finding.kind == "input_bound_cpu"
+    assert "2 of them by this process's intra-op threads: set num_workers=2 and torch.set_num_threads(1)" in advice
+    assert "more workers cannot help" not in advice
+    # 50 ms steps at twice the workers' throughput -> 25 ms, floored at 18 ms of compute, capped at the 2.50x ceiling
+    assert "an estimate from this epoch: up to 2.00x, 50.0 -> 25.0 ms" in advice, advice
+    one_thread = Evidence(busy, LoaderFacts(num_workers=1), spent, usable_cpus=2, intra_op_threads=1)
+    assert "more workers cannot help" in " ".join(diagnose(one_thread).findings[0].advice)

@@ -186,6 +186,14 @@ def _cpus_spent(evidence: Evidence) -> bool:
     return spare is not None and spare < MIN_SPARE_CPUS
 
 
+def _threads_hold_cores(evidence: Evidence, workers: int | None) -> bool:
+    """A CPU run whose intra-op threads and busy workers outnumber the cores, with fewer workers than cores."""
+    threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
+    if evidence.summary.on_device or not threads or not cpus or not workers:
+        return False
+    return threads > 1 and workers < cpus and workers + threads > cpus
+
+
 def _others_cpus(evidence: Evidence) -> float | None:
     """Cores' worth of CPU used by processes other than this run (machine busy less the training tree's own)."""
     system, cpus = evidence.system, evidence.usable_cpus
@@ -238,7 +246,8 @@ def _in_main_process(evidence: Evidence) -> _Cause:
     budget = _budget(evidence)
     advice = []
     work = None if inside is None else inside.work_s + inside.pin_s
-    if work is not None and work < estimates.HANDOVER_FLOOR_S and not evidence.summary.on_device:
+    below_floor = work is not None and work < estimates.HANDOVER_FLOOR_S and not evidence.summary.on_device
+    if below_floor:
         advice.append(estimates.handover_floor_words(work))
     elif inside is not None and work is not None and compute and budget:
         workers = max(1, min(budget, math.ceil(work / compute) + 1))
@@ -251,7 +260,8 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
-    advice.append(evidence.autotune or "TunedDataModule picks num_workers from the CPUs this process may use")
+    if not below_floor:  # there the policy's workers may be slower too; the floor's words name the loop instead
+        advice.append(evidence.autotune or "TunedDataModule picks num_workers from the CPUs this process may use")
     return _Cause("input_bound_workers", "batches are loaded in the training process (num_workers=0)", advice)
 
 
@@ -281,6 +291,17 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
+    elif _threads_hold_cores(evidence, workers):
+        # benchmarks/online.py, fft on 2 cores: 1 worker + 2 threads 7.5 steps/s, 2 workers + 1 thread 14.0
+        threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
+        predicted = max(compute or 0.0, (step or 0.0) * workers / cpus)
+        advice.append(
+            f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are spent, {threads} of them by this process's "
+            f"intra-op threads: set num_workers={cpus}"
+            + estimates.threads_beside(evidence, cpus)
+            + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
+        )
+        words = "CPU preprocessing, cores held by the training process's intra-op threads"
     else:
         runnable = f", {system.runnable_tasks:.0f} runnable tasks" if system.runnable_tasks is not None else ""
         cpus = f" on {evidence.usable_cpus} usable CPUs" if evidence.usable_cpus is not None else ""
