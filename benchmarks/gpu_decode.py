@@ -15,6 +15,9 @@ Generates two JPEG sets locally (uniform 320 px ~78 kB; ImageNet-like 200-500 px
   the GPU) and the package's path (``GpuDecodeLoader`` over 4 workers, ``prepare_ahead`` 2 and 0) on both
   sets, side by side in one run. Images/s from CUDA events recorded at the first timed step and after the
   last one (read after the fit; no synchronize per step).
+- ``dali`` rows (issue 38; ``--paths``): DALI's pipeline over the same files with the same crop, flip and
+  normalise (``benchmarks/gpu_decode_dali.py``), alone and end to end; ``package-nvimgcodec``: the package's
+  path on nvImageCodec. ``--part all``: the decode rows, then the e2e rows, in one run and one JSON.
 - ``legacy`` (issue 17, sessions 6-8): the step in a plain loop, the CPU loader, the decode micro-benchmarks.
 
     PYTHONPATH=$PWD python benchmarks/gpu_decode.py --part decode --images 2000
@@ -469,6 +472,16 @@ def decode_path_alone(samples, workers: int, warmup: int, batches: int, barrier:
     }
 
 
+def _wanted(name: str, paths: list[str]) -> bool:
+    """Is the package row ``name`` among ``--paths`` (``package``: torchvision; ``package-nvimgcodec``;
+    ``serial``: prepare_ahead=0; ``unbarriered``: nvImageCodec without its host barrier)?"""
+    if "prepare_ahead=0" in name:
+        return "serial" in paths
+    if "no host barrier" in name:
+        return "unbarriered" in paths
+    return ("package-nvimgcodec" if "nvimgcodec" in name else "package") in paths
+
+
 def part_decode(sets: dict, args) -> dict:
     rows = []
     cuda = torch.cuda.is_available() and not args.dry_run
@@ -478,6 +491,7 @@ def part_decode(sets: dict, args) -> dict:
         ("package nvimgcodec, prepare_ahead=2", {"backend": "nvimgcodec", "prepare_ahead": 2}),
         ("package nvimgcodec, no host barrier", {"backend": "nvimgcodec", "prepare_ahead": 2, "barrier": False}),
     ]
+    variants = [(name, options) for name, options in variants if _wanted(name, args.paths)]
     if not cuda:
         variants = [("package pil, prepare_ahead=0", {"prepare_ahead": 0, "device": "cpu"}),
                     ("package pil, prepare_ahead=2", {"prepare_ahead": 2, "device": "cpu"})]  # fmt: skip
@@ -490,6 +504,16 @@ def part_decode(sets: dict, args) -> dict:
             rate = nvimgcodec_decode_only(batches)
             if rate is not None:
                 rows.append({"set": kind, "path": "nvJPEG decode-only (nvImageCodec, batched)", "images_per_s": rate})
+            if "engines" in args.paths:
+                from gpu_decode_engines import engine_rows
+
+                try:
+                    rows += [{"set": kind, **row} for row in engine_rows(batches)]
+                except Exception:  # diagnostics only: the other rows go on
+                    traceback.print_exc()
+            merged = [batches[i] + batches[i + 1] for i in range(0, len(batches) - 1, 2)]
+            rate = torchvision_decode_only(merged, warmup=2)
+            rows.append({"set": kind, "path": "nvJPEG decode-only (torchvision, 256 a call)", "images_per_s": rate})
         for name, options in variants:
             try:
                 row = decode_path_alone(samples, args.workers, args.warmup, args.decode_batches, **options)
@@ -497,6 +521,25 @@ def part_decode(sets: dict, args) -> dict:
                 print(f"{kind} {name}: not measured ({error})"[:200], flush=True)
                 continue
             rows.append({"set": kind, "path": name, **row})
+        if "dali" in args.paths:
+            for name, fused in (("DALI decoders.image (mixed)", False), ("DALI decoders.image_random_crop", True)):
+                try:
+                    from gpu_decode_dali import dali_alone
+
+                    row = dali_alone(
+                        samples,
+                        BATCH,
+                        SIZE,
+                        args.warmup,
+                        args.decode_batches,
+                        cuda,
+                        threads=max(1, args.workers),
+                        fused_crop=fused,
+                    )
+                except Exception:  # DALI absent or failing must not lose the other rows
+                    traceback.print_exc()
+                    continue
+                rows.append({"set": kind, "path": name, **row})
         for row in rows:
             if row["set"] == kind and reference:
                 row["share_of_decode_only"] = row["images_per_s"] / reference
@@ -636,16 +679,18 @@ def part_e2e(sets: dict, args) -> dict:
             rows.append(ceiling)
             _print_e2e(ceiling, ceiling)
             for kind, samples in sets.items():
-                for ahead in [a for a in args.prepare_ahead if a or compiled in args.serial_modes]:
-                    options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead}
-                    loader = GpuDecodeLoader(encoded_loader(samples, args.workers, total), **options)
+                for path, make in _e2e_loaders(samples, args, compiled, total, device, cuda):
+                    loader = None
                     try:
+                        loader = make()
                         row = e2e_fit(module, loader, warmup, args.steps, cuda)
-                    except Exception:
+                    except Exception:  # one path failing (DALI absent, say) must not lose the other rows
                         traceback.print_exc()
-                        loader.close()
+                        if hasattr(loader, "close"):
+                            loader.close()
                         continue
-                    row.update(model=arch, mode=compiled, set=kind, path=f"package, prepare_ahead={ahead}")
+                    del loader
+                    row.update(model=arch, mode=compiled, set=kind, path=path)
                     row["share_of_ceiling"] = row["images_per_s"] / ceiling["images_per_s"]
                     rows.append(row)
                     _print_e2e(row, ceiling)
@@ -653,6 +698,28 @@ def part_e2e(sets: dict, args) -> dict:
             if cuda:
                 torch.cuda.empty_cache()
     return {"rows": rows}
+
+
+def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bool):
+    """``(row name, loader factory)`` for each of ``--paths`` in this mode: the package's backends, DALI."""
+    backends = [("torchvision", "package"), ("nvimgcodec", "package-nvimgcodec")]
+    for backend, path in backends:
+        if path not in args.paths:
+            continue
+        for ahead in [a for a in args.prepare_ahead if a or compiled in args.serial_modes]:
+            options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead}
+            if cuda:
+                options["backend"] = backend
+            name = f"{path}, prepare_ahead={ahead}"
+            yield name, lambda options=options: GpuDecodeLoader(encoded_loader(samples, args.workers, total), **options)
+    if "dali" in args.paths:
+        from gpu_decode_dali import DaliLoader, dali_pipeline
+
+        gpu = "gpu" if cuda else "cpu"
+        yield (
+            "DALI",
+            lambda: DaliLoader(dali_pipeline(samples, BATCH, SIZE, threads=max(1, args.workers), device=gpu), total),
+        )
 
 
 def _print_e2e(row: dict, ceiling: dict) -> None:
@@ -667,7 +734,12 @@ def _print_e2e(row: dict, ceiling: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["decode", "e2e", "legacy"], default="e2e")
+    parser.add_argument("--part", choices=["decode", "e2e", "all", "legacy"], default="e2e")
+    parser.add_argument(
+        "--paths", nargs="+", default=["package", "package-nvimgcodec", "dali"],
+        help="rows besides the references: package (torchvision), package-nvimgcodec, dali, serial, unbarriered, "
+        "engines (decode-only per engine, idle and beside a busy GPU: benchmarks/gpu_decode_engines.py)",
+    )  # fmt: skip
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--sets", nargs="+", default=["uniform", "varied"])
     parser.add_argument("--steps", type=int, default=150)
@@ -677,8 +749,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"])
-    parser.add_argument("--prepare-ahead", type=int, nargs="+", default=[2, 0])
-    parser.add_argument("--serial-modes", nargs="+", default=["eager", "compiled"], help="modes with ahead=0 rows")
+    parser.add_argument("--prepare-ahead", type=int, nargs="+", default=[2])
+    parser.add_argument("--serial-modes", nargs="+", default=[], help="modes with prepare_ahead=0 rows")
     parser.add_argument("--root", default=None)
     parser.add_argument("--name", default=None)
     parser.add_argument("--dry-run", action="store_true", help="CPU, 40 images, tiny model, 2+2 steps")
@@ -702,7 +774,11 @@ def main() -> None:
         samples, mean_bytes = make_set(os.path.join(root, kind), kind, args.images)
         sets[kind] = samples
         print(f"{kind}: {len(samples)} JPEGs, mean {mean_bytes / 1e3:.1f} kB, {time.perf_counter() - begin:.1f} s")
-    result = part_decode(sets, args) if args.part == "decode" else part_e2e(sets, args)
+    result = {}
+    if args.part in ("decode", "all"):
+        result["decode"] = part_decode(sets, args)["rows"]
+    if args.part in ("e2e", "all"):
+        result["e2e"] = part_e2e(sets, args)["rows"]
     from _common import write_json
 
     write_json(args.name or f"gpu_decode_{args.part}", {"args": vars(args), **result})
