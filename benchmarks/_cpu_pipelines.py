@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import statistics
 import sys
 import tempfile
@@ -175,11 +176,27 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0))
 
 
+#: Cores' worth of CPU used by other processes during each measurement (2 intra-op threads on 2 cores read
+#: 13-25 steps/s on "tiny" beside one busy process, 460-485 on a quiet machine): a row's disturbance.
+OTHERS: list[float] = []
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """(the machine's busy CPU seconds, this process's and its reaped children's)."""
+    fields = [float(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    busy = (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    own = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime for who in (0, -1))
+    return busy, own
+
+
 def measure(name: str, workers: int, threads: int, seconds: float) -> float:
     """One fit's steady steps/s at ``workers`` loader workers and ``threads`` intra-op threads."""
     torch.set_num_threads(threads)
     clock = StepClock(seconds, skip=2 * workers + 3)
+    (busy, own), started = _cpu_seconds(), time.perf_counter()
     trainer([clock]).fit(PIPELINES[name]["model"](), datamodule=Pipeline(name, workers))
+    (busy_after, own_after), wall = _cpu_seconds(), time.perf_counter() - started
+    OTHERS.append(max(0.0, (busy_after - busy) - (own_after - own)) / wall)
     return clock.rate()
 
 
@@ -227,7 +244,7 @@ SLOWER = 0.97
 
 def computing(name: str, pairs: int, seconds: float) -> list[dict]:
     """A CPU pipeline that computes: the verdict per epoch at its start setting, the advised change measured."""
-    cpus = usable_cpus()
+    cpus, measured_before = usable_cpus(), len(OTHERS)
     start = (PIPELINES[name]["start"], cpus)
     rate = measure(name, *start, seconds)  # sizes the verdict's epochs: about 2 x ``seconds`` each
     epochs = verdicts_at_start(name, cpus, max(20, int(rate * seconds * 2)))
@@ -265,6 +282,7 @@ def computing(name: str, pairs: int, seconds: float) -> list[dict]:
         "note": f"start {start[0]}w {start[1]}t" + ("" if advised is None else f" -> {advised[0]}w {advised[1]}t"),
         "verdict_text": last["text"],
         "verdicts": epochs,
+        "others_cores_max": max(OTHERS[measured_before:]),
     }
     print(f"\n=== {name}: verdicts {result['epochs']}\n{last['text']}\n{result['note']}: {ratios}", flush=True)
     return [result]

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from _common import print_table, write_json
-from _cpu_pipelines import PIPELINES, ROOT_DIR, Pipeline, StepClock, measure, trainer, usable_cpus
+from _cpu_pipelines import OTHERS, PIPELINES, ROOT_DIR, Pipeline, StepClock, measure, trainer, usable_cpus
 
 from lightning_dataperf import probe_hardware, recommend_loader_settings
 
@@ -86,7 +86,7 @@ def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
 
 
 def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    cpus = usable_cpus()
+    cpus, measured_before = usable_cpus(), len(OTHERS)
     policy = (recommend_loader_settings(probe_hardware(), accelerator="cpu").num_workers, cpus)
     peer = loadtune_pick(name, cpus)
     # the online loop may go up to 2 x cpus workers: the grid covers what it can keep, the policy and the peer
@@ -115,6 +115,7 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "online": online,
         "online_of_best": median.get(kept, float("nan")) / median[best],
         "online_cost_of_5min": online["cost_s"] / 300.0,
+        "others_cores_max": max(OTHERS[measured_before:]),
     }
 
 
@@ -141,7 +142,7 @@ def main() -> None:
         rows.append(run_pipeline(name, args))
         write_json(args.name, {"args": vars(args), "rows": rows})
     headers = ["pipeline", "start", "grid best", "start of best", "policy", "of best", "loadtune", "of best"]
-    headers += ["online kept", "of best", "trials", "cost s", "cost of 5 min"]
+    headers += ["online kept", "of best", "trials", "cost s", "cost of 5 min", "others' cores"]
     print_table(
         headers,
         [
@@ -159,6 +160,7 @@ def main() -> None:
                 len(row["online"]["trials"]),
                 f"{row['online']['cost_s']:.1f}",
                 share(row["online_cost_of_5min"]),
+                f"{row['others_cores_max']:.2f}",
             ]
             for row in rows
         ],
