@@ -19,6 +19,7 @@ from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
+from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
 from lightning_dataperf.loader.rebuild import loader_arguments
@@ -53,6 +54,8 @@ class TunedDataModule(pl.LightningDataModule):
             pinning on CUDA, the training process's intra-op threads on CPU) on the training steps
             themselves, keeping the fastest (:attr:`online_result`); samples and their order are unchanged.
         verbose: print the chosen settings and reasons once on rank zero.
+        intra_op_threads: CPU training: ``"auto"`` cuts ``torch.set_num_threads`` where the training loader's workers
+            and the intra-op threads would outnumber the cores; an ``int`` sets it; ``None``: left alone.
         gpu_decode: decode JPEGs on the GPU (``True``, or the options of
             :class:`~lightning_dataperf.decode.GpuDecodeLoader`, e.g. ``{"size": 224, "dtype":
             torch.bfloat16}``): a loader over an :class:`~lightning_dataperf.decode.encoded.EncodedImageDataset`
@@ -93,8 +96,10 @@ class TunedDataModule(pl.LightningDataModule):
         autotune_options: dict[str, Any] | None = None,
         verbose: bool = True,
         gpu_decode: bool | dict[str, Any] | None = False,
+        intra_op_threads: int | str | None = "auto",
     ) -> None:
         super().__init__()
+        self._threads = ThreadsBeside(intra_op_threads)
         off = gpu_decode is False or gpu_decode is None
         self.gpu_decode = None if off else ({} if gpu_decode is True else dict(gpu_decode))  # {}: the defaults
         self.seed = seed
@@ -126,6 +131,8 @@ class TunedDataModule(pl.LightningDataModule):
         reclaim_sharing(self)
         if self._online is not None and stage == "fit":
             self._online.close()
+        if stage == "fit":
+            self._threads.restore()
 
     @classmethod
     def from_loaders(cls, train: DataLoader, val: DataLoader | None = None, **options: Any) -> TunedDataModule:
@@ -293,6 +300,8 @@ class TunedDataModule(pl.LightningDataModule):
         """After construction: a training loader with our own sampler becomes resumable (Lightning's
         ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
         sampler = loader.sampler
+        if stage == "train" and self._accelerator() == "cpu":
+            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan)
         if stage != "train" or type(sampler) is not EpochAwareDistributedSampler or sampler.position is None:
             return
         make_resumable(loader, sampler)

@@ -16,6 +16,7 @@ __all__ = [
     "LoaderSettings",
     "article_settings",
     "check_loader_kwargs",
+    "intra_op_threads",
     "recommend_loader_settings",
 ]
 
@@ -78,6 +79,25 @@ def recommend_loader_settings(
         else "a single epoch: nothing to keep alive"
     )
     return LoaderSettings(workers, pin, persistent, prefetch, reasons)
+
+
+def intra_op_threads(workers: int, cpus: int, current: int) -> tuple[int, str] | None:
+    """CPU training: the intra-op threads to set beside ``workers`` loader workers on ``cpus`` cores, and why;
+    ``None`` where the two already fit (docs/loader.md, section 1).
+
+    Example::
+
+        intra_op_threads(workers=1, cpus=2, current=2)   # (1, "CPU training: 1 workers and ...")
+    """
+    threads = max(1, cpus - workers)
+    if workers + current <= cpus or threads == current:
+        return None
+    # benchmarks/online.py, 2 cores: at 1 worker one thread read 12-16% faster than two on two pipelines, and
+    # two threads beside one busy process read 20x slower (OpenMP threads spin for a core that is taken)
+    return threads, (
+        f"CPU training: {workers} workers and this process's {current} intra-op threads would share {cpus} cores;"
+        f" {threads} beside the workers"
+    )
 
 
 def _prefetch(hardware: Hardware, workers: int, batch_bytes: int | None) -> tuple[int, str]:

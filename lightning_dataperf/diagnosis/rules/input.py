@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from lightning_dataperf import tags
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.findings import Finding
+from lightning_dataperf.diagnosis.rules import cores
 from lightning_dataperf.diagnosis.rules import estimate as estimates
 from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
 
@@ -19,12 +20,6 @@ SIGNIFICANT_SHARE = 0.10
 SATURATED_BUSY = 0.85
 #: ... or, when the CPUs are spent, busier than this (idle workers on a busy machine are not its CPU load).
 BUSY_WHEN_SPENT = 0.5
-#: Fewer idle cores than this (measured: mean CPU busy % of the usable CPUs) leave no room for another worker.
-MIN_SPARE_CPUS = 0.5
-#: A worker using less CPU than this share of its fair share of the cores is waiting (I/O, sleeps), not computing.
-CPU_SHARE_OF_FAIR = 0.6
-#: ... and, measured in the worker itself: CPU time over wall time in fetch + collate below this is waiting.
-FETCH_CPU_WAITING = 0.3
 #: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 #: ... but only when this run itself read at least this much (MiB/s, this process and its workers, any
@@ -122,8 +117,9 @@ def _cause(evidence: Evidence) -> _Cause:
         return _in_main_process(evidence)
     if inside is None or inside.busy_fraction is None:
         return _without_inside(evidence)
-    if inside.busy_fraction >= SATURATED_BUSY or (inside.busy_fraction >= BUSY_WHEN_SPENT and _cpus_spent(evidence)):
-        if _waiting_not_computing(evidence):
+    busy_on_spent = inside.busy_fraction >= BUSY_WHEN_SPENT and cores.cpus_spent(evidence)
+    if inside.busy_fraction >= SATURATED_BUSY or busy_on_spent:
+        if cores.waiting_not_computing(evidence):
             return _latency_bound(evidence)
         return _cpu_bound(evidence)
     if inside.handover_s <= inside.worker_wait_s:  # the wait is for a batch still being made
@@ -136,7 +132,7 @@ def _cause(evidence: Evidence) -> _Cause:
                 f"sample holds its batch) or too little in flight; raise prefetch_factor (now {loader.prefetch_factor})"
             ],
         )
-    if inside.busy_fraction >= BUSY_WHEN_SPENT and not _waiting_not_computing(evidence):
+    if inside.busy_fraction >= BUSY_WHEN_SPENT and not cores.waiting_not_computing(evidence):
         return _Cause(
             "input_bound_cpu",
             "CPU preprocessing in the workers, which also delays their hand-over",
@@ -151,8 +147,8 @@ def _cause(evidence: Evidence) -> _Cause:
     spent = f"each batch spends {1e3 * inside.handover_s:.1f} ms in the hand-over (worker queue, unpickling in the " + (
         "training process)" + (f" and {1e3 * inside.pin_s:.1f} ms being pinned" if inside.pin_s else "")
     )
-    if _oversubscribed(evidence):
-        others = _others_cpus(evidence)
+    if cores.oversubscribed(evidence):
+        others = cores.others_cpus(evidence)
         outside = f", {others:.1f} cores' worth by processes outside this run" if others is not None else ""
         return _Cause(
             "input_bound_handover",
@@ -172,58 +168,6 @@ def _cause(evidence: Evidence) -> _Cause:
             f"(now {loader.prefetch_factor}) so ready batches queue up"
         ],
     )
-
-
-def _oversubscribed(evidence: Evidence) -> bool:
-    """Measured: more runnable tasks than usable CPUs this epoch (every task waits for a core at times)."""
-    runnable, cpus = evidence.system.runnable_tasks, evidence.usable_cpus
-    return runnable is not None and cpus is not None and runnable > cpus
-
-
-def _cpus_spent(evidence: Evidence) -> bool:
-    """No core to spare, measured: the CPUs this rank may use are busy (by this run or others) this epoch."""
-    spare = evidence.idle_cpus
-    return spare is not None and spare < MIN_SPARE_CPUS
-
-
-def _threads_hold_cores(evidence: Evidence, workers: int | None) -> bool:
-    """A CPU run whose intra-op threads and busy workers outnumber the cores, with fewer workers than cores."""
-    threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
-    if evidence.summary.on_device or not threads or not cpus or not workers:
-        return False
-    return threads > 1 and workers < cpus and workers + threads > cpus
-
-
-def _others_cpus(evidence: Evidence) -> float | None:
-    """Cores' worth of CPU used by processes other than this run (machine busy less the training tree's own)."""
-    system, cpus = evidence.system, evidence.usable_cpus
-    if system.cpu_busy_percent_mean is None or system.main_cpu_percent is None or cpus is None:
-        return None
-    own = system.main_cpu_percent + (system.workers_cpu_percent or 0.0)
-    return max(0.0, cpus * system.cpu_busy_percent_mean / 100.0 - own / 100.0)
-
-
-def _waiting_not_computing(evidence: Evidence) -> bool:
-    """Busy in ``__getitem__`` but using little CPU there: the time goes to I/O latency or sleeps.
-
-    Measured in the workers (their threads' CPU time over wall time in fetch + collate) where possible.
-    Otherwise from process CPU%: on a saturated machine a CPU-bound worker gets only its fair share of a
-    core (``100 * C / R`` % with ``R`` runnable tasks on ``C`` CPUs), so it is compared with that share.
-    """
-    inside = evidence.summary.loader
-    if inside is not None and (ratio := inside.cpu_fraction) is not None:  # time-shared cores lower it too
-        return ratio < FETCH_CPU_WAITING * _fair_share_percent(evidence) / 100.0
-    cpu = evidence.system.worker_cpu_percent_mean
-    if cpu is None:
-        return False
-    return cpu < CPU_SHARE_OF_FAIR * _fair_share_percent(evidence)
-
-
-def _fair_share_percent(evidence: Evidence) -> float:
-    runnable, cpus = evidence.system.runnable_tasks, evidence.usable_cpus
-    if runnable is None or cpus is None:
-        return 100.0
-    return 100.0 * min(1.0, cpus / max(1.0, runnable))
 
 
 def _step_and_compute(evidence: Evidence) -> tuple[float | None, float | None]:
@@ -280,7 +224,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             "(no telemetry sample): raise num_workers only if cores are idle"
         )
         words = "CPU preprocessing"
-    elif spare >= MIN_SPARE_CPUS and not starved and workers:
+    elif spare >= cores.MIN_SPARE_CPUS and not starved and workers:
         added = max(1, round(spare))
         predicted = max(compute or 0.0, (step or 0.0) * workers / (workers + min(added, spare)))
         advice.append(
@@ -291,7 +235,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
-    elif _threads_hold_cores(evidence, workers):
+    elif cores.threads_hold_cores(evidence, workers):
         # benchmarks/online.py, fft on 2 cores: 1 worker + 2 threads 7.5 steps/s, 2 workers + 1 thread 14.0
         threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
         predicted = max(compute or 0.0, (step or 0.0) * workers / cpus)
@@ -305,8 +249,8 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
     else:
         runnable = f", {system.runnable_tasks:.0f} runnable tasks" if system.runnable_tasks is not None else ""
         cpus = f" on {evidence.usable_cpus} usable CPUs" if evidence.usable_cpus is not None else ""
-        others = _others_cpus(evidence)
-        shared = not starved and others is not None and others >= 1.0 and _oversubscribed(evidence) and workers
+        others = cores.others_cpus(evidence)
+        shared = not starved and others is not None and others >= 1.0 and cores.oversubscribed(evidence) and workers
         if shared:
             # The scheduler shares the cores per runnable task: one worker more takes its share from the others.
             tasks = evidence.system.runnable_tasks or 1.0
@@ -384,8 +328,8 @@ def _without_inside(evidence: Evidence) -> _Cause:
             "cause not measured",
             [f"{note}, and no worker CPU sample was taken in this epoch (too short, or telemetry off)"],
         )
-    fair = _fair_share_percent(evidence)
-    if cpu >= CPU_SHARE_OF_FAIR * fair:
+    fair = cores.fair_share_percent(evidence)
+    if cpu >= cores.CPU_SHARE_OF_FAIR * fair:
         return _Cause(
             "input_bound_cpu",
             "CPU preprocessing",

@@ -1,0 +1,198 @@
+"""The closed loop on a GPU pipeline: JPEG decode + RandomResizedCrop + flip (PIL) in the workers into a
+torchvision ResNet-18 (bf16, channels-last, batch 128), against a grid of worker counts measured in the same run.
+
+    PYTHONPATH=$PWD python benchmarks/online_jpeg.py --name online_jpeg_h200           # CUDA + torchvision
+    PYTHONPATH=$PWD python benchmarks/online_jpeg.py --smoke --name online_jpeg_smoke  # CPU, a small CNN
+
+Every grid point (worker count, pinned) is a fit of its own, measured ``--reps`` times in shuffled order
+(steady steps/s, the workers' start-up left out); the ceiling is the same model on one batch already
+decoded; then one online fit from ``--start`` workers. If the loop keeps a setting off the grid, it is
+measured against the grid's best in interleaved pairs. Prints a table and writes ``results/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from _common import print_table, write_json
+from _cpu_pipelines import StepClock
+from gpu_decode import PilDataset, make_set
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lightning_dataperf import TunedDataModule, probe_hardware, recommend_loader_settings
+
+ROOT_DIR = tempfile.mkdtemp(prefix="dataperf_online_jpeg_")
+BATCH = 128
+
+
+class Classifier(pl.LightningModule):
+    """ResNet-18 (or, ``--smoke``, a small CNN) on uint8 NHWC images, normalised on the device."""
+
+    def __init__(self, smoke: bool) -> None:
+        super().__init__()
+        if smoke:
+            self.model = nn.Sequential(nn.Conv2d(3, 8, 7, stride=4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(1000))
+        else:
+            import torchvision
+
+            self.model = torchvision.models.resnet18(num_classes=1000).to(memory_format=torch.channels_last)
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1) * 255)
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        images, labels = batch
+        images = images.permute(0, 3, 1, 2).float().sub_(self.mean).div_(self.std)
+        images = images.contiguous(memory_format=torch.channels_last)
+        return nn.functional.cross_entropy(self.model(images), labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+
+class Jpegs(TunedDataModule):
+    def __init__(self, samples: list[tuple[str, int]], workers: int, **kwargs: Any) -> None:
+        super().__init__(seed=0, verbose=False, **kwargs)
+        self.samples, self.workers = samples, workers
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(
+            PilDataset(self.samples), batch_size=BATCH, shuffle=True, drop_last=True, num_workers=self.workers,
+            pin_memory=torch.cuda.is_available(), persistent_workers=self.workers > 0,
+            prefetch_factor=4 if self.workers else None,
+        )  # fmt: skip
+
+
+def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int) -> None:
+    cuda = torch.cuda.is_available()
+    trainer = pl.Trainer(
+        default_root_dir=ROOT_DIR,
+        accelerator="cuda" if cuda else "cpu",
+        devices=1,
+        precision="bf16-mixed" if cuda else "32-true",
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    if isinstance(data, DataLoader):
+        trainer.fit(model, train_dataloaders=data)
+    else:
+        trainer.fit(model, datamodule=data)
+
+
+def measure(samples: list[tuple[str, int]], workers: int, seconds: float, smoke: bool) -> float:
+    clock = StepClock(seconds, skip=2 * workers + 3)
+    fit(Classifier(smoke), Jpegs(samples, workers), [clock], epochs=20)
+    return clock.rate()
+
+
+def ceiling(samples: list[tuple[str, int]], seconds: float, smoke: bool) -> float:
+    """The same step on one batch already decoded (and pinned): no decode at all."""
+    one = next(iter(DataLoader(PilDataset(samples), batch_size=BATCH)))
+    clock = StepClock(seconds, skip=5)
+    ready = DataLoader([one] * 400, batch_size=None, pin_memory=torch.cuda.is_available())
+    fit(Classifier(smoke), ready, [clock], epochs=20)
+    return clock.rate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=4000)
+    parser.add_argument("--grid", type=int, nargs="+", default=[4, 8, 12, 14, 16, 20, 24, 32])
+    parser.add_argument("--start", type=int, default=4, help="the online fit's starting worker count")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds per grid measurement")
+    parser.add_argument("--online-seconds", type=float, default=150.0)
+    parser.add_argument("--smoke", action="store_true", help="CPU, a small CNN, no torchvision")
+    parser.add_argument("--name", default="online_jpeg")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    random.seed(0)
+    samples, _ = make_set(tempfile.mkdtemp(dir=ROOT_DIR), "uniform", args.images)
+    samples = samples * max(1, 16_000 // len(samples))  # 125 steps an epoch
+    accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    policy = recommend_loader_settings(probe_hardware(), accelerator=accelerator).num_workers
+    grid = sorted({*args.grid, policy, args.start})
+    rates: dict[int, list[float]] = {workers: [] for workers in grid}
+    for _ in range(args.reps):
+        for workers in random.sample(grid, len(grid)):
+            rates[workers].append(measure(samples, workers, args.seconds, args.smoke))
+            print(f"grid {workers} workers: {rates[workers][-1]:.2f} steps/s", flush=True)
+    median = {workers: statistics.median(values) for workers, values in rates.items()}
+    best = max(median, key=median.get)
+    top = ceiling(samples, args.seconds, args.smoke)
+
+    module = Jpegs(samples, args.start, autotune="online")
+    clock = StepClock(args.online_seconds, skip=0)
+    started = time.perf_counter()
+    fit(Classifier(args.smoke), module, [clock], epochs=400)
+    result = module.online_result
+    assert result is not None and result.start is not None, "the online fit ended before its first trial"
+    kept = result.kept or result.start
+    workers = kept.setting.num_workers
+    pairs: list[float] = []
+    if workers not in median:  # off the grid: measured against the grid's best, interleaved
+        for pair in range(args.reps):
+            order = [workers, best] if pair % 2 == 0 else [best, workers]
+            got = {count: measure(samples, count, args.seconds, args.smoke) for count in order}
+            pairs.append(got[workers] / got[best])
+    of_best = statistics.median(pairs) if pairs else median[workers] / median[best]
+    row = {
+        "grid": {str(workers): values for workers, values in rates.items()},
+        "best": best,
+        "best_rate": median[best],
+        "ceiling_rate": top,
+        "policy": policy,
+        "policy_of_best": median[policy] / median[best],
+        "start": args.start,
+        "start_of_best": median[args.start] / median[best],
+        "kept": [workers, kept.setting.prefetch_factor, kept.setting.pin_memory],
+        "kept_rate_in_run": kept.steps_per_sec,
+        "online_of_best": of_best,
+        "off_grid_pairs": pairs,
+        "done": result.done,
+        "trials": [
+            [t.setting.num_workers, t.setting.prefetch_factor, t.setting.pin_memory, t.steps_per_sec, t.error]
+            for t in result.trials
+        ],
+        "cost_s": result.cost_s,
+        "cost_of_5min": result.cost_s / 300.0,
+        "run_s": time.perf_counter() - started,
+        "summary": result.summary(),
+    }
+    print_table(
+        ["start", "policy", "of best", "grid best", "steps/s", "ceiling", "online kept", "of best", "cost", "of 5 min"],
+        [
+            [
+                f"{args.start}w ({100 * row['start_of_best']:.0f}%)",
+                f"{policy}w",
+                f"{100 * row['policy_of_best']:.1f}%",
+                f"{best}w",
+                f"{median[best]:.1f}",
+                f"{top:.1f}",
+                f"{workers}w pf{kept.setting.prefetch_factor} pin={kept.setting.pin_memory}",
+                f"{100 * of_best:.1f}%",
+                f"{result.cost_s:.1f} s",
+                f"{100 * row['cost_of_5min']:.1f}%",
+            ]
+        ],
+    )
+    print(result.summary())
+    write_json(args.name, {"args": vars(args), "device": accelerator, "rows": [row]})
+    shutil.rmtree(ROOT_DIR, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

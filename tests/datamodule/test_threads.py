@@ -1,0 +1,58 @@
+"""CPU training: the intra-op threads TunedDataModule sets beside the loader's workers, and gives back (issue 37)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers import IndexData, RecordingModel, trainer_kwargs
+from lightning.pytorch.callbacks import Callback
+
+from lightning_dataperf.loader.policy import intra_op_threads
+
+
+def test_the_policy_cuts_the_threads_only_where_workers_and_threads_outnumber_the_cores():
+    threads, reason = intra_op_threads(workers=1, cpus=2, current=2)
+    assert threads == 1 and "1 workers and this process's 2 intra-op threads would share 2 cores" in reason
+    assert intra_op_threads(workers=3, cpus=2, current=2)[0] == 1, "at least one"
+    assert intra_op_threads(workers=2, cpus=8, current=4) is None, "2 + 4 fit 8 cores"
+    assert intra_op_threads(workers=0, cpus=2, current=2) is None
+
+
+class Threads(Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.during = torch.get_num_threads()
+
+
+def fit(tmp_path, **options):
+    data, seen = IndexData(length=16, workers=1, verbose=False, **options), Threads()
+    pl.Trainer(max_epochs=1, callbacks=[seen], **trainer_kwargs(tmp_path)).fit(RecordingModel(), datamodule=data)
+    return data, seen.during
+
+
+@pytest.fixture
+def more_threads_than_cores():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_cpu_fit_runs_with_the_threads_beside_its_workers_and_gives_the_users_back(tmp_path, more_threads_than_cores):
+    data = IndexData(verbose=False)
+    cpus = data.hardware.cpus_per_rank
+    torch.set_num_threads(cpus + 1)  # with 1 worker, more than the cores whatever the machine
+    data, during = fit(tmp_path)
+    assert during == max(1, cpus - 1)
+    assert torch.get_num_threads() == cpus + 1, "the user's count back after fit"
+    plan = data.loader_plans["train"][0]
+    assert plan.chosen["intra_op_threads"] == during
+    assert any(f"torch.set_num_threads({during}) (was {cpus + 1})" in note for note in plan.notes), plan.notes
+
+
+def test_intra_op_threads_none_leaves_them_alone_and_a_count_is_set(tmp_path, more_threads_than_cores):
+    cpus = IndexData(verbose=False).hardware.cpus_per_rank
+    torch.set_num_threads(cpus + 1)
+    assert fit(tmp_path, intra_op_threads=None)[1] == cpus + 1
+    assert fit(tmp_path, intra_op_threads=3)[1] == 3 and torch.get_num_threads() == cpus + 1
+    with pytest.raises(ValueError, match="'auto', None or a positive int"):
+        IndexData(intra_op_threads=0)
