@@ -7,7 +7,7 @@ import os
 import threading
 
 import pytest
-from evidence_fakes import INPUT_BOUND, inside, summary
+from evidence_fakes import INPUT_BOUND, inside, summary, timing
 
 from lightning_dataperf.diagnosis.diagnose import diagnose
 from lightning_dataperf.diagnosis.evidence import Evidence
@@ -108,3 +108,13 @@ def test_spent_cpus_held_by_intra_op_threads_are_given_to_the_workers():
     assert "an estimate from this epoch: up to 2.00x, 50.0 -> 25.0 ms" in advice, advice
     one_thread = Evidence(busy, LoaderFacts(num_workers=1), spent, usable_cpus=2, intra_op_threads=1)
     assert "more workers cannot help" in " ".join(diagnose(one_thread).findings[0].advice)
+
+
+def test_on_a_cpu_run_the_estimate_for_first_workers_counts_the_cores_they_share_with_the_step():
+    measured = dataclasses.replace(INPUT_BOUND, loader=inside(None, workers=0, fetch=0.028, collate=0.002))
+    on_two = Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=2, intra_op_threads=1)
+    # 30 ms of loading and 18 of compute per batch on 2 cores: at best 24 ms a step, not the 18 of compute
+    assert "an estimate from this epoch: up to 2.08x, 50.0 -> 24.0 ms" in diagnose(on_two).findings[0].advice[0]
+    on_gpu = dataclasses.replace(measured, on_device=True, timings={**measured.timings, "DeviceIdle": timing(0.03)})
+    advice = diagnose(Evidence(on_gpu, LoaderFacts(num_workers=0), usable_cpus=4)).findings[0].advice[0]
+    assert "up to 2.50x" in advice, "the step runs on the GPU: the workers' loading does not share its cores"

@@ -195,12 +195,16 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         advice.append(estimates.handover_floor_words(work))
     elif inside is not None and work is not None and compute and budget:
         workers = max(1, min(budget, math.ceil(work / compute) + 1))
+        new_step = max(compute, work / workers)
+        if not evidence.summary.on_device:
+            # on a CPU run the workers' loading and this process's step share the cores
+            new_step = max(new_step, (work + compute) / budget)
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
             f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
             f"num_workers={workers}"
             + estimates.threads_beside(evidence, workers)
-            + estimates.estimate(evidence, step, max(compute, work / workers), estimates.UNSEEN_FIRST_WORKERS)
+            + estimates.estimate(evidence, step, new_step, estimates.UNSEEN_FIRST_WORKERS)
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
