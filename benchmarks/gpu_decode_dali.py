@@ -1,8 +1,6 @@
 """DALI as the yardstick for benchmarks/gpu_decode.py (issue 38): the same files, crop, flip and normalise.
 
-``fn.readers.file`` over the benchmark's JPEGs, ``fn.decoders.image(device="mixed")`` (nvImageCodec: the
-hardware JPEG engine and CUDA), ``fn.random_resized_crop`` and ``fn.crop_mirror_normalize`` into NHWC
-float16, read through ``DALIGenericIterator``; DALI is imported only when a row asks for it.
+fn.readers.file, fn.decoders.image(device="mixed"), random_resized_crop, crop_mirror_normalize; DALI imported lazily.
 """
 
 from __future__ import annotations

@@ -178,14 +178,16 @@ class JpegDecoder(HostStages):
         """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it.
 
         Graphs take turns (two where the decoder writes at call time, see :attr:`host_barrier`): the host
-        barrier before a decode into one graph's buffer then waits for the batch before last, long done."""
+        barrier before a decode into one graph's buffer then waits for the batch before last, long done.
+        Each graph is captured once, at its first batch, with half as much room again: a capture later in
+        the run could overlap a CUDA-graph recording of a compiled training step in the main thread, whose
+        ``torch.cuda.synchronize`` fails while any stream captures (seen on the H200, issue 38). A batch
+        that does not fit is augmented eagerly instead."""
         if self.graph_augment and self._cuda and count:
             turn = self._turn % len(self._graphs)
             graphed = self._graphs[turn]
-            if graphed is None or (graphed.batch == count and not graphed.fits(count, needed)):
-                # replays of the old graph may still be queued
-                self._release_after_use(graphed)
-                capacity = needed * 5 // 4 + 3
+            if graphed is None:
+                capacity = needed * 3 // 2 + 3
                 graphed = self._graphs[turn] = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
             if graphed.fits(count, needed):
                 self._turn += 1

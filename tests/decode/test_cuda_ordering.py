@@ -64,3 +64,20 @@ def test_the_nvimgcodec_decoder_alternates_two_graph_buffers(tmp_path):
     first, second = decoder._graphs
     assert first is not None and second is not None and first.flat.data_ptr() != second.flat.data_ptr()
     assert first.readers_done is not None and decoder.stats().barrier_seconds >= 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_graph_is_captured_once_and_a_larger_batch_goes_eager(tmp_path, backend):
+    # a capture mid-run could overlap a compiled step's CUDA-graph recording in the main thread (issue 38)
+    small = EncodedImageDataset(write_files(str(tmp_path / "small"), 8, sizes=((64, 64),)), seed=1)
+    large = EncodedImageDataset(write_files(str(tmp_path / "large"), 8, sizes=((256, 256),)), seed=1)
+    batches = [collate_encoded([data[i] for i in range(8)]) for data in (small, small, large, small)]
+    options = {"size": 32, "dtype": torch.float32, **IDENTITY}
+    graphed = JpegDecoder("cuda", backend=backend, graph_augment=True, **options)
+    eager = JpegDecoder("cuda", backend=backend, graph_augment=False, **options)
+    captured = []
+    for batch in batches:
+        images, _ = graphed(batch)
+        torch.testing.assert_close(images, eager(batch)[0], atol=1e-3, rtol=0)
+        captured.append([id(graph) for graph in graphed._graphs])
+    assert graphed.graph_augment and all(ids == captured[-1] for ids in captured[len(graphed._graphs) - 1 :])
