@@ -104,8 +104,8 @@ def test_spent_cpus_held_by_intra_op_threads_are_given_to_the_workers():
     assert finding.kind == "input_bound_cpu"
     assert "2 of them by this process's intra-op threads: set num_workers=2 and torch.set_num_threads(1)" in advice
     assert "more workers cannot help" not in advice
-    # 50 ms steps at twice the workers' throughput -> 25 ms, floored at 18 ms of compute, capped at the 2.50x ceiling
-    assert "an estimate from this epoch: up to 2.00x, 50.0 -> 25.0 ms" in advice, advice
+    # 50 ms steps at twice the workers' throughput -> 25 ms, floored at 18 ms of compute on 2 threads, 36 on one
+    assert "an estimate from this epoch: up to 1.39x, 50.0 -> 36.0 ms" in advice, advice
     one_thread = Evidence(busy, LoaderFacts(num_workers=1), spent, usable_cpus=2, intra_op_threads=1)
     assert "more workers cannot help" in " ".join(diagnose(one_thread).findings[0].advice)
 
@@ -115,6 +115,9 @@ def test_on_a_cpu_run_the_estimate_for_first_workers_counts_the_cores_they_share
     on_two = Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=2, intra_op_threads=1)
     # 30 ms of loading and 18 of compute per batch on 2 cores: at best 24 ms a step, not the 18 of compute
     assert "an estimate from this epoch: up to 2.08x, 50.0 -> 24.0 ms" in diagnose(on_two).findings[0].advice[0]
+    # ... and where the advice also cuts 2 intra-op threads to 1, the compute may take twice as long: 36 ms
+    two_threads = dataclasses.replace(on_two, intra_op_threads=2)
+    assert "up to 1.39x, 50.0 -> 36.0 ms" in diagnose(two_threads).findings[0].advice[0]
     on_gpu = dataclasses.replace(measured, on_device=True, timings={**measured.timings, "DeviceIdle": timing(0.03)})
     advice = diagnose(Evidence(on_gpu, LoaderFacts(num_workers=0), usable_cpus=4)).findings[0].advice[0]
     assert "up to 2.50x" in advice, "the step runs on the GPU: the workers' loading does not share its cores"

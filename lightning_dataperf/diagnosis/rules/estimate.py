@@ -10,6 +10,7 @@ __all__ = [
     "UNSEEN_FIRST_WORKERS",
     "UNSEEN_MORE_READS",
     "UNSEEN_MORE_WORKERS",
+    "compute_beside",
     "estimate",
     "handover_floor_words",
     "more_workers_lost",
@@ -53,6 +54,15 @@ def more_workers_lost(evidence: Evidence) -> str | None:
         "workers did not help here (each costs CPU and hand-over time); shorten what each sample waits on (a "
         "local or cached copy of the data, fewer reads per sample)"
     )
+
+
+def compute_beside(evidence: Evidence, compute: float, workers: int) -> float:
+    """The step's compute once :func:`threads_beside` cut its intra-op threads: as if it scaled with them (an
+    upper bound; benchmarks/verdicts.py's large batches, 2 -> 1 thread: 1.25x where the workers alone said 2.3x)."""
+    threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
+    if not threads_beside(evidence, workers) or not threads or not cpus:
+        return compute
+    return compute * threads / max(1, cpus - workers)
 
 
 def threads_beside(evidence: Evidence, workers: int) -> str:

@@ -195,10 +195,11 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         advice.append(estimates.handover_floor_words(work))
     elif inside is not None and work is not None and compute and budget:
         workers = max(1, min(budget, math.ceil(work / compute) + 1))
-        new_step = max(compute, work / workers)
+        beside = estimates.compute_beside(evidence, compute, workers)
+        new_step = max(beside, work / workers)
         if not evidence.summary.on_device:
             # on a CPU run the workers' loading and this process's step share the cores
-            new_step = max(new_step, (work + compute) / budget)
+            new_step = max(new_step, (work + beside) / budget)
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
             f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
@@ -230,7 +231,8 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
         words = "CPU preprocessing"
     elif spare >= cores.MIN_SPARE_CPUS and not starved and workers:
         added = max(1, round(spare))
-        predicted = max(compute or 0.0, (step or 0.0) * workers / (workers + min(added, spare)))
+        beside = estimates.compute_beside(evidence, compute or 0.0, workers + added)
+        predicted = max(beside, (step or 0.0) * workers / (workers + min(added, spare)))
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
             "raise num_workers "
@@ -242,7 +244,7 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
     elif cores.threads_hold_cores(evidence, workers):
         # benchmarks/online.py, fft on 2 cores: 1 worker + 2 threads 7.5 steps/s, 2 workers + 1 thread 14.0
         threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
-        predicted = max(compute or 0.0, (step or 0.0) * workers / cpus)
+        predicted = max(estimates.compute_beside(evidence, compute or 0.0, cpus), (step or 0.0) * workers / cpus)
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are spent, {threads} of them by this process's "
             f"intra-op threads: set num_workers={cpus}"
