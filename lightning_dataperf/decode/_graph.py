@@ -22,7 +22,7 @@ class GraphedAugment:
 
     Example::
 
-        graphed = GraphedAugment(batch=128, capacity=needed * 5 // 4, columns=9, device=device)
+        graphed = GraphedAugment(batch=128, capacity=needed * 3 // 2, columns=9, device=device)
         flat = graphed.flat[:needed]                          # decode into this
         images, labels = graphed.run(table_pinned, augment)   # on the current stream
     """
