@@ -54,9 +54,12 @@ def loadtune_pick(name: str, cpus: int) -> tuple[int, int] | None:
         default_batch_size=spec["batch"],
         collate_fn=spec.get("collate"),
     )
-    knobs = tune(workload, fast=True, verbose=False).best.knobs
+    result = tune(workload, fast=True, verbose=False)
     torch.set_num_threads(cpus)
-    return knobs.num_workers, knobs.num_threads or cpus
+    if result.best is None:  # no trial beat its baseline: loadtune keeps the baseline's settings
+        knobs = result.baseline.knobs
+        return knobs["num_workers"], knobs["num_threads"] or cpus
+    return result.best.knobs.num_workers, result.best.knobs.num_threads or cpus
 
 
 def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
