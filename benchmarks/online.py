@@ -78,7 +78,15 @@ def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
         "start": [result.start.setting.num_workers, result.start.setting.threads],
         "done": result.done,
         "trials": [
-            [t.setting.num_workers, t.setting.threads, t.setting.prefetch_factor, t.steps_per_sec, t.error, t.cost_s]
+            [
+                t.setting.num_workers,
+                t.setting.threads,
+                t.setting.prefetch_factor,
+                t.steps_per_sec,
+                t.error,
+                t.cost_s,
+                t.switch_s,
+            ]
             for t in result.trials
         ],
         "cost_s": result.cost_s,

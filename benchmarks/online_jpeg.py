@@ -164,7 +164,15 @@ def main() -> None:
         "off_grid_pairs": pairs,
         "done": result.done,
         "trials": [
-            [t.setting.num_workers, t.setting.prefetch_factor, t.setting.pin_memory, t.steps_per_sec, t.error]
+            [
+                t.setting.num_workers,
+                t.setting.prefetch_factor,
+                t.setting.pin_memory,
+                t.steps_per_sec,
+                t.error,
+                t.switch_s,
+                t.cost_s,
+            ]
             for t in result.trials
         ],
         "cost_s": result.cost_s,
