@@ -5,9 +5,11 @@ Shared by ``online.py`` (the closed loop against a grid) and ``verdicts.py`` (th
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -103,6 +105,7 @@ class Mlp(pl.LightningModule):
 
 #: the verdict's summaries file and any Lightning output go here, not into the working directory
 ROOT_DIR = tempfile.mkdtemp(prefix="dataperf_online_")
+atexit.register(shutil.rmtree, ROOT_DIR, ignore_errors=True)
 
 PIPELINES: dict[str, dict[str, Any]] = {
     # the README quickstart: 1 ms of busy work per sample in the loader, the examples' small MLP

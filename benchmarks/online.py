@@ -8,8 +8,9 @@ Per pipeline: loadtune 0.3 (``pip install loadtune==0.3.0``; skipped if absent) 
 model and step in its own runs, and its pick joins the grid; every grid point (workers x intra-op
 threads) is a short fit of its own, measured ``--reps`` times in shuffled, interleaved order (steady
 steps/s: the first batches after the workers start are left out); then one online fit of
-``--online-seconds``. The verdict's advised change, measured, is ``verdicts.py``'s. Prints a table and
-writes ``results/<name>.json``.
+``--online-seconds``; then the loop's and loadtune's picks against the grid's best in ``--pairs`` interleaved
+pairs (the best of noisy medians reads high). The verdict's advised change, measured, is ``verdicts.py``'s.
+Prints a table and writes ``results/<name>.json``.
 """
 
 from __future__ import annotations
@@ -112,6 +113,8 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     online = online_run(name, cpus, args.online_seconds)
     kept = (online["kept"][0], online["kept"][1])
     torch.set_num_threads(cpus)
+    # the grid's best is the top of noisy medians: the picks are measured against it again, in interleaved pairs
+    pairs = {pick: against_best(name, pick, best, args) for pick in {kept, peer} if pick is not None}
     return {
         "pipeline": name,
         "grid": {f"{w}w{t}t": values for (w, t), values in rates.items()},
@@ -125,9 +128,23 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "loadtune_of_best": None if peer is None else median[peer] / median[best],
         "online": online,
         "online_of_best": median.get(kept, float("nan")) / median[best],
+        "online_pairs": pairs[kept],
+        "online_of_best_pairs": statistics.median(pairs[kept]),
+        "loadtune_pairs": None if peer is None else pairs[peer],
+        "loadtune_of_best_pairs": None if peer is None else statistics.median(pairs[peer]),
         "online_cost_of_5min": online["cost_s"] / 300.0,
         "others_cores_max": max(OTHERS[measured_before:]),
     }
+
+
+def against_best(name: str, pick: tuple[int, int], best: tuple[int, int], args: argparse.Namespace) -> list[float]:
+    """``pick``'s rate over ``best``'s in ``args.pairs`` interleaved pairs (1.0 each where they are the same)."""
+    ratios = []
+    for pair in range(args.pairs if pick != best else 0):
+        order = [pick, best] if pair % 2 == 0 else [best, pick]
+        got = {point: measure(name, *point, args.seconds) for point in order}
+        ratios.append(got[pick] / got[best])
+    return ratios or [1.0]
 
 
 def setting(point: list[int] | None) -> str:
@@ -144,6 +161,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=3.0, help="steady seconds per grid measurement")
     parser.add_argument("--online-seconds", type=float, default=120.0)
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of each pick against the grid's best")
     parser.add_argument("--name", default="online")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -165,9 +183,9 @@ def main() -> None:
                 setting(row["policy"]),
                 share(row["policy_of_best"]),
                 setting(row["loadtune"]),
-                share(row["loadtune_of_best"]),
+                share(row["loadtune_of_best_pairs"]),
                 setting(row["online"]["kept"][:2]),
-                share(row["online_of_best"]),
+                share(row["online_of_best_pairs"]),
                 len(row["online"]["trials"]),
                 f"{row['online']['cost_s']:.1f}",
                 share(row["online_cost_of_5min"]),
