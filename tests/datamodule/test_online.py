@@ -120,15 +120,20 @@ def _tuner(monkeypatch, max_workers, precision):
     return OnlineTuner(_fake_trainer(), START, space, position=lambda: (0, 0), **options)
 
 
-def _drive(tuner, period_of, steps):
-    """Calls the tuner as the loader's iterator would, with step periods that depend on the setting in use."""
+def _drive(tuner, period_of, steps, stall=0.0, epoch=None, burst=1):
+    """Calls the tuner as the loader's iterator would, with step periods that depend on the setting in use.
+
+    ``stall``: seconds each switch stops training; ``epoch``: steps between epoch starts (each skips ``burst``).
+    """
     now, current = 0.0, tuner.trial.setting if tuner.trial is not None else tuner.result.kept.setting
-    for _ in range(steps):
+    for step in range(steps):
+        if epoch and step % epoch == 0:
+            tuner.restart_segment(burst)
         switch = tuner.step(now)
         if switch is not None:
-            tuner.switched(0.0, switch)
+            tuner.switched(stall, switch)
             current = switch
-            tuner.restart_segment(1)
+            tuner.restart_segment(burst)
         now += period_of(current)
     return current
 
@@ -143,6 +148,30 @@ def test_the_loop_stops_at_its_cost_cap_on_the_setting_it_stood_on(monkeypatch):
     assert len(result.trials) == 2, "the start and one slower neighbour, cut where it spent the budget"
     assert result.kept.setting == start and in_use == start, "back on the start, not on an unconfirmed trial"
     assert 1.0 <= result.cost_s <= 1.3
+
+
+def test_a_trial_far_faster_is_kept_even_where_its_switch_spent_the_budget(monkeypatch):
+    # benchmarks/online.py's "large" pipeline: 2 workers read 1.41x the start and the start was kept
+    tuner = _tuner(monkeypatch, max_workers=4, precision=0.5)
+    faster = Setting(2, 2, False, 2)
+    in_use = _drive(tuner, lambda setting: 0.05 if setting == faster else 0.1, 200, stall=1.5)
+    result = tuner.result
+    assert result.done and "cost 1.0% of the run" in result.stop_reason
+    assert result.kept.setting == faster and in_use == faster
+
+
+def test_a_trial_of_many_workers_ends_on_short_epochs():
+    # 32 workers x 4 prefetched skipped every batch of a 125-batch epoch: the H200 JPEG loop never ended a trial
+    from torch.utils.data import DataLoader
+
+    from lightning_dataperf.datamodule.online import OnlineTuner, _burst
+
+    loader = DataLoader(range(500), batch_size=4, num_workers=32, prefetch_factor=4)
+    space = SettingSpace(max_workers=32, cpus=16, tune_threads=False, tune_pinning=False)
+    options = {"precision": 0.2, "max_cost": 1.0, "min_seconds": 0.0}
+    tuner = OnlineTuner(_fake_trainer(), Setting(32, 4, True, 1), space, position=lambda: (0, 0), **options)
+    _drive(tuner, lambda setting: 0.025, 4 * len(loader), epoch=len(loader), burst=_burst(loader))
+    assert tuner.result.trials, "the first trial ended within four epochs"
 
 
 def test_a_persistent_loaders_workers_outlive_the_epoch_once_the_search_has_ended(tmp_path):
