@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ __all__ = [
     "fetching_loops",
     "global_step_reader",
     "pin_batch",
+    "queued_batches",
     "replace_loader_dataset",
     "resume_position",
     "shutdown_loader_iterator",
@@ -117,6 +119,20 @@ def shutdown_loader_iterator(iterator: Any) -> tuple[int, ...]:
     pids = tuple(pid for worker in getattr(iterator, "_workers", ()) if (pid := getattr(worker, "pid", None)))
     stop()
     return pids
+
+
+def queued_batches(iterator: Any) -> int:
+    """Batches a DataLoader iterator's workers made that the training process has not taken yet: in the result
+    queue, the pin thread's queue and the reorder buffer (PyTorch's ``_worker_result_queue``, ``_data_queue``,
+    ``_task_info``); 0 for an iterator without workers, or where a queue cannot say its size (macOS)."""
+    names = ("_worker_result_queue", "_data_queue")
+    queues = {id(queue): queue for name in names if (queue := getattr(iterator, name, None)) is not None}
+    queued = 0
+    for queue in queues.values():
+        with contextlib.suppress(NotImplementedError, OSError):
+            queued += queue.qsize()
+    # a batch that arrived before an earlier one waits here: (worker,) sent, (worker, data) received
+    return queued + sum(len(task) == 2 for task in getattr(iterator, "_task_info", {}).values())
 
 
 def global_step_reader(trainer: pl.Trainer) -> Callable[[], int]:

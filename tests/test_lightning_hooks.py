@@ -4,6 +4,7 @@ If one fails after a Lightning upgrade, ``lightning_dataperf/_lightning_hooks.py
 """
 
 import inspect
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -22,6 +23,7 @@ from lightning_dataperf._lightning_hooks import (
     fetching_loops,
     global_step_reader,
     pin_batch,
+    queued_batches,
     replace_loader_dataset,
     shutdown_loader_iterator,
 )
@@ -93,6 +95,21 @@ def test_loader_iterators_shut_their_workers_down_on_request():
     assert not any(worker.is_alive() for worker in workers), "PyTorch's _shutdown_workers no longer stops them"
     assert stopped == tuple(worker.pid for worker in workers) and len(set(stopped)) == 2  # whose batches to reclaim
     assert shutdown_loader_iterator(iter(range(3))) == ()  # not a loader iterator: nothing to stop, no error
+
+
+def test_a_loader_iterators_queued_batches_are_counted():
+    # the online loop's rate leaves out batches made before its window (PyTorch's queues, read privately)
+    loader = DataLoader(range(64), batch_size=2, num_workers=2, prefetch_factor=2)
+    iterator = iter(loader)
+    next(iterator)
+    deadline = time.monotonic() + 60
+    while queued_batches(iterator) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the workers refill what the first batch took: 2 workers x 2 prefetched
+    assert queued_batches(iterator) == 4
+    next(iterator)
+    assert queued_batches(iterator) <= 4
+    shutdown_loader_iterator(iterator)
+    assert queued_batches(iter(DataLoader(range(4)))) == 0, "no workers: nothing queued"
 
 
 def test_a_constructed_loader_refuses_a_new_dataset_except_through_the_hook():

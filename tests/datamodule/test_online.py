@@ -160,6 +160,27 @@ def test_a_trial_far_faster_is_kept_even_where_its_switch_spent_the_budget(monke
     assert result.kept.setting == faster and in_use == faster
 
 
+def test_a_trial_does_not_count_the_backlog_a_switch_left_queued(monkeypatch):
+    # on the H200, 32 JPEG workers read 56 steps/s in the loop (the queue filled while they started) and 25 alone
+    tuner = _tuner(monkeypatch, max_workers=2, precision=0.5)
+    candidate, backlog, last = Setting(2, 2, False, 2), [0], [START]
+    tuner.queued = lambda: backlog[0]
+
+    def period(setting):
+        if setting != last[0]:
+            last[0] = setting
+            backlog[0] = 40 if setting == candidate else 0
+        if backlog[0]:  # a queued batch: only the step's own time
+            backlog[0] -= 1
+            return 0.02
+        return 0.2 if setting == candidate else 0.1
+
+    in_use = _drive(tuner, period, 200)
+    trial = next(trial for trial in tuner.result.trials if trial.setting == candidate)
+    assert trial.steps_per_sec < 10, "the rate the workers made batches at, not the backlog's"
+    assert tuner.result.kept.setting == START and in_use == START
+
+
 def test_a_trial_of_many_workers_ends_on_short_epochs():
     # 32 workers x 4 prefetched skipped every batch of a 125-batch epoch: the H200 JPEG loop never ended a trial
     from torch.utils.data import DataLoader
