@@ -60,15 +60,15 @@ class Classifier(pl.LightningModule):
 
 
 class Jpegs(TunedDataModule):
-    def __init__(self, samples: list[tuple[str, int]], workers: int, **kwargs: Any) -> None:
+    def __init__(self, samples: list[tuple[str, int]], workers: int, prefetch: int = 4, **kwargs: Any) -> None:
         super().__init__(seed=0, verbose=False, **kwargs)
-        self.samples, self.workers = samples, workers
+        self.samples, self.workers, self.prefetch = samples, workers, prefetch
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(
             PilDataset(self.samples), batch_size=BATCH, shuffle=True, drop_last=True, num_workers=self.workers,
             pin_memory=torch.cuda.is_available(), persistent_workers=self.workers > 0,
-            prefetch_factor=4 if self.workers else None,
+            prefetch_factor=self.prefetch if self.workers else None,
         )  # fmt: skip
 
 
@@ -92,9 +92,9 @@ def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int)
         trainer.fit(model, datamodule=data)
 
 
-def measure(samples: list[tuple[str, int]], workers: int, seconds: float, smoke: bool) -> float:
+def measure(samples: list[tuple[str, int]], workers: int, seconds: float, smoke: bool, prefetch: int = 4) -> float:
     clock = StepClock(seconds, skip=2 * workers + 3)
-    fit(Classifier(smoke), Jpegs(samples, workers), [clock], epochs=20)
+    fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20)
     return clock.rate()
 
 
@@ -142,13 +142,14 @@ def main() -> None:
     result = module.online_result
     assert result is not None and result.start is not None, "the online fit ended before its first trial"
     kept = result.kept or result.start
-    workers = kept.setting.num_workers
+    workers, prefetch = kept.setting.num_workers, kept.setting.prefetch_factor or 4
+    pick, top_of_grid = (workers, prefetch), (best, 4)
     pairs: list[float] = []
-    if workers != best:  # the grid's best is the top of noisy medians: measured again beside it, interleaved
+    if pick != top_of_grid:  # the grid's best is the top of noisy medians: measured again beside it, interleaved
         for pair in range(args.pairs):
-            order = [workers, best] if pair % 2 == 0 else [best, workers]
-            got = {count: measure(samples, count, args.seconds, args.smoke) for count in order}
-            pairs.append(got[workers] / got[best])
+            order = [pick, top_of_grid] if pair % 2 == 0 else [top_of_grid, pick]
+            got = {key: measure(samples, key[0], args.seconds, args.smoke, key[1]) for key in order}
+            pairs.append(got[pick] / got[top_of_grid])
     of_best = statistics.median(pairs) if pairs else median[workers] / median[best]
     row = {
         "grid": {str(workers): values for workers, values in rates.items()},

@@ -70,12 +70,13 @@ class _Trial:
         _, error, counted = self.rate()
         seconds = sum(self.periods[:counted]) if counted else sum(self.periods)
         batches = counted or len(self.periods)
+        made, total = len(self.periods) - max(0, self.queued_in - queued_out), sum(self.periods)
+        if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
+            batches, seconds = max(0, made), total
         rate = batches / seconds if seconds else 0.0
-        if total := sum(self.periods):
-            rate = min(rate, (len(self.periods) - max(0, self.queued_in - queued_out)) / total)
         # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
         stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
-        measured = Measured(self.setting, max(0.0, rate), error, batches, seconds, stall)
+        measured = Measured(self.setting, rate, error, batches, seconds, stall)
         return replace(measured, cost_s=self.cost())
 
     def cost(self) -> float:
@@ -250,7 +251,8 @@ class OnlineIterator(Iterator[Any]):
         self.epoch, self.first = tuner.position()
         self.yielded = 0
         self.inner: Iterator[Any] | None = base.__iter__(loader)
-        tuner.queued = self.queued
+        own = weakref.ref(self)  # held weakly: an iterator kept alive by the tuner keeps its workers past the fit
+        tuner.queued = lambda: queued_batches(iterator.inner) if (iterator := own()) is not None else 0
         tuner.restart_segment(_burst(loader))
 
     def __next__(self) -> Any:
@@ -262,9 +264,6 @@ class OnlineIterator(Iterator[Any]):
         self.tuner.override = None
         self.yielded += 1
         return batch
-
-    def queued(self) -> int:
-        return queued_batches(self.inner)
 
     def _switch(self, setting: Setting) -> None:
         started = time.perf_counter()

@@ -178,6 +178,7 @@ def test_a_trial_does_not_count_the_backlog_a_switch_left_queued(monkeypatch):
     in_use = _drive(tuner, period, 200)
     trial = next(trial for trial in tuner.result.trials if trial.setting == candidate)
     assert trial.steps_per_sec < 10, "the rate the workers made batches at, not the backlog's"
+    assert trial.pooled(trial).steps_per_sec == pytest.approx(trial.steps_per_sec), "a second look keeps it"
     assert tuner.result.kept.setting == START and in_use == START
 
 
