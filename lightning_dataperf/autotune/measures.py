@@ -101,11 +101,10 @@ class WorkerCpu:
             children = self._me.children(recursive=True)  # forkserver workers are the server's children
         except Exception:
             return []
-        from lightning_dataperf.telemetry.processes import (
-            is_shm_manager,
-        )  # psutil is there: self._me is a psutil.Process
+        # psutil is there: self._me is a psutil.Process
+        from lightning_dataperf.telemetry.processes import is_shm_manager, runs_this_interpreter
 
-        return [child for child in children if not is_shm_manager(child)]
+        return [child for child in children if not is_shm_manager(child) and runs_this_interpreter(child)]
 
     def seconds(self) -> dict[int, float]:
         """CPU seconds (user + system) of each child now, by pid: pass it to :meth:`since`."""

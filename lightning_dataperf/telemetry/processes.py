@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ __all__ = [
     "major_faults",
     "pss_mb",
     "read_chars",
+    "runs_this_interpreter",
 ]
 
 _MB = 2**20
@@ -99,7 +101,7 @@ def _process(pid: int) -> psutil.Process:
     except psutil.Error:
         rank = os.environ.get("LOCAL_RANK")
     try:
-        helper = any(_RESOURCE_TRACKER in part for part in process.cmdline())
+        helper = not runs_this_interpreter(process) or any(_RESOURCE_TRACKER in part for part in process.cmdline())
     except psutil.Error:
         helper = False
     if len(_PROCESSES) > 4096:
@@ -108,12 +110,30 @@ def _process(pid: int) -> psutil.Process:
     return process
 
 
+@functools.cache
+def _own_exe() -> str:
+    try:
+        return psutil.Process().exe()
+    except psutil.Error:
+        return ""
+
+
+def runs_this_interpreter(process: psutil.Process) -> bool:
+    """Whether ``process`` runs this Python (as workers do, forked or spawned), not another program: mpi4py's
+    ``MPI_Init``, which Lightning's MPI detection calls where mpi4py is installed, starts ``orted`` as a child."""
+    own = _own_exe()
+    try:
+        return not own or process.exe() == own
+    except psutil.Error:
+        return True
+
+
 def _local_rank(process: psutil.Process) -> str | None:
     return _PROCESSES[process.pid][1]
 
 
 def _helper(process: psutil.Process) -> bool:
-    """Whether ``process`` is ``multiprocessing``'s resource tracker (read once per process, with its rank)."""
+    """Whether ``process`` is ``multiprocessing``'s resource tracker or another program (read once, with its rank)."""
     return _PROCESSES[process.pid][2]
 
 

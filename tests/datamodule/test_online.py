@@ -5,14 +5,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import lightning.pytorch as pl
-import psutil
 import pytest
 import torch
 from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_dataperf.autotune.online import Setting, SettingSpace
-from lightning_dataperf.telemetry.processes import is_shm_manager
+from lightning_dataperf.telemetry.processes import loader_worker_processes
 
 #: every trial ends at its first 8 counted batches, so the loop switches whatever the machine's speed
 QUICK = {"precision": 10.0, "max_batches": 8, "max_cost": 10.0, "min_seconds": 0.0}
@@ -45,7 +44,7 @@ def test_the_loop_switches_settings_and_the_model_sees_the_untuned_order(tmp_pat
     assert len({trial.setting for trial in result.trials}) >= 2, "the loop tried more than its start"
     assert indices(tuned) == indices(untuned), "nothing lost, duplicated or reordered"
     assert len(indices(tuned)) == 3 * 240
-    assert not [child for child in psutil.Process().children() if not is_shm_manager(child)], "no worker left"
+    assert not loader_worker_processes(), "no worker left"
 
 
 def test_every_batch_draws_the_same_whatever_settings_the_loop_tries(tmp_path):
@@ -197,8 +196,6 @@ def test_a_trial_of_many_workers_ends_on_short_epochs():
 
 
 def test_a_persistent_loaders_workers_outlive_the_epoch_once_the_search_has_ended(tmp_path):
-    from lightning_dataperf.telemetry.processes import loader_worker_processes
-
     class Workers(Callback):
         def __init__(self):
             self.seen = []

@@ -4,6 +4,7 @@ what a stopped file_system loader leaves in /dev/shm (TunedDataModule's teardown
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import lightning.pytorch as pl
 import pytest
@@ -143,16 +144,20 @@ def test_the_shared_memory_manager_is_not_taken_for_a_loader_worker(monkeypatch)
 
     assert processes.is_shm_manager(types.SimpleNamespace(name=lambda: "torch_shm_manag"))
     assert not processes.is_shm_manager(psutil.Process())
-    child = subprocess.Popen(["sleep", "30"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen(["sleep", "30"])  # another program (mpi4py's MPI_Init starts orted): no worker
     try:
+        assert other.pid not in [worker.pid for worker in processes.loader_worker_processes()]
+        assert other.pid not in [worker.pid for worker in WorkerCpu()._children()]
         assert child.pid in [worker.pid for worker in processes.loader_worker_processes()]
         assert child.pid in [worker.pid for worker in WorkerCpu()._children()]
         monkeypatch.setattr(processes, "is_shm_manager", lambda process: process.pid == child.pid)
         assert child.pid not in [worker.pid for worker in processes.loader_worker_processes()]
         assert child.pid not in [worker.pid for worker in WorkerCpu()._children()]
     finally:
-        child.kill()
-        child.wait()
+        for process in (child, other):
+            process.kill()
+            process.wait()
 
 
 _STOPPED_LOADER = """
