@@ -68,7 +68,8 @@ def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
     module = Pipeline(name, PIPELINES[name]["start"], autotune="online")
     clock = StepClock(seconds, skip=0)
     started = time.perf_counter()
-    trainer([clock]).fit(PIPELINES[name]["model"](), datamodule=module)
+    # epochs enough to outlast the clock: the loop's cost cap is 5% of the planned run, not of one short epoch
+    trainer([clock], max_epochs=1000).fit(PIPELINES[name]["model"](), datamodule=module)
     result = module.online_result
     if result is None or result.start is None:
         raise SystemExit(f"{name}: the online run ended before its first trial; give it more --online-seconds")

@@ -81,6 +81,8 @@ def test_advice_to_start_workers_on_a_cpu_run_leaves_them_the_cores_the_threads_
     assert "set num_workers=2 and torch.set_num_threads(1) (now 2" in diagnose(on_two).findings[0].advice[0]
     roomy = Evidence(measured, LoaderFacts(num_workers=0), usable_cpus=8, intra_op_threads=2)
     assert "set_num_threads" not in diagnose(roomy).findings[0].advice[0], "2 threads and 3 workers fit 8 cores"
+    # the policy's count (1 worker on 2 cores) read 1.00x on the quickstart: a CPU run is not pointed to it
+    assert not any("TunedDataModule picks num_workers" in line for line in diagnose(on_two).findings[0].advice)
 
 
 def test_loading_cheaper_than_a_hand_over_gets_no_worker_count_at_num_workers_0():
