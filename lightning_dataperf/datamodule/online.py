@@ -43,6 +43,10 @@ class _Trial:
         self.skip = self.skipped = 0
         self.switch_s = 0.0
         self.periods: list[float] = []
+        self.total = 0.0
+        """``sum(periods)``, kept as they come: the per-step checks stay O(1) on a trial of thousands of steps."""
+        self.next_look = 0
+        """Periods at which the rate is read again (every eighth more: reading it is O(periods))."""
         self.fresh = True
         self.queued_in = 0
         """Batches already queued as each segment's counting began: made before it, not at its rate."""
@@ -54,6 +58,7 @@ class _Trial:
             self.switch_s += period
             return False
         self.periods.append(period)
+        self.total += period
         first, self.fresh = self.fresh, False
         return first
 
@@ -70,7 +75,7 @@ class _Trial:
         _, error, counted = self.rate()
         seconds = sum(self.periods[:counted]) if counted else sum(self.periods)
         batches = counted or len(self.periods)
-        made, total = len(self.periods) - max(0, self.queued_in - queued_out), sum(self.periods)
+        made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
         if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
             batches, seconds = max(0, made), total
         rate = batches / seconds if seconds else 0.0
@@ -82,7 +87,7 @@ class _Trial:
     def cost(self) -> float:
         """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
         rate = self.against.steps_per_sec if self.against is not None else 0.0
-        slower = max(0.0, sum(self.periods) - len(self.periods) / rate) if rate else 0.0
+        slower = max(0.0, self.total - len(self.periods) / rate) if rate else 0.0
         return slower + (self.switch_s if self.against is not None else 0.0)
 
 
@@ -151,16 +156,26 @@ class OnlineTuner:
             return None
         if trial.add(now - last[0]):
             trial.queued_in += self.queued()
+        if self._full(trial) or self._spent(trial) or self._decided(trial):
+            return self._next(trial.measured(self.queued()))
+        return None
+
+    def _decided(self, trial: _Trial) -> bool:
+        """Its rate known to ``precision``, or so far behind the setting in use that no longer trial makes a tie."""
+        if len(trial.periods) < trial.next_look:
+            return False
+        trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
         rate, error, counted = trial.rate()
-        seconds = sum(trial.periods)
         enough = counted >= max(8, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
-        enough = enough and seconds >= self.min_seconds
-        cut = trial.against is not None and counted >= 8 and seconds >= self.min_seconds / 2
-        cut = cut and slower_for_sure(rate, error, trial.against)
-        capped = len(trial.periods) >= self.max_batches or seconds >= self.max_seconds
-        if not (enough or cut or capped or self._spent(trial)):
-            return None
-        return self._next(trial.measured(self.queued()))
+        enough = enough and trial.total >= self.min_seconds
+        cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2
+        return enough or (cut and slower_for_sure(rate, error, trial.against))
+
+    def _full(self, segment: _Trial) -> bool:
+        """At its cap: ``max_batches`` steps, but not under ``min_seconds`` (200 steps of tiny batches took 0.17 s on
+        2 cores: a trial that short reads the machine's moment), or ``max_seconds``."""
+        seconds = segment.total
+        return seconds >= self.max_seconds or (len(segment.periods) >= self.max_batches and seconds >= self.min_seconds)
 
     def _budget_s(self) -> float | None:
         """The search's cost cap in seconds: ``max_cost`` of the run at the rate of the setting it stands on."""
@@ -212,7 +227,7 @@ class OnlineTuner:
         watch, kept = self._watch, self.result.kept
         assert watch is not None and kept is not None
         watch.add(period)
-        if len(watch.periods) < self.max_batches and sum(watch.periods) < self.max_seconds:
+        if not self._full(watch):
             return
         rate, error, _ = watch.rate()
         moved = abs(rate / kept.steps_per_sec - 1) if kept.steps_per_sec else 0.0

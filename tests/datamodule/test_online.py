@@ -181,6 +181,37 @@ def test_a_trial_does_not_count_the_backlog_a_switch_left_queued(monkeypatch):
     assert tuner.result.kept.setting == START and in_use == START
 
 
+def test_a_trial_of_fast_steps_lasts_its_minimum_seconds_past_max_batches(monkeypatch):
+    # 200 steps of tiny batches took 0.17 s on 2 cores: a trial (or drift window) that short reads the moment
+    from lightning_dataperf.datamodule.online import OnlineTuner
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    options = {"precision": 1e-6, "max_batches": 20, "max_cost": 1.0, "min_seconds": 0.5}
+    tuner = OnlineTuner(_fake_trainer(), START, space, position=lambda: (0, 0), **options)
+    periods = iter([0.001, 0.003] * 1000)
+    _drive(tuner, lambda setting: next(periods), 600)
+    first = tuner.result.trials[0]
+    assert first.seconds >= 0.5 and first.batches >= 200, (first.seconds, first.batches)
+
+
+def test_a_long_trial_reads_its_rate_at_a_few_of_its_steps(monkeypatch):
+    # reading the rate is O(periods): read at every step, a trial of thousands of tiny steps slows them
+    from lightning_dataperf.datamodule import online
+
+    reads = []
+    rate = online._Trial.rate
+    monkeypatch.setattr(online._Trial, "rate", lambda trial: reads.append(len(trial.periods)) or rate(trial))
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    options = {"precision": 1e-6, "max_batches": 10_000, "max_cost": 1.0, "min_seconds": 100.0}
+    tuner = online.OnlineTuner(_fake_trainer(), START, space, position=lambda: (0, 0), **options)
+    periods = iter([0.001, 0.003] * 2000)
+    _drive(tuner, lambda setting: next(periods), 4000)
+    assert tuner.result.trials == [], "min_seconds=100 not reached: still the first trial"
+    assert 0 < len(reads) < 100, len(reads)
+
+
 def test_a_trial_of_many_workers_ends_on_short_epochs():
     # 32 workers x 4 prefetched skipped every batch of a 125-batch epoch: the H200 JPEG loop never ended a trial
     from torch.utils.data import DataLoader
