@@ -114,7 +114,12 @@ class Evidence:
             f" per {1e3 * step:.1f}-ms step"
             f" for a core ({workers} worker processes and {threads}{cores}), so Time/Compute includes waiting, not"
             " only the model's work; fewer intra-op threads (torch.set_num_threads) or workers may be faster:"
-            ' TunedDataModule(autotune="online") measures both on these steps'
+            + (
+                # the run already has the loop: sent to it again, a user would not know why it stopped
+                " the online loop tries both while its cost cap allows (autotune_options max_cost)"
+                if self.measured_online
+                else ' TunedDataModule(autotune="online") measures both on these steps'
+            )
         )
 
     @property
