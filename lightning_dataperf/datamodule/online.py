@@ -73,7 +73,7 @@ class _Trial:
         (the workers' backlog from a switch's stall, up to ``workers x prefetch``) less those queued at its end
         were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop and 25 alone)."""
         _, error, counted = self.rate()
-        seconds = sum(self.periods[:counted]) if counted else sum(self.periods)
+        seconds = sum(self.periods[:counted]) if counted else self.total
         batches = counted or len(self.periods)
         made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
         if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it

@@ -209,9 +209,8 @@ def _in_main_process(evidence: Evidence) -> _Cause:
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
-    # the policy's count is no CPU run's answer (the quickstart on 2 cores: its 1 worker read 1.00x, 2 read 1.85x),
-    # nor below the floor, where workers may well be slower
-    if evidence.autotune or (evidence.summary.on_device and not below_floor):
+    # the policy's count is no CPU run's answer (the quickstart on 2 cores: its 1 worker read 1.00x, 2 read 1.85x)
+    if evidence.autotune or evidence.summary.on_device:
         advice.append(evidence.autotune or "TunedDataModule picks num_workers from the CPUs this process may use")
     return _Cause("input_bound_workers", "batches are loaded in the training process (num_workers=0)", advice)
 
