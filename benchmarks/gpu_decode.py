@@ -492,6 +492,10 @@ def part_decode(sets: dict, args) -> dict:
         ("package nvimgcodec, no host barrier", {"backend": "nvimgcodec", "prepare_ahead": 2, "barrier": False}),
     ]
     variants = [(name, options) for name, options in variants if _wanted(name, args.paths)]
+    variants = [
+        (name + (", compiled augment" if augment == "compiled" else ""), {**options, **_augment(augment)})
+        for name, options in variants for augment in args.augment
+    ]  # fmt: skip
     if not cuda:
         variants = [("package pil, prepare_ahead=0", {"prepare_ahead": 0, "device": "cpu"}),
                     ("package pil, prepare_ahead=2", {"prepare_ahead": 2, "device": "cpu"})]  # fmt: skip
@@ -707,11 +711,12 @@ def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bo
         if path not in args.paths:
             continue
         for ahead in [a for a in args.prepare_ahead if a or compiled in args.serial_modes]:
-            options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead}
-            if cuda:
-                options["backend"] = backend
-            name = f"{path}, prepare_ahead={ahead}"
-            yield name, lambda options=options: GpuDecodeLoader(encoded_loader(samples, args.workers, total), **options)
+            for augment in args.augment:
+                options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead, **_augment(augment)}
+                if cuda:
+                    options["backend"] = backend
+                name = f"{path}, prepare_ahead={ahead}" + (", compiled augment" if augment == "compiled" else "")
+                yield name, lambda o=options: GpuDecodeLoader(encoded_loader(samples, args.workers, total), **o)
     if "dali" in args.paths:
         from gpu_decode_dali import DaliLoader, dali_pipeline
 
@@ -720,6 +725,11 @@ def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bo
             "DALI",
             lambda: DaliLoader(dali_pipeline(samples, BATCH, SIZE, threads=max(1, args.workers), device=gpu), total),
         )
+
+
+def _augment(kind: str) -> dict:
+    """Loader options of ``--augment`` ``kind``: ``graph`` (one CUDA graph) or ``compiled`` (torch.compile in it)."""
+    return {"compile_augment": kind == "compiled"}
 
 
 def _print_e2e(row: dict, ceiling: dict) -> None:
@@ -750,6 +760,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"])
     parser.add_argument("--prepare-ahead", type=int, nargs="+", default=[2])
+    parser.add_argument(
+        "--augment", nargs="+", choices=["graph", "compiled"], default=["graph"],
+        help="the package's augment: one CUDA graph, or compiled by torch.compile inside it (compile_augment=True)",
+    )  # fmt: skip
     parser.add_argument("--serial-modes", nargs="+", default=[], help="modes with prepare_ahead=0 rows")
     parser.add_argument("--root", default=None)
     parser.add_argument("--name", default=None)

@@ -50,16 +50,18 @@ class GraphedAugment:
 
         ``augment(flat, table)`` is captured at the first call (it must only launch kernels: no host
         sync, no ``.item()``); later calls replay that capture and do not call it."""
-        current = torch.cuda.current_stream(self.device)
         self.table.copy_(table, non_blocking=True)
-        if self._graph is None:
-            self._capture(current, augment)
+        self.capture(augment)
         assert self._graph is not None and self._out is not None
         self._graph.replay()
         images, labels = self._out
         return images.clone(memory_format=torch.preserve_format), labels.clone()
 
-    def _capture(self, current: torch.cuda.Stream, augment: Augment) -> None:
+    def capture(self, augment: Augment) -> None:
+        """Capture ``augment`` over the static buffers now (their contents need not be ready), unless done."""
+        if self._graph is not None:
+            return
+        current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):

@@ -160,35 +160,45 @@ class JpegDecoder(HostStages):
         return self._augment(flat, small, compiled_augment())
 
     def _replay(self, graphed: GraphedAugment, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay ``graphed`` for this batch; at the first batch, capture every graph (one thread, one time)."""
         if self.compile_augment:
             try:
-                return graphed.run(table, self._fused)
+                out = graphed.run(table, self._fused)
+                self._capture_rest(self._fused)
+                return out
             except Exception as error:
                 # no Triton or compiler, or the compiled code cannot be captured
                 self.compile_augment = False
                 _log.warning("torch.compile of the GPU augment failed (%s); using the uncompiled augment", error)
         try:
-            return graphed.run(table, self._augment)
+            out = graphed.run(table, self._augment)
+            self._capture_rest(self._augment)
+            return out
         except Exception:
             # the capture failed: eager from now on, from the static buffers that hold this batch
             self._graphs, self.graph_augment = [None] * len(self._graphs), False
             return self._augment(graphed.flat, graphed.table)
+
+    def _capture_rest(self, augment: Callable[..., Any]) -> None:
+        for other in self._graphs:
+            if other is not None:
+                other.capture(augment)
 
     def _allocate(self, count: int, needed: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
         """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it.
 
         Graphs take turns (two where the decoder writes at call time, see :attr:`host_barrier`): the host
         barrier before a decode into one graph's buffer then waits for the batch before last, long done.
-        Each graph is captured once, at its first batch, with half as much room again: a capture later in
-        the run could overlap a CUDA-graph recording of a compiled training step in the main thread, whose
-        ``torch.cuda.synchronize`` fails while any stream captures (seen on the H200, issue 38). A batch
-        that does not fit is augmented eagerly instead."""
+        Every graph is made and captured at the first full batch (:meth:`_replay`), with half as much room
+        again: a capture later in the run could overlap a CUDA-graph recording of a compiled training step in
+        the main thread, whose ``torch.cuda.synchronize`` fails while any stream captures (seen on the H200,
+        issue 38). A batch that does not fit is augmented eagerly instead."""
         if self.graph_augment and self._cuda and count:
-            turn = self._turn % len(self._graphs)
-            graphed = self._graphs[turn]
-            if graphed is None:
+            if self._graphs[0] is None:
                 capacity = needed * 3 // 2 + 3
-                graphed = self._graphs[turn] = GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device)
+                self._graphs = [GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device) for _ in self._graphs]
+            graphed = self._graphs[self._turn % len(self._graphs)]
+            assert graphed is not None
             if graphed.fits(count, needed):
                 self._turn += 1
                 return graphed.flat[:needed], graphed.zero_base, graphed

@@ -1,4 +1,4 @@
-"""The background decode thread behind :class:`GpuDecodeLoader` (import it from ``lightning_dataperf.decode``)."""
+"""The loader of decoded batches: :class:`GpuDecodeLoader` (import it from ``lightning_dataperf.decode``)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from lightning_dataperf.decode._pipeline import END, POLL_S, Failed, decode_batches, decode_one
 from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD, DecodeStats, JpegDecoder
 
 __all__ = ["GpuDecodeLoader"]
 
-_END = object()
-_POLL_S = 0.1
 _FORK_GUARD: list[bool] = []
 
 
@@ -32,11 +31,6 @@ def guard_forked_workers() -> None:
     if not _FORK_GUARD and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=gc.freeze)
         _FORK_GUARD.append(True)
-
-
-class _Failed:
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 class _EpochRelay:
@@ -58,9 +52,11 @@ class _EpochRelay:
 class GpuDecodeLoader:
     """Wrap a loader of :class:`~lightning_dataperf.decode.encoded.EncodedBatch`; yield decoded ``(images, labels)``.
 
-    A background thread takes the next encoded batches from ``loader`` and decodes and augments up to
-    ``lookahead`` of them ahead of the step, on its own CUDA stream; each batch is handed to the
-    consumer's current stream with a CUDA event (the host never waits for the GPU). On CPU the thread
+    The epoch's first batch is decoded in the calling thread (where the augment's CUDA graphs are captured,
+    and compiled with ``compile_augment``: in turn with a ``torch.compile`` of the model in that thread, never
+    beside it); then a background thread takes the next encoded batches from ``loader`` and decodes and
+    augments up to ``lookahead`` of them ahead of the step, on its own CUDA stream; each batch is handed to
+    the consumer's current stream with a CUDA event (the host never waits for the GPU). On CPU the thread
     decodes with PIL.
 
     Args:
@@ -201,15 +197,32 @@ class _DecodeIterator(Iterator):
         # in the calling thread, where worker processes start
         self._source = iter(self._loader)
         self._loader = None
+        if not self._first():
+            return
         # the thread gets the parts, not this iterator: a dropped iterator is freed (and closed) at once
         args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop, self._prepare_ahead)
-        self._thread = threading.Thread(target=_decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
+        self._thread = threading.Thread(target=decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
         self._thread.start()
+
+    def _first(self) -> bool:
+        """Decode the first batch here, in the calling thread: its one-time work (the augment's graphs, their
+        ``torch.compile``) then never overlaps a ``torch.compile`` of the model in this thread (not thread-safe).
+        ``False`` where the epoch ends or fails with it (no thread is started)."""
+        assert self._source is not None
+        try:
+            item: Any = decode_one(self._decoder, self._stream, self._device, next(self._source))
+        except StopIteration:
+            item = END
+        except BaseException as error:
+            # raised by the first next(), in order
+            item = Failed(error)
+        self._queue.put(item)
+        return item is not END and not isinstance(item, Failed)
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._done:
             raise StopIteration
-        if self._thread is None:
+        if self._source is None:
             self._start()
         telemetry = self._decoder.telemetry
         depth = self._queue.qsize()
@@ -221,9 +234,9 @@ class _DecodeIterator(Iterator):
             self.close()
             raise
         # not a batch taken, so not counted
-        if item is _END or isinstance(item, _Failed):
+        if item is END or isinstance(item, Failed):
             self.close()
-            if isinstance(item, _Failed):
+            if isinstance(item, Failed):
                 raise item.error
             raise StopIteration
         with telemetry.lock:
@@ -243,10 +256,10 @@ class _DecodeIterator(Iterator):
     def _take(self) -> Any:
         while True:
             try:
-                return self._queue.get(timeout=_POLL_S)
+                return self._queue.get(timeout=POLL_S)
             except queue.Empty:
                 if self._thread is not None and not self._thread.is_alive() and self._queue.empty():
-                    return _Failed(RuntimeError("the GPU decode thread exited without a result"))
+                    return Failed(RuntimeError("the GPU decode thread exited without a result"))
 
     def close(self) -> None:
         """Stop the thread, drop decoded batches not taken, release the source iterator (and its workers)."""
@@ -274,122 +287,3 @@ class _DecodeIterator(Iterator):
         # may run at interpreter shutdown
         with contextlib.suppress(Exception):
             self.close()
-
-
-def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:
-    """Put ``item`` into ``out`` unless ``stop`` is set first (``False`` then)."""
-    while not stop.is_set():
-        try:
-            out.put(item, timeout=_POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _take(source: queue.Queue, *stops: threading.Event) -> Any:
-    """The next item of ``source``, or ``_END`` once one of ``stops`` is set."""
-    while not any(stop.is_set() for stop in stops):
-        try:
-            return source.get(timeout=_POLL_S)
-        except queue.Empty:
-            continue
-    return _END
-
-
-def _items(source: queue.Queue, *stops: threading.Event) -> Iterator[Any]:
-    """What an earlier stage put into ``source``, until its ``_END`` (or a stop); its error is raised here, in order."""
-    while True:
-        item = _take(source, *stops)
-        if item is _END:
-            return
-        if isinstance(item, _Failed):
-            raise item.error
-        yield item
-
-
-def _stage(
-    source: Iterable[Any], work: Callable[[Any], Any], device: torch.device, out: queue.Queue, stop: threading.Event
-) -> None:
-    """A pipeline thread: ``work(item)`` for each item of ``source`` into ``out``, then ``_END`` or the error."""
-    try:
-        if device.type == "cuda":
-            # for the pinned tables and nvJPEG's outputs
-            torch.cuda.set_device(device)
-        for item in source:
-            if stop.is_set() or not _put(out, work(item), stop):
-                return
-    except BaseException as error:
-        # handed on, in order
-        _put(out, _Failed(error), stop)
-    else:
-        _put(out, _END, stop)
-
-
-def _decode_batches(
-    source: Iterator[Any],
-    decoder: JpegDecoder,
-    stream: torch.cuda.Stream | None,
-    device: torch.device,
-    out: queue.Queue,
-    stop: threading.Event,
-    prepare_ahead: int = 0,
-) -> None:
-    """The decode thread: decode each batch of ``source`` into ``out`` (with its CUDA event) until ``stop``.
-
-    With ``prepare_ahead``, a prepare thread (started and joined here) takes the batches from ``source`` and
-    prepares them on the host (:meth:`JpegDecoder.prepare`), and where the backend's decode call can run apart
-    (:attr:`JpegDecoder.can_submit`: torchvision), a call thread makes it (:meth:`JpegDecoder.submit`, the
-    GIL released); this thread then only copies the decoded images into the flat buffer and augments them.
-    ``prepare_ahead`` bounds the batches waiting between two threads."""
-    # the helper threads' stop: this thread's end, whatever ends it
-    halt = threading.Event()
-    helpers: list[tuple[threading.Thread, queue.Queue]] = []
-
-    def start(name: str, items: Iterable[Any], work: Callable[[Any], Any]) -> Iterator[Any]:
-        handed: queue.Queue = queue.Queue(maxsize=prepare_ahead)
-        thread = threading.Thread(
-            target=_stage, args=(items, work, device, handed, halt), name=f"dataperf-gpu-{name}", daemon=True
-        )
-        thread.start()
-        helpers.append((thread, handed))
-        return _items(handed, stop, halt)
-
-    def loop() -> None:
-        batches: Iterable[Any] = (decoder.prepare(batch) for batch in source)
-        if prepare_ahead:
-            batches = start("prepare", source, decoder.prepare)
-            if decoder.can_submit:
-                batches = start("call", batches, decoder.submit)
-        for item in batches:
-            if stop.is_set():
-                return
-            images, labels = decoder.run(item)
-            event = None
-            if stream is not None:
-                event = torch.cuda.Event()
-                event.record(stream)
-            if not _put(out, (images, labels, event), stop):
-                return
-
-    try:
-        if stream is not None:
-            torch.cuda.set_device(device)
-            with torch.cuda.stream(stream):
-                loop()
-        else:
-            loop()
-    except BaseException as error:
-        # handed to the consumer
-        _put(out, _Failed(error), stop)
-    else:
-        _put(out, _END, stop)
-    finally:
-        halt.set()
-        for _thread, handed in helpers:
-            # a put blocked on a full queue sees the halt anyway
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    handed.get_nowait()
-        for thread, _ in helpers:
-            thread.join(timeout=30)

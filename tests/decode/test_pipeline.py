@@ -73,10 +73,10 @@ class _CallingBackend(_HostBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.threads: set[str] = set()
+        self.threads: list[str] = []
 
     def submit(self, parts):
-        self.threads.add(threading.current_thread().name)
+        self.threads.append(threading.current_thread().name)
         return [pil_decode(blob) for blob in parts]
 
     def decode(self, data, spans, sizes, flat, bases, prepared=None, submitted=None):
@@ -98,10 +98,12 @@ def test_the_decode_call_runs_in_its_own_thread_where_it_can(tmp_path, ahead, no
     for (images, labels), (expected, expected_labels) in zip(loader, reference, strict=True):
         assert torch.equal(images, expected) and torch.equal(labels, expected_labels)
     assert backend.decoded == len(batches)
+    # the first batch in the calling thread: its graph captures and compile run in turn with the model's
+    assert backend.threads[0] == threading.current_thread().name
     if ahead:
-        assert backend.threads == {"dataperf-gpu-call"} and loader.stats().call_seconds > 0
+        assert set(backend.threads[1:]) == {"dataperf-gpu-call"} and loader.stats().call_seconds > 0
     else:
-        assert backend.threads == {"dataperf-gpu-decode"} and loader.stats().call_seconds == 0
+        assert set(backend.threads[1:]) == {"dataperf-gpu-decode"} and loader.stats().call_seconds == 0
 
 
 def test_which_backends_need_the_host_barrier():
@@ -139,6 +141,22 @@ def test_an_error_in_the_prepare_thread_reaches_the_step_in_order(tmp_path, no_l
         next(iterator)
     with pytest.raises(StopIteration):
         next(iterator)
+
+
+def test_a_first_batch_that_fails_or_an_empty_epoch_starts_no_thread(tmp_path, no_leaked_threads):
+    good = write_files(str(tmp_path / "ok"), 2)
+    zero = odd_files(str(tmp_path / "odd"))["zero"]
+    dataset = EncodedImageDataset([*good, (zero, 0)], seed=1)
+    bad_first = [collate_encoded([dataset[0], dataset[2]]), collate_encoded([dataset[0], dataset[1]])]
+    for batches in (bad_first, []):
+        loader = GpuDecodeLoader(batches, device="cpu", size=8, prepare_ahead=2)
+        iterator = iter(loader)
+        if batches:
+            with pytest.raises(DecodeError, match="dataset index 2"):
+                next(iterator)
+        assert not [t for t in threading.enumerate() if t.name.startswith("dataperf-gpu")]
+        with pytest.raises(StopIteration):
+            next(iterator)
 
 
 def test_closing_mid_epoch_stops_both_threads(tmp_path, no_leaked_threads):
