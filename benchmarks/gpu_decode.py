@@ -28,6 +28,7 @@ Generates two JPEG sets locally (uniform 320 px ~78 kB; ImageNet-like 200-500 px
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import os
@@ -439,9 +440,8 @@ def encoded_loader(samples, workers: int, batches: int, seed: int = 0) -> DataLo
 def decode_path_alone(samples, workers: int, warmup: int, batches: int, barrier: bool = True, **options) -> dict:
     """images/s of the package's decode path with no model: a consumer that only takes the batches."""
     device = options.pop("device", "cuda")
-    loader = GpuDecodeLoader(
-        encoded_loader(samples, workers, warmup + batches), device=device, dtype=torch.bfloat16, **options
-    )
+    loader = package_loader(encoded_loader(samples, workers, warmup + batches), device=device, dtype=torch.bfloat16,
+                            **options)  # fmt: skip
     if not barrier:  # the cost of the ordering only: unsafe where the decoder writes at call time
         loader.decoder.host_barrier, loader.decoder._graphs = False, [None]
     iterator = iter(loader)
@@ -472,6 +472,15 @@ def decode_path_alone(samples, workers: int, warmup: int, batches: int, barrier:
     }
 
 
+def package_loader(loader, priority: str = "high", **options) -> GpuDecodeLoader:
+    """The package's loader; ``priority="normal"``: its decode stream at the default priority (the package's is
+    the highest)."""
+    package = GpuDecodeLoader(loader, **options)
+    if priority == "normal" and package._stream is not None:
+        package._stream = torch.cuda.Stream(package.device)
+    return package
+
+
 def _wanted(name: str, paths: list[str]) -> bool:
     """Is the package row ``name`` among ``--paths`` (``package``: torchvision; ``package-nvimgcodec``;
     ``serial``: prepare_ahead=0; ``unbarriered``: nvImageCodec without its host barrier)?"""
@@ -479,7 +488,10 @@ def _wanted(name: str, paths: list[str]) -> bool:
         return "serial" in paths
     if "no host barrier" in name:
         return "unbarriered" in paths
-    return ("package-nvimgcodec" if "nvimgcodec" in name else "package") in paths
+    for backend in ("nvimgcodec", "nvjpeg"):
+        if backend in name:
+            return f"package-{backend}" in paths
+    return "package" in paths
 
 
 def part_decode(sets: dict, args) -> dict:
@@ -490,11 +502,12 @@ def part_decode(sets: dict, args) -> dict:
         ("package torchvision, prepare_ahead=2", {"backend": "torchvision", "prepare_ahead": 2}),
         ("package nvimgcodec, prepare_ahead=2", {"backend": "nvimgcodec", "prepare_ahead": 2}),
         ("package nvimgcodec, no host barrier", {"backend": "nvimgcodec", "prepare_ahead": 2, "barrier": False}),
+        ("package nvjpeg, prepare_ahead=2", {"backend": "nvjpeg", "prepare_ahead": 2}),
     ]
     variants = [(name, options) for name, options in variants if _wanted(name, args.paths)]
     variants = [
-        (name + (", compiled augment" if augment == "compiled" else ""), {**options, **_augment(augment)})
-        for name, options in variants for augment in args.augment
+        (name + _suffix(augment, priority), {**options, **_augment(augment), "priority": priority})
+        for name, options in variants for augment in args.augment for priority in args.priority
     ]  # fmt: skip
     if not cuda:
         variants = [("package pil, prepare_ahead=0", {"prepare_ahead": 0, "device": "cpu"}),
@@ -706,17 +719,18 @@ def part_e2e(sets: dict, args) -> dict:
 
 def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bool):
     """``(row name, loader factory)`` for each of ``--paths`` in this mode: the package's backends, DALI."""
-    backends = [("torchvision", "package"), ("nvimgcodec", "package-nvimgcodec")]
+    backends = [("torchvision", "package"), ("nvimgcodec", "package-nvimgcodec"), ("nvjpeg", "package-nvjpeg")]
     for backend, path in backends:
         if path not in args.paths:
             continue
-        for ahead in [a for a in args.prepare_ahead if a or compiled in args.serial_modes]:
-            for augment in args.augment:
-                options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead, **_augment(augment)}
-                if cuda:
-                    options["backend"] = backend
-                name = f"{path}, prepare_ahead={ahead}" + (", compiled augment" if augment == "compiled" else "")
-                yield name, lambda o=options: GpuDecodeLoader(encoded_loader(samples, args.workers, total), **o)
+        aheads = [a for a in args.prepare_ahead if a or compiled in args.serial_modes]
+        for ahead, augment, priority in itertools.product(aheads, args.augment, args.priority):
+            options = {"device": device, "dtype": torch.bfloat16, "prepare_ahead": ahead, **_augment(augment)}
+            if cuda:
+                options["backend"] = backend
+            name = f"{path}, prepare_ahead={ahead}" + _suffix(augment, priority)
+            yield name, lambda o=options, p=priority: package_loader(encoded_loader(samples, args.workers, total),
+                                                                     priority=p, **o)  # fmt: skip
     if "dali" in args.paths:
         from gpu_decode_dali import DaliLoader, dali_pipeline
 
@@ -725,6 +739,12 @@ def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bo
             "DALI",
             lambda: DaliLoader(dali_pipeline(samples, BATCH, SIZE, threads=max(1, args.workers), device=gpu), total),
         )
+
+
+def _suffix(augment: str, priority: str) -> str:
+    """A row name's tail for the variants other than the package's defaults (graph augment, highest priority)."""
+    compiled = ", compiled augment" if augment == "compiled" else ""
+    return compiled + (", normal priority" if priority == "normal" else "")
 
 
 def _augment(kind: str) -> dict:
@@ -760,6 +780,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
     parser.add_argument("--modes", nargs="+", default=["eager", "compiled"])
     parser.add_argument("--prepare-ahead", type=int, nargs="+", default=[2])
+    parser.add_argument(
+        "--priority", nargs="+", choices=["high", "normal"], default=["high"],
+        help="the package's decode stream: the highest priority (its default) or the default priority",
+    )  # fmt: skip
     parser.add_argument(
         "--augment", nargs="+", choices=["graph", "compiled"], default=["graph"],
         help="the package's augment: one CUDA graph, or compiled by torch.compile inside it (compile_augment=True)",

@@ -84,6 +84,26 @@ def _packed(batch: list[bytes], sizes: dict[bytes, tuple[int, int]]):
     return data, spans, shapes, bases, base
 
 
+def _nvjpeg_runs(packed: list, on_high: Callable) -> list[tuple[str, Callable[[list], None], list]]:
+    """The direct nvJPEG backend's call (ctypes, into one flat buffer), on the current and a high-priority stream."""
+    try:
+        from lightning_dataperf.decode._nvjpeg import NvJpegBackend
+
+        backend = NvJpegBackend(torch.device("cuda", torch.cuda.current_device()))
+    except ImportError as error:
+        print(f"nvJPEG direct rows: not measured ({error})"[:200], flush=True)
+        return []
+    flat = torch.empty(max(p[4] for p in packed) + 3, dtype=torch.uint8, device="cuda")
+
+    def into(item) -> None:
+        data, spans, shapes, bases, _ = item
+        ok, _ = backend.decode(data, spans, shapes, flat, bases, prepared=backend.prepare(data, spans))
+        assert all(ok), "the engines rejected an image"
+
+    return [("nvJPEG direct (ctypes), package call", into, packed),
+            ("nvJPEG direct (ctypes), package call, high-priority stream", on_high(into), packed)]  # fmt: skip
+
+
 def engine_rows(batches: list[list[bytes]], warmup: int = 3) -> list[dict]:
     """images/s per engine and way of calling it, idle and beside :class:`BusyGpu`; rows skipped where absent."""
     from torchvision.io import decode_jpeg
@@ -109,6 +129,14 @@ def engine_rows(batches: list[list[bytes]], warmup: int = 3) -> list[dict]:
         ("torchvision decode_jpeg, batched", torchvision_run, tensors),
         ("torchvision decode_jpeg, batched, high-priority current stream", on_high(torchvision_run), tensors),
     ]
+    sizes: dict[bytes, tuple[int, int]] = {}
+    for batch in batches:
+        for part in batch:
+            if part not in sizes:
+                width, height = Image.open(io.BytesIO(part)).size
+                sizes[part] = (height, width)
+    packed = [_packed(batch, sizes) for batch in batches]
+    runs += _nvjpeg_runs(packed, on_high)
     try:
         from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend, import_nvimgcodec
 
@@ -119,13 +147,6 @@ def engine_rows(batches: list[list[bytes]], warmup: int = 3) -> list[dict]:
         print(f"nvImageCodec engine rows: not measured ({error})"[:200], flush=True)
         backends = []
     if backends:
-        sizes: dict[bytes, tuple[int, int]] = {}
-        for batch in batches:
-            for part in batch:
-                if part not in sizes:
-                    width, height = Image.open(io.BytesIO(part)).size
-                    sizes[part] = (height, width)
-        packed = [_packed(batch, sizes) for batch in batches]
         decoder, params = backends[0]._decoder, backends[0]._params
         stream = torch.cuda.current_stream().cuda_stream
 

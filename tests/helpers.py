@@ -338,3 +338,23 @@ class DrawingModel(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def decode_backends(names=("nvimgcodec", "nvjpeg", "torchvision")) -> list:
+    """``pytest.param`` per GPU decode backend, skipped where its library does not load (CUDA tests only)."""
+    import pytest
+
+    from lightning_dataperf.decode._nvimgcodec import import_nvimgcodec
+    from lightning_dataperf.decode._nvjpeg import load_nvjpeg
+    from lightning_dataperf.decode._torchvision import import_decode_jpeg
+
+    loaders = {"nvimgcodec": import_nvimgcodec, "nvjpeg": load_nvjpeg, "torchvision": import_decode_jpeg}
+    params = []
+    for name in names:
+        try:
+            loaders[name]()
+            missing = False
+        except ImportError:
+            missing = True
+        params.append(pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"{name} not importable")))
+    return params

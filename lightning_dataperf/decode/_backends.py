@@ -7,12 +7,13 @@ from typing import Any
 import torch
 
 from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend
+from lightning_dataperf.decode._nvjpeg import NvJpegBackend
 from lightning_dataperf.decode._slots import EXTRA, NVIMGCODEC_EXTRA
 from lightning_dataperf.decode._torchvision import TorchvisionBackend
 
 __all__ = ["BACKENDS", "make_backend"]
 
-BACKENDS = ("auto", "nvimgcodec", "torchvision")
+BACKENDS = ("auto", "nvimgcodec", "nvjpeg", "torchvision")
 
 
 def make_backend(name: Any, device: torch.device, threads: int | None = None) -> Any:
@@ -27,6 +28,8 @@ def make_backend(name: Any, device: torch.device, threads: int | None = None) ->
         raise ValueError(f"backend must be one of {BACKENDS}, not {name!r}")
     if name == "nvimgcodec":
         return NvImageCodecBackend(device, threads)
+    if name == "nvjpeg":
+        return NvJpegBackend(device)
     if name == "torchvision":
         return TorchvisionBackend(device)
     try:

@@ -6,11 +6,12 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["EXTRA", "NVIMGCODEC_EXTRA", "Sizes", "Spans", "host_layout", "slot_view"]
+__all__ = ["EXTRA", "NVIMGCODEC_EXTRA", "NVJPEG_EXTRA", "Sizes", "Spans", "host_layout", "slot_view"]
 
 # the default backend's (torchvision's) extra, named in the import errors
 EXTRA = "lightning-dataperf[gpu-decode]"
 NVIMGCODEC_EXTRA = "lightning-dataperf[gpu-decode-nvimgcodec]"
+NVJPEG_EXTRA = "lightning-dataperf[gpu-decode-nvjpeg]"
 Spans = Sequence[tuple[int, int]]
 Sizes = Sequence[tuple[int, int]]
 

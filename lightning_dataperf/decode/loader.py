@@ -127,7 +127,8 @@ class GpuDecodeLoader:
             compile_augment=compile_augment,
         )
         self.device = self.decoder.device
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # the highest priority: the decode's kernels go first on multiprocessors a compiled step keeps busy
+        self._stream = torch.cuda.Stream(self.device, priority=-100) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None
         if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
             # instance attributes: Lightning finds a stateful loader's methods statically, not via __getattr__

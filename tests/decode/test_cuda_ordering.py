@@ -11,26 +11,12 @@ from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encod
 
 pytestmark = pytest.mark.cuda
 pytest.importorskip("PIL")
-from helpers import write_files  # noqa: E402
+from helpers import decode_backends, write_files  # noqa: E402
 
 IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}  # outputs in levels of 255
 
 
-def _available(name: str) -> bool:
-    from lightning_dataperf.decode._nvimgcodec import import_nvimgcodec
-    from lightning_dataperf.decode._torchvision import import_decode_jpeg
-
-    try:
-        (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()
-    except ImportError:
-        return False
-    return True
-
-
-BACKENDS = [
-    pytest.param(name, marks=pytest.mark.skipif(not _available(name), reason=f"{name} not importable"))
-    for name in ("nvimgcodec", "torchvision")
-]
+BACKENDS = decode_backends()
 
 
 @pytest.mark.parametrize("graph", [True, False])
@@ -42,7 +28,7 @@ def test_every_image_matches_the_cpu_decode_while_the_stream_is_busy(tmp_path, b
     options = {"size": 64, "dtype": torch.float32, **IDENTITY}
     expected = [JpegDecoder("cpu", **options)(batch)[0] for batch in batches]
     loader = GpuDecodeLoader(batches, device="cuda", backend=backend, graph_augment=graph, lookahead=3, **options)
-    assert loader.decoder.host_barrier == (backend == "nvimgcodec")
+    assert loader.decoder.host_barrier == (backend in ("nvimgcodec", "nvjpeg"))
     worst = torch.zeros((), device="cuda")
     for (images, _), reference in zip(loader, expected, strict=True):
         for _ in range(2):  # queued work on freshly allocated blocks, freed at once: the allocator hands them out again

@@ -13,28 +13,14 @@ from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encod
 
 pytestmark = pytest.mark.cuda
 pytest.importorskip("PIL")
-from helpers import odd_files, write_files  # noqa: E402
+from helpers import decode_backends, odd_files, write_files  # noqa: E402
 
 IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}
 # nvJPEG and libjpeg differ in IDCT and chroma upsampling: torchvision's own test allows a mean of 2 levels.
 MEAN_TOLERANCE, P99_TOLERANCE = 2.0, 16.0
 
 
-def _available(name: str) -> bool:
-    from lightning_dataperf.decode._nvimgcodec import import_nvimgcodec
-    from lightning_dataperf.decode._torchvision import import_decode_jpeg
-
-    try:
-        (import_nvimgcodec if name == "nvimgcodec" else import_decode_jpeg)()
-    except ImportError:
-        return False
-    return True
-
-
-BACKENDS = [
-    pytest.param(name, marks=pytest.mark.skipif(not _available(name), reason=f"{name} not importable"))
-    for name in ("nvimgcodec", "torchvision")
-]
+BACKENDS = decode_backends()
 
 
 def _compare(gpu: torch.Tensor, cpu: torch.Tensor) -> tuple[float, float]:

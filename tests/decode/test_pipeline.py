@@ -180,3 +180,16 @@ def test_the_new_figures_are_a_window_too():
     assert metrics["Decode/prepare_seconds"] == pytest.approx(0.002)
     assert metrics["Decode/barrier_seconds"] == pytest.approx(0.0001)
     assert "preparing 2.00 ms" in window.format() and "host barrier 0.10 ms" in window.format()
+
+
+def test_the_nvjpeg_backend_names_its_extra_where_libnvjpeg_is_missing(monkeypatch):
+    from lightning_dataperf.decode import _nvjpeg
+
+    monkeypatch.setattr(_nvjpeg, "_LOADED", [])
+    monkeypatch.setattr(_nvjpeg, "_candidates", lambda: ["/nonexistent/libnvjpeg.so.13"])
+    with pytest.raises(ImportError, match=r"pip install 'lightning-dataperf\[gpu-decode-nvjpeg\]'"):
+        _nvjpeg.load_nvjpeg()
+    from lightning_dataperf.decode._backends import make_backend
+
+    with pytest.raises(ImportError, match="gpu-decode-nvjpeg"):
+        make_backend("nvjpeg", torch.device("cuda", 0))
