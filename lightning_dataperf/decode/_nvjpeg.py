@@ -75,10 +75,10 @@ def load_nvjpeg() -> Any:
 class NvJpegBackend:
     """Batched nvJPEG on the GPU's hardware JPEG engines, called through ``ctypes``; interleaved (``hwc``) slots.
 
-    No per-image Python or allocation: one call decodes the batch straight into the flat buffer, on the
-    caller's current stream (the decode thread's, of the highest priority under :class:`GpuDecodeLoader`), and
-    returns once the work is queued. Images the engines cannot take (progressive, 4:1:0 / 4:1:1, grayscale) are
-    reported not decoded, and the decoder decodes them on the CPU.
+    No per-image tensor or allocation: one call decodes the batch straight into the flat buffer, on the caller's
+    current stream, and returns once the work is queued. Images the engines cannot take (by
+    ``nvjpegDecodeBatchedSupported`` on their headers: progressive, 4:1:0 and 4:1:1 among them) are reported not
+    decoded, and the decoder decodes them on the CPU.
 
     Ordering: the hardware engine writes when the call is made, not in stream order
     (meta-pytorch/torchcodec#1634), so :attr:`writes_at_call` is ``True``: the decoder waits on the host until the

@@ -40,18 +40,20 @@ class JpegDecoder(HostStages):
         mean, std: normalisation in 0..1 units.
         on_error: ``"raise"`` a :class:`DecodeError` naming index and path for an undecodable sample,
             or ``"zeros"``: an all-zero image (after normalisation), counted as ``Decode/undecodable``.
-        backend: ``"auto"`` (torchvision's CUDA decode if it imports, else nvImageCodec), ``"nvimgcodec"`` or
-            ``"torchvision"`` (ignored on CPU), or a backend object (see ``_backends.make_backend``).
+        backend: ``"auto"`` (torchvision's CUDA decode if it imports, else nvJPEG directly, else nvImageCodec),
+            ``"torchvision"``, ``"nvjpeg"`` or ``"nvimgcodec"`` (ignored on CPU), or a backend object (see
+            ``_backends.make_backend``).
         decode_threads: nvImageCodec's CPU thread pool (default ``min(4, cores)``).
         graph_augment: on CUDA, run the augment as one CUDA graph (:mod:`._graph`; eager if
             the capture fails, and for a batch of another size).
         compile_augment: in that graph, the augment compiled by ``torch.compile`` (fused gathers: about a
-            tenth of its GPU time; compiled at the first batch, in the decode thread, seconds); uncompiled
-            (with a warning) where Triton or the compile is not available. Off by default: PyTorch's compile
-            stack is not thread-safe, so it may race with a ``torch.compile`` of your model in the main
-            thread, and its end-to-end gain was within run-to-run spread but for one row (benchmarks/README.md).
+            tenth of its GPU time, left to the JPEG engines and the step); compiled at the first batch, in the
+            calling thread (:class:`GpuDecodeLoader` decodes each epoch's first batch there: PyTorch's compile
+            stack is not thread-safe), seconds the first time; uncompiled (with a warning) where Triton or the
+            compile is not available.
 
-    Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it from its background thread.
+    Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it in the calling thread for each
+    epoch's first batch, then in its background threads.
 
     Example::
 
@@ -70,7 +72,7 @@ class JpegDecoder(HostStages):
         backend: Any = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
-        compile_augment: bool = False,
+        compile_augment: bool = True,
     ) -> None:
         if on_error not in ("raise", "zeros"):
             raise ValueError(f"on_error must be 'raise' or 'zeros', not {on_error!r}")
@@ -169,7 +171,11 @@ class JpegDecoder(HostStages):
             except Exception as error:
                 # no Triton or compiler, or the compiled code cannot be captured
                 self.compile_augment = False
-                _log.warning("torch.compile of the GPU augment failed (%s); using the uncompiled augment", error)
+                _log.warning(
+                    "torch.compile of the GPU augment failed (%s); using the uncompiled augment "
+                    "(compile_augment=False skips the attempt)",
+                    error,
+                )
         try:
             out = graphed.run(table, self._augment)
             self._capture_rest(self._augment)

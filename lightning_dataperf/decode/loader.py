@@ -64,7 +64,7 @@ class GpuDecodeLoader:
         device: where to decode; default ``cuda`` when available, else ``cpu``.
         lookahead: decoded batches held ready at most (device memory: ``lookahead`` output batches).
         size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment, compile_augment: see
-            :class:`JpegDecoder` (``backend="auto"``: torchvision's nvJPEG when it imports, else nvImageCodec).
+            :class:`JpegDecoder`.
         prepare_ahead: batches a prepare thread takes from ``loader`` and prepares on the host ahead
             (:meth:`JpegDecoder.prepare`: the worker hand-over, the per-sample table, the byte views, CPU
             fallbacks), and, with torchvision's decode, batches a call thread decodes ahead
@@ -101,7 +101,7 @@ class GpuDecodeLoader:
         backend: str = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
-        compile_augment: bool = False,
+        compile_augment: bool = True,
         prepare_ahead: int = 2,
     ) -> None:
         if lookahead < 1:
@@ -127,8 +127,7 @@ class GpuDecodeLoader:
             compile_augment=compile_augment,
         )
         self.device = self.decoder.device
-        # the highest priority: the decode's kernels go first on multiprocessors a compiled step keeps busy
-        self._stream = torch.cuda.Stream(self.device, priority=-100) if self.device.type == "cuda" else None
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None
         if callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None)):
             # instance attributes: Lightning finds a stateful loader's methods statically, not via __getattr__
