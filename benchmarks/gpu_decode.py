@@ -719,8 +719,7 @@ def part_e2e(sets: dict, args) -> dict:
 
 def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bool):
     """``(row name, loader factory)`` for each of ``--paths`` in this mode: the package's backends, DALI."""
-    backends = [("torchvision", "package"), ("nvimgcodec", "package-nvimgcodec"), ("nvjpeg", "package-nvjpeg"),
-                ("nvjpeg-host", "package-nvjpeg-host")]  # fmt: skip
+    backends = [("torchvision", "package"), ("nvimgcodec", "package-nvimgcodec"), ("nvjpeg", "package-nvjpeg")]
     for backend, path in backends:
         if path not in args.paths:
             continue
@@ -730,11 +729,6 @@ def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bo
             if cuda:
                 options["backend"] = backend
             name = f"{path}, prepare_ahead={ahead}" + _suffix(augment, priority)
-            if backend == "nvjpeg-host":
-                # nvJPEG copying each image's bytes from the host (before the bytes went to the GPU in one copy)
-                yield name, lambda o=options, p=priority: package_loader(encoded_loader(samples, args.workers, total),
-                    priority=p, **{**o, "backend": _nvjpeg_host()})  # fmt: skip
-                continue
             yield name, lambda o=options, p=priority: package_loader(encoded_loader(samples, args.workers, total),
                                                                      priority=p, **o)  # fmt: skip
     if "dali" in args.paths:
@@ -745,12 +739,6 @@ def _e2e_loaders(samples, args, compiled: str, total: int, device: str, cuda: bo
             "DALI",
             lambda: DaliLoader(dali_pipeline(samples, BATCH, SIZE, threads=max(1, args.workers), device=gpu), total),
         )
-
-
-def _nvjpeg_host():
-    from lightning_dataperf.decode._nvjpeg import NvJpegBackend
-
-    return NvJpegBackend(torch.device("cuda", torch.cuda.current_device()), device_input=False)
 
 
 def _suffix(augment: str, priority: str) -> str:

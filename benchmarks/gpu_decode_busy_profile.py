@@ -1,9 +1,9 @@
 """What a batched nvJPEG decode launches on the GPU, idle and beside a busy GPU (issue 38): torch.profiler's view.
 
-Decodes ``--batches`` batches of 128 with ``backend="nvjpeg"`` (the engines, called directly; the bytes on the
-host or copied to the GPU first) on a stream of default or highest priority, idle and beside
-:class:`gpu_decode_engines.BusyGpu`, and prints, per case, the wall time per batch and every GPU activity the
-profiler saw (kernels, copies, memsets) with its count and device time: which of them the busy GPU stretches.
+Decodes ``--batches`` batches of 128 with ``backend="nvjpeg"`` (the engines, called directly) on a stream of
+default or highest priority, idle and beside :class:`gpu_decode_engines.BusyGpu`, and prints, per case, the
+wall time per batch and every GPU activity the profiler saw (kernels, copies, memsets) with its count and
+device time: which of them the busy GPU stretches.
 
     PYTHONPATH=$PWD python benchmarks/gpu_decode_busy_profile.py --images 512 --batches 10
     PYTHONPATH=$PWD python benchmarks/gpu_decode_busy_profile.py --formats 5 3 1 8   # which output formats need kernels
@@ -60,7 +60,6 @@ def format_run(backend: NvJpegBackend, items: list, fmt: int) -> Callable[[], No
     pitch ``w``; interleaved: one of pitch ``3 w``), through the backend's handle: which formats need kernels."""
     from lightning_dataperf.decode._nvjpeg import _Image
 
-    assert not backend.device_input, "the format runs pass host pointers"
     lib, state = backend._lib, backend._states[0]
     planes = [[torch.empty(3, h, w, dtype=torch.uint8, device=backend.device) for h, w in item[2]] for item in items]
 
@@ -135,17 +134,16 @@ def main() -> None:
                 sizes[part] = (height, width)
     items = [_packed(batch, sizes) for batch in batches]
     device = torch.device("cuda", torch.cuda.current_device())
+    backend = NvJpegBackend(device)
     if args.formats:
-        formats(NvJpegBackend(device, device_input=False), items, args.formats)
+        formats(backend, items, args.formats)
         return
     flat = torch.empty(max(item[4] for item in items) + 3, dtype=torch.uint8, device=device)
-    for device_input, priority in ((False, 0), (False, -100), (True, 0), (True, -100)):
-        backend = NvJpegBackend(device, device_input=device_input)
+    for priority in (0, -100):
         stream = torch.cuda.Stream(device, priority=priority)
         for busy in (False, True):
             result = case(backend, items, flat, stream, busy)
-            where = "bytes on the GPU" if backend.device_input else "bytes on the host"
-            label = f"{where}, priority {'highest' if priority else 'default'}, {'busy GPU' if busy else 'idle'}"
+            label = f"priority {'highest' if priority else 'default'}, {'busy GPU' if busy else 'idle'}"
             print(f"{label}: {result['ms_per_batch']:.2f} ms per batch of 128", flush=True)
             for key, (count, ms) in sorted(result["activities"].items(), key=lambda kv: -kv[1][1])[:8]:
                 print(f"    {key[:70]:70s} x{count:<5d} {ms:8.2f} ms device", flush=True)

@@ -17,7 +17,6 @@ from lightning_dataperf.decode._slots import NVJPEG_EXTRA, Sizes, Spans
 __all__ = ["NvJpegBackend", "load_nvjpeg"]
 
 _HARDWARE = 3  # NVJPEG_BACKEND_HARDWARE
-_HARDWARE_DEVICE = 5  # NVJPEG_BACKEND_HARDWARE_DEVICE: the bitstreams in device memory
 _RGBI = 5  # NVJPEG_OUTPUT_RGBI: interleaved RGB into channel[0]
 _ARCH_MISMATCH = 7  # NVJPEG_STATUS_ARCH_MISMATCH: no hardware engine on this GPU
 _LOADED: list[Any] = []
@@ -93,21 +92,12 @@ class NvJpegBackend:
     layout = "hwc"
     writes_at_call = True
 
-    def __init__(self, device: torch.device, device_input: bool = True) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
         lib = self._lib = load_nvjpeg()
         self._handle, self._stream = ctypes.c_void_p(), ctypes.c_void_p()
-        #: The batch's bytes go to the GPU in one copy and the engines read them there (no per-image host copy
-        #: queued behind the training step's work); else nvJPEG copies each image's bytes from the host.
-        self.device_input = device_input
-        status = -1
         with torch.cuda.device(device):
-            if device_input:
-                status = lib.nvjpegCreateEx(_HARDWARE_DEVICE, None, None, 0, ctypes.byref(self._handle))
-                self.device_input = status == 0
-            if status != 0:
-                status = lib.nvjpegCreateEx(_HARDWARE, None, None, 0, ctypes.byref(self._handle))
-        self._upload = torch.cuda.Stream(device) if self.device_input else None
+            status = lib.nvjpegCreateEx(_HARDWARE, None, None, 0, ctypes.byref(self._handle))
         if status == _ARCH_MISMATCH:
             raise ImportError(f"the nvjpeg backend needs a GPU with JPEG engines (A100, H100...): {device} has none")
         _check(status, "nvjpegCreateEx")
@@ -128,22 +118,16 @@ class NvJpegBackend:
             lib.nvjpegJpegStreamDestroy(self._stream)
             lib.nvjpegDestroy(self._handle)
 
-    def prepare(self, data: torch.Tensor, spans: Spans) -> tuple[list[bool], torch.Tensor | None]:
-        """Which images the engines take, from their headers, and with :attr:`device_input` the batch's bytes on
-        the GPU, copied in full on a stream of their own (in :class:`GpuDecodeLoader`'s prepare thread). Not
-        thread-safe: one prepare at a time per backend, as the loader calls it."""
+    def prepare(self, data: torch.Tensor, spans: Spans) -> list[bool]:
+        """Which images the engines take, from their headers (host only; in :class:`GpuDecodeLoader`'s prepare
+        thread). Not thread-safe: one prepare at a time per backend, as the loader calls it."""
         lib, pointer, supported = self._lib, data.data_ptr(), []
         flag = ctypes.c_int(-1)
         for a, b in spans:
             ok = lib.nvjpegJpegStreamParseHeader(self._handle, pointer + a, b - a, self._stream) == 0
             ok = ok and lib.nvjpegDecodeBatchedSupported(self._handle, self._stream, ctypes.byref(flag)) == 0
             supported.append(ok and flag.value == 0)
-        on_device = None
-        if self._upload is not None and any(supported):
-            with torch.cuda.stream(self._upload):
-                # a blocking copy: the engines read the bytes when the decode is called, not in stream order
-                on_device = data.to(self.device)
-        return supported, on_device
+        return supported
 
     def decode(
         self,
@@ -152,16 +136,15 @@ class NvJpegBackend:
         sizes: Sizes,
         flat: torch.Tensor,
         bases: Sequence[int],
-        prepared: tuple[list[bool], torch.Tensor | None] | None = None,
+        prepared: list[bool] | None = None,
     ) -> tuple[list[bool], list[Any]]:
         """Decode ``data[spans[i][0]:spans[i][1]]`` into ``flat[bases[i]:]``; ``(ok per image, keep-alive)``."""
-        supported, on_device = prepared if prepared is not None else self.prepare(data, spans)
+        supported = prepared if prepared is not None else self.prepare(data, spans)
         chosen = [i for i, good in enumerate(supported) if good]
         if not chosen:
             return [False] * len(spans), []
         count = len(chosen)
-        source = on_device if on_device is not None else data
-        pointers = (ctypes.c_void_p * count)(*[source.data_ptr() + spans[i][0] for i in chosen])
+        pointers = (ctypes.c_void_p * count)(*[data.data_ptr() + spans[i][0] for i in chosen])
         lengths = (ctypes.c_size_t * count)(*[spans[i][1] - spans[i][0] for i in chosen])
         images = (_Image * count)()
         target = flat.data_ptr()
@@ -183,14 +166,14 @@ class NvJpegBackend:
         if status != 0:
             # a failed batch leaves the state to be initialised again; its images go to the CPU
             state.batch = 0
-            return [False] * len(spans), [data, on_device]
+            return [False] * len(spans), [data]
         state.done = torch.cuda.Event()
         state.done.record(current)
         ok = [False] * len(spans)
         for i in chosen:
             ok[i] = True
-        # the bytes are read by the engines after the call returns
-        return ok, [data, on_device, pointers, lengths, images]
+        # the host bytes are read by the engines after the call returns
+        return ok, [data, pointers, lengths, images]
 
 
 class _State:
