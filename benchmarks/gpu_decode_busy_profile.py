@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import io
 import os
 import tempfile
 import time
@@ -22,8 +21,7 @@ from collections.abc import Callable
 
 import torch
 from gpu_decode import make_set, read_batches
-from gpu_decode_engines import BusyGpu, _packed
-from PIL import Image
+from gpu_decode_engines import BusyGpu, packed_batches
 from torch.profiler import ProfilerActivity, profile
 
 from lightning_dataperf.decode._nvjpeg import NvJpegBackend
@@ -126,13 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     samples, _ = make_set(os.path.join(tempfile.mkdtemp(prefix="busy_profile_"), "uniform"), "uniform", args.images)
     batches = read_batches(samples, args.batches)
-    sizes = {}
-    for batch in batches:
-        for part in batch:
-            if part not in sizes:
-                width, height = Image.open(io.BytesIO(part)).size
-                sizes[part] = (height, width)
-    items = [_packed(batch, sizes) for batch in batches]
+    items = packed_batches(batches)
     device = torch.device("cuda", torch.cuda.current_device())
     backend = NvJpegBackend(device)
     if args.formats:

@@ -84,6 +84,17 @@ def _packed(batch: list[bytes], sizes: dict[bytes, tuple[int, int]]):
     return data, spans, shapes, bases, base
 
 
+def packed_batches(batches: list[list[bytes]]) -> list:
+    """Each batch as :func:`_packed` makes it, the image sizes read once per distinct file."""
+    sizes: dict[bytes, tuple[int, int]] = {}
+    for batch in batches:
+        for part in batch:
+            if part not in sizes:
+                width, height = Image.open(io.BytesIO(part)).size
+                sizes[part] = (height, width)
+    return [_packed(batch, sizes) for batch in batches]
+
+
 def _nvjpeg_runs(packed: list, on_high: Callable) -> list[tuple[str, Callable[[list], None], list]]:
     """The direct nvJPEG backend's call (ctypes, into one flat buffer), on the current and a high-priority stream."""
     try:
@@ -129,13 +140,7 @@ def engine_rows(batches: list[list[bytes]], warmup: int = 3) -> list[dict]:
         ("torchvision decode_jpeg, batched", torchvision_run, tensors),
         ("torchvision decode_jpeg, batched, high-priority current stream", on_high(torchvision_run), tensors),
     ]
-    sizes: dict[bytes, tuple[int, int]] = {}
-    for batch in batches:
-        for part in batch:
-            if part not in sizes:
-                width, height = Image.open(io.BytesIO(part)).size
-                sizes[part] = (height, width)
-    packed = [_packed(batch, sizes) for batch in batches]
+    packed = packed_batches(batches)
     runs += _nvjpeg_runs(packed, on_high)
     try:
         from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend, import_nvimgcodec
