@@ -111,6 +111,9 @@ def test_which_backends_need_the_host_barrier():
     from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend
 
     assert NvImageCodecBackend.writes_at_call is True  # decodes into the buffer: the hardware engine ignores order
+    from lightning_dataperf.decode._nvjpeg import NvJpegBackend
+
+    assert NvJpegBackend.writes_at_call is True  # the same engines, called directly
 
 
 @pytest.mark.parametrize("ahead", [0, 1, 2])
