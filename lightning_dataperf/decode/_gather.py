@@ -1,6 +1,6 @@
 """Crop, bilinear resize, flip and normalise a batch of images of any sizes held in one flat buffer.
 
-:func:`crop_resize_flip` is public through :mod:`lightning_dataperf.decode.decoder`; :func:`compiled_augment` is opt-in.
+:func:`crop_resize_flip` is public through :mod:`lightning_dataperf.decode.decoder`; :func:`compiled_augment` fuses it.
 """
 
 from __future__ import annotations
