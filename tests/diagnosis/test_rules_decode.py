@@ -1,5 +1,6 @@
 """The GPU-decode path seen by DataPerfCallback: Decode/... logged per window, the epoch's DecodeStats in the
-summary, and a verdict that says whether the engines, the decode thread, its GPU work or the workers bind."""
+summary, and a verdict that says whether the engines, the decode call, the decode thread, its GPU work or the
+workers bind."""
 
 from __future__ import annotations
 
@@ -71,6 +72,21 @@ def test_the_verdict_names_what_binds_on_the_gpu_decode_path():
     assert gpu_decode_cause(_evidence(fast, step_s=0.0), fast)[0] == "input_bound_unknown"
     cpu = dataclasses.replace(thread, backend="pil")
     assert gpu_decode_cause(_evidence(cpu), cpu)[1] == "decode on the CPU (no CUDA device)"
+
+
+def test_a_decode_call_slower_than_the_step_is_named_not_the_workers():
+    # a compiled ResNet-18 step (7.8 ms) beside torchvision's call thread: 13 ms per call, the decode thread 4 ms
+    compiled = DecodeStats(
+        batches=100, takes=100, wait_seconds=0.5, lookahead_mean=0.3, backend="torchvision", submit_seconds=0.4,
+        submit_cpu_seconds=0.2, decode_seconds=0.3, call_seconds=1.3,
+    )  # fmt: skip
+    kind, words, advice = gpu_decode_cause(_evidence(compiled, step_s=0.0078), compiled)
+    assert kind == "input_bound_decode" and words == "GPU decode, the decode library's call"
+    assert "13.0 ms per batch for a 7.8 ms step (the JPEG engines not measured)" in advice[0]
+    assert "wait behind the step's work" in advice[0] and "num_workers" not in advice[0]
+    # the decode thread slower than the call: the thread is named, as before
+    thread = dataclasses.replace(compiled, submit_seconds=1.9, submit_cpu_seconds=1.2)
+    assert gpu_decode_cause(_evidence(thread, step_s=0.0078), thread)[1] == "GPU decode, the decode thread's submission"
 
 
 class TinyNet(pl.LightningModule):

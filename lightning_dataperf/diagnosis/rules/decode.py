@@ -103,6 +103,10 @@ def _cause(
         )
     if not step:
         return ("input_bound_unknown", "GPU decode, cause not measured", [f"{facts}; the step time was not measured"])
+    call = decode.per_batch(decode.call_seconds)
+    if call >= DECODE_PACE_SHARE * step and call >= wall:
+        advice = [_call_advice(facts, call, step, engine)]
+        return ("input_bound_decode", "GPU decode, the decode library's call", advice)
     if wall >= DECODE_PACE_SHARE * step:
         return (
             "input_bound_decode",
@@ -146,4 +150,17 @@ def _cause(
             f"with the {1e3 * step:.1f} ms step, so the encoded batches arrive late (the workers behind the "
             f"GpuDecodeLoader are not measured inside); {more}"
         ],
+    )
+
+
+def _call_advice(facts: str, call: float, step: float, engine: float | None) -> str:
+    """The decode library's call (in a thread of its own) takes about a step or more per batch."""
+    busy = "not measured" if engine is None else f"{engine:.0f}% busy"
+    return (
+        f"{facts}; the decode library's call takes {1e3 * call:.1f} ms per batch for a {1e3 * step:.1f} ms step "
+        f"(the JPEG engines {busy}): the decoder binds, not the loader's threads. Measured on an H200 "
+        "(benchmarks/README.md, issue 38): after the engines, nvJPEG puts a copy and a colour conversion per image "
+        "on the GPU, which wait behind the step's work, so beside a step that keeps the GPU busy a batch decodes "
+        "at a fraction of its idle rate, with every decode library tried; store the images smaller (fewer pixels "
+        "to decode), or spread the decode over more GPUs"
     )
