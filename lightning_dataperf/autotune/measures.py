@@ -97,14 +97,13 @@ class WorkerCpu:
     def _children(self) -> list[Any]:
         if self._me is None:
             return []
+        # psutil is there: self._me is a psutil.Process
+        from lightning_dataperf.telemetry.processes import loader_worker_processes
+
         try:
-            children = self._me.children(recursive=True)  # forkserver workers are the server's children
+            return loader_worker_processes(self._me)
         except Exception:
             return []
-        # psutil is there: self._me is a psutil.Process
-        from lightning_dataperf.telemetry.processes import is_shm_manager, runs_this_interpreter
-
-        return [child for child in children if not is_shm_manager(child) and runs_this_interpreter(child)]
 
     def seconds(self) -> dict[int, float]:
         """CPU seconds (user + system) of each child now, by pid: pass it to :meth:`since`."""
