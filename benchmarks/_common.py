@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmark scripts: CUDA sleep calibration, tables and JSON output."""
+"""The benchmarks' shared harness: the machine record, tables, JSON under results/, quiet Trainers, costly samples."""
 
 from __future__ import annotations
 
@@ -58,6 +58,14 @@ def write_json(name: str, payload: dict[str, Any], out_dir: str | None = None) -
     path.write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {path}")
     return path
+
+
+def quiet_trainer(**options: Any) -> pl.Trainer:
+    """A Trainer on one device with no logger, checkpoints, progress bar or model summary; ``options`` override."""
+    defaults: dict[str, Any] = dict(
+        devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    return pl.Trainer(**{**defaults, **options})
 
 
 def fit_quietly(model: pl.LightningModule, loader: Any, **trainer_options: Any) -> pl.Trainer:
@@ -123,17 +131,12 @@ def fit_with_dataperf(
     from lightning_dataperf import DataPerfCallback  # after ROOT is on sys.path
 
     perf = DataPerfCallback(print_summary=False, telemetry_interval=0.25)
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         max_epochs=epochs,
         limit_train_batches=batches,
         accelerator=accelerator,
-        devices=1,
         strategy=strategy,
         callbacks=[perf, *callbacks],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=tempfile.mkdtemp(),
         precision=precision,

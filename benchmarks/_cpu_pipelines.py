@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from _common import quiet_trainer
 from _synthetic import SmallClassifier, SyntheticImages
 
 from lightning_dataperf import DataPerfCallback, TunedDataModule
@@ -162,15 +163,10 @@ class StepClock(Callback):
 
 
 def trainer(callbacks: list[Callback], **options: Any) -> pl.Trainer:
-    return pl.Trainer(
+    return quiet_trainer(
         default_root_dir=ROOT_DIR,
         accelerator="cpu",
-        devices=1,
         max_epochs=options.pop("max_epochs", 1),
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
         **options,
     )

@@ -108,17 +108,7 @@ class TimedIterable:
 
 def traced_run(batch: torch.Tensor, cycles: int, strategy: Any, steps: int, gc_off: bool, warmup: int = 20) -> dict:
     trace, fetch, to_device = StepTrace(warmup), HostTimer(), HostTimer()
-    trainer = pl.Trainer(
-        accelerator="cuda",
-        devices=1,
-        strategy=strategy,
-        max_epochs=1,
-        logger=False,
-        callbacks=[trace],
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
+    trainer = _common.quiet_trainer(accelerator="cuda", strategy=strategy, max_epochs=1, callbacks=[trace])
     trainer.strategy.batch_to_device = to_device.wrap(trainer.strategy.batch_to_device)
     # Fetch timing wraps the strategy's processed loader, so it includes the side stream's issue + hand-over.
     process = trainer.strategy.process_dataloader

@@ -23,7 +23,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from _common import print_table, write_json
+from _common import print_table, quiet_trainer, write_json
 from _cpu_pipelines import StepClock
 from gpu_decode import PilDataset, make_set
 from torch import nn
@@ -74,16 +74,11 @@ class Jpegs(TunedDataModule):
 
 def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int) -> None:
     cuda = torch.cuda.is_available()
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         default_root_dir=ROOT_DIR,
         accelerator="cuda" if cuda else "cpu",
-        devices=1,
         precision="bf16-mixed" if cuda else "32-true",
         max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=callbacks,
     )
     if isinstance(data, DataLoader):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
-from _common import ROOT, print_table, write_json
+from _common import ROOT, print_table, quiet_trainer, write_json
 from _common import CostlySamples as Samples
 from _common import HostStepModel as CpuModel
 from _common import fit_with_dataperf as run
@@ -242,9 +242,8 @@ def straggler_rank(out_dir: str, slow_ms: float) -> None:
     sample_ms = 0.25 + (slow_ms / 8 if rank == 1 else 0.0)  # 8 samples a batch: 2 ms, or 2 + slow_ms
     loader = DataLoader(Samples(2 * 8 * STRAGGLER_BATCHES, sample_ms), batch_size=8)
     perf = DataPerfCallback(print_summary=False, telemetry_interval=0.25)
-    trainer = pl.Trainer(
-        max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", callbacks=[perf], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    trainer = quiet_trainer(
+        max_epochs=1, accelerator="cpu", devices=2, strategy="ddp", callbacks=[perf],
         num_sanity_val_steps=0, default_root_dir=out_dir, use_distributed_sampler=True,
     )  # fmt: skip
     trainer.fit(CpuModel(5.0), loader)
