@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import torch
 
 from lightning_dataperf.batches import iter_tensors, map_tensors
+from lightning_dataperf.transfer.regime import CopyRegime
 from lightning_dataperf.transfer.stats import CopyTiming
 
 __all__ = ["DEFAULT_MIN_BYTES", "DEFAULT_TIMING_EVERY", "DeviceTransform", "SideStreamCopier", "check_copy_options"]
@@ -100,6 +101,10 @@ class SideStreamCopier:
         timing_every: time one copy in this many (default 4) with CUDA events (copy time, GB/s, hidden
             share for :meth:`completed`); the others skip the timing events and their read-back.
         allocate_on_compute: where :meth:`issue` takes device memory from by default (see there).
+        stock_when_host_bound: copy large batches the stock way (pinned, ``non_blocking`` on the compute stream)
+            while the GPU is found idle at the hand-overs, where the side stream hides nothing and costs host
+            time (:class:`~lightning_dataperf.transfer.regime.CopyRegime`, :attr:`regime`); ``False``: always
+            the side stream.
 
     Example::
 
@@ -116,6 +121,7 @@ class SideStreamCopier:
         min_bytes: int = DEFAULT_MIN_BYTES,
         timing_every: int = DEFAULT_TIMING_EVERY,
         allocate_on_compute: bool = True,
+        stock_when_host_bound: bool = True,
     ) -> None:
         check_copy_options(min_bytes, timing_every)
         self.device = device
@@ -131,6 +137,7 @@ class SideStreamCopier:
         self._handed_over: deque[_HandedOver] = deque(maxlen=MAX_PENDING_COPY_RECORDS)
         self._warned: set[str] = set()
         self._side_copies = 0
+        self.regime: CopyRegime | None = CopyRegime() if stock_when_host_bound else None
 
     @property
     def stream(self) -> torch.cuda.Stream:
@@ -151,13 +158,16 @@ class SideStreamCopier:
         host_bytes = sum(tensor.nbytes for tensor in iter_tensors(batch) if tensor.device.type == "cpu")
         if host_bytes < self.min_bytes:
             return _InFlight(batch, None, host_bytes)
+        compute = torch.cuda.current_stream(self._device_index)
+        if self.regime is not None and self.regime.observe(compute_idle=compute.query()):
+            # pinned now, as the side stream would; copied on the compute stream at hand-over
+            return _InFlight(map_tensors(batch, self._pinned), None, host_bytes)
         timed = self._side_copies % self.timing_every == 0
         self._side_copies += 1
         start = self._events.take(timing=True) if timed else None
         copied = self._events.take(timing=True) if timed and self.device_transform is not None else None
         done = self._events.take(timing=timed)
         on_compute = self.allocate_on_compute if allocate_on_compute is None else allocate_on_compute
-        compute = torch.cuda.current_stream(self._device_index)
         stream = self.stream
         copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         objects: list[Any] = []  # leaves with .to() that are not tensors: moved on the side stream
@@ -174,7 +184,7 @@ class SideStreamCopier:
 
     def hand_over(self, inflight: _InFlight) -> Any:
         """Make the current (compute) stream wait for the copy, on the GPU, and return the batch."""
-        if inflight.copy_done is None:  # a small batch: the stock copy, on the compute stream
+        if inflight.copy_done is None:  # a small batch, or a host-bound run: the stock copy, on the compute stream
             batch = map_tensors(inflight.batch, self._to_device)
             return batch if self.device_transform is None else self.device_transform(batch)
         compute = torch.cuda.current_stream(self._device_index)

@@ -41,6 +41,9 @@ class SideStreamTransferMixin:
         min_bytes: smaller batches are copied the stock way, on the compute stream (default 2 MiB; see
             :class:`SideStreamCopier`).
         timing_every: time one side-stream copy in this many (default 4) for DataPerfCallback's figures.
+        stock_when_host_bound: large batches take the stock copy while the GPU is idle at the hand-overs
+            (a host-bound run, where the side stream hides nothing and costs host time; see
+            :class:`~lightning_dataperf.transfer.regime.CopyRegime`). ``False``: always the side stream.
 
     Example::
 
@@ -58,6 +61,7 @@ class SideStreamTransferMixin:
         device_transform: DeviceTransform | None = None,
         min_bytes: int = DEFAULT_MIN_BYTES,
         timing_every: int = DEFAULT_TIMING_EVERY,
+        stock_when_host_bound: bool = True,
         **kwargs: Any,
     ) -> None:
         if lookahead < 0:
@@ -69,6 +73,7 @@ class SideStreamTransferMixin:
         self.device_transform = device_transform
         self.min_bytes = min_bytes
         self.timing_every = timing_every
+        self.stock_when_host_bound = stock_when_host_bound
         self._copier: SideStreamCopier | None = None
         self._hooks_warned = False
 
@@ -86,6 +91,7 @@ class SideStreamTransferMixin:
                 self.device_transform,
                 min_bytes=self.min_bytes,
                 timing_every=self.timing_every,
+                stock_when_host_bound=self.stock_when_host_bound,
             )
         return self._copier
 

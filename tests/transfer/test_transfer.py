@@ -303,7 +303,8 @@ def test_copy_time_excludes_the_device_transform():
 @pytest.mark.cuda
 def test_reused_events_keep_every_copy_exact_and_the_compute_stream_current():
     device = torch.device("cuda", 0)
-    copier = SideStreamCopier(device, min_bytes=0, timing_every=2)
+    # the side stream throughout: the test counts its timed copies
+    copier = SideStreamCopier(device, min_bytes=0, timing_every=2, stock_when_host_bound=False)
     compute = torch.cuda.current_stream(device)
     sources = [torch.full((1 << 18,), float(value)).pin_memory() for value in range(5)]
     queue, sums, untimed_events, timings = [], [], set(), []
@@ -324,6 +325,29 @@ def test_reused_events_keep_every_copy_exact_and_the_compute_stream_current():
     assert torch.stack(sums).tolist() == expected
     assert len(timings) == 99 and all(timing.copy > 0 for timing in timings)  # timed copies handed over
     assert len(untimed_events) <= 4, "untimed copy events are taken from the pool again"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("gpu_bound", [False, True])
+def test_host_bound_runs_take_the_stock_copy_and_gpu_bound_runs_the_side_stream_exactly(gpu_bound):
+    device = torch.device("cuda", 0)
+    copier = SideStreamCopier(device)
+    step_cycles = int(2.0 * calibrate_cuda_sleep())  # a 2 ms GPU step
+    sources = [torch.full((1 << 20,), float(value)).pin_memory() for value in range(7)]  # 4 MiB: above min_bytes
+    inflight, sums = copier.issue(sources[0]), []
+    for index in range(1, 129):
+        if not gpu_bound:  # the GPU idles while the host prepares the next batch
+            torch.cuda.current_stream(device).synchronize()
+        ahead = copier.issue(sources[index % 7])
+        batch = copier.hand_over(inflight)
+        if gpu_bound:
+            torch.cuda._sleep(step_cycles)
+        sums.append(batch.sum())
+        inflight = ahead
+    torch.cuda.synchronize()
+    assert torch.stack(sums).tolist() == [float(index % 7) * (1 << 20) for index in range(128)]
+    assert copier.regime.stock is not gpu_bound
+    assert (copier.regime.stock_batches > 64) is not gpu_bound
 
 
 @pytest.mark.cuda
