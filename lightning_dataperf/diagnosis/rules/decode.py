@@ -10,7 +10,8 @@ __all__ = ["GPU_BACKENDS", "compile_prediction", "decoded_on", "gpu_decode_cause
 #: The decode libraries that decode on the GPU (``DecodeStats.backend``); ``"pil"`` is the CPU path.
 GPU_BACKENDS = ("torchvision", "nvjpeg", "nvimgcodec")
 
-#: The JPEG engines busier than this (NVML) are the decode path's limit.
+#: The JPEG engines busier than this (NVML's share of time with an engine at work) are the decode path's limit:
+#: past it a batch's images queue behind the previous batch's, as a CPU past its cores does.
 ENGINE_BUSY_PERCENT = 80.0
 #: A decode thread (or its GPU work) needing at least this share of the step per batch keeps the step waiting:
 #: below 1 because batches do not arrive evenly, and a stage with less slack than that falls behind at times.
@@ -46,6 +47,7 @@ def compile_prediction(evidence: Evidence, decode: DecodeStats) -> str | None:
         decode.per_batch(decode.call_seconds),
     )
     predicted = max(gap.gpu_busy_s, pace)
+    # a predicted gain under 5% is within what one epoch's figures can tell: no advice to compile for it
     if predicted >= 0.95 * step:
         return None
     binds = "the GPU's busy time" if gap.gpu_busy_s >= pace else "the decode path's own pace"
