@@ -104,6 +104,7 @@ class Evidence:
     def contention(self) -> str | None:
         """The step's wait for a core in words, where it is at least a tenth of the step (CPU runs)."""
         queued, step = self.queued_per_step, self.timing(tags.STEP)
+        # a tenth of the step, the bar a stage must pass to be named (SIGNIFICANT_SHARE)
         if queued is None or not step or queued < 0.1 * step:
             return None
         workers = self.loader.num_workers or 0
@@ -131,4 +132,5 @@ class Evidence:
     def host_explains_idle(self) -> bool:
         """CUDA: was the host blocked in the loader for at least half of the GPU's idle time?"""
         idle, wait = self.timing(tags.DEVICE_IDLE) or 0.0, self.timing(tags.DATA_LOADING) or 0.0
+        # half, not all: after the batch arrives the host still copies it and launches the step's first kernels
         return wait >= 0.5 * idle

@@ -218,3 +218,56 @@ def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_
     assert not [m for m in messages if "not resumable" in m], messages
     assert len(full.seen) == 12 and sorted(i for row in full.seen[:6] for i in row[1]) == list(range(24))
     assert resumed.seen == full.seen[2:], "the remaining batches of epoch 0 (same crops), then epoch 1"
+
+
+def test_a_decode_on_the_cpu_is_never_said_to_run_on_the_gpu():
+    """Issue 47: a CPU run whose decode backend is not PIL (a custom backend object, or a summary that did not
+    record it) was judged as GPU decode ("GPU decode, its time on the GPU"); it says where it ran."""
+    slow = DecodeStats(batches=100, takes=100, wait_seconds=0.4, lookahead_mean=0.3, decode_seconds=0.9)
+    for backend in ("host", ""):
+        decode = dataclasses.replace(slow, backend=backend)
+        kind, words, advice = gpu_decode_cause(_evidence(decode), decode)  # on_device=False: a CPU run
+        text = " ".join([words, *advice])
+        assert kind == "input_bound_decode" and words.startswith("decode on the CPU"), words
+        assert "GPU decode" not in text and "on the GPU" not in text and "JPEG engines" not in text, text
+        assert "run on a GPU" in advice[0]
+    assert "(host decode)" in gpu_decode_cause(_evidence(slow), dataclasses.replace(slow, backend="host"))[2][0]
+    # the same figures on a CUDA run stay a GPU decode
+    gpu_run = dataclasses.replace(_evidence(slow), summary=dataclasses.replace(_evidence(slow).summary, on_device=True))
+    assert gpu_decode_cause(gpu_run, slow)[1] == "GPU decode, its time on the GPU"
+
+
+class _SlowHostBackend:
+    """A custom backend object on the CPU: decodes with PIL into the flat buffer's ``hwc`` slots, slowly."""
+
+    name, layout = "host", "hwc"
+
+    def decode(self, data, spans, sizes, flat, bases):
+        import io
+        import time
+
+        from PIL import Image
+
+        time.sleep(0.03)  # a decode that keeps the tiny step waiting, whatever the machine's load
+        for (start, end), base, (h, w) in zip(spans, bases, sizes, strict=True):
+            image = Image.open(io.BytesIO(data[start:end].numpy().tobytes())).convert("RGB")
+            flat[base : base + 3 * h * w] = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        return [True] * len(spans), None
+
+
+def test_a_cpu_run_with_a_custom_decode_backend_gets_a_cpu_verdict(tmp_path):
+    pytest.importorskip("PIL")
+    from lightning_dataperf.decode import GpuDecodeLoader
+    from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
+
+    dataset = EncodedImageDataset(write_files(str(tmp_path / "images"), 48), seed=0)
+    loader = GpuDecodeLoader(
+        DataLoader(dataset, batch_size=4, collate_fn=collate_encoded), device="cpu", size=8, backend=_SlowHostBackend()
+    )
+    perf = DataPerfCallback(print_summary=False, telemetry=False)
+    trainer = pl.Trainer(max_epochs=1, callbacks=[perf], logger=False, **trainer_kwargs(tmp_path))
+    trainer.fit(TinyNet(), loader)
+    assert perf.last_summary.decode is not None and perf.last_summary.decode.backend == "host"
+    verdict = perf.last_diagnosis.format()
+    assert "input-bound (decode on the CPU (host backend))" in verdict, verdict
+    assert "GPU decode" not in verdict and "on the GPU" not in verdict, verdict

@@ -5,11 +5,16 @@ from __future__ import annotations
 from lightning_dataperf.decode.stats import DecodeStats
 from lightning_dataperf.diagnosis.evidence import Evidence
 
-__all__ = ["compile_prediction", "gpu_decode_cause"]
+__all__ = ["GPU_BACKENDS", "compile_prediction", "decoded_on", "gpu_decode_cause"]
 
-#: The JPEG engines busier than this (NVML) are the decode path's limit.
+#: The decode libraries that decode on the GPU (``DecodeStats.backend``); ``"pil"`` is the CPU path.
+GPU_BACKENDS = ("torchvision", "nvjpeg", "nvimgcodec")
+
+#: The JPEG engines busier than this (NVML's share of time with an engine at work) are the decode path's limit:
+#: past it a batch's images queue behind the previous batch's, as a CPU past its cores does.
 ENGINE_BUSY_PERCENT = 80.0
-#: A decode thread (or its GPU work) needing at least this share of the step per batch keeps the step waiting.
+#: A decode thread (or its GPU work) needing at least this share of the step per batch keeps the step waiting:
+#: below 1 because batches do not arrive evenly, and a stage with less slack than that falls behind at times.
 DECODE_PACE_SHARE = 0.8
 #: A host gap (the GPU idle inside the step, waiting for the training thread's launches) at least this share
 #: of the step span is worth compiling away.
@@ -42,6 +47,7 @@ def compile_prediction(evidence: Evidence, decode: DecodeStats) -> str | None:
         decode.per_batch(decode.call_seconds),
     )
     predicted = max(gap.gpu_busy_s, pace)
+    # a predicted gain under 5% is within what one epoch's figures can tell: no advice to compile for it
     if predicted >= 0.95 * step:
         return None
     binds = "the GPU's busy time" if gap.gpu_busy_s >= pace else "the decode path's own pace"
@@ -65,21 +71,52 @@ def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str,
     step = evidence.step_mean
     wall, cpu = decode.per_batch(decode.submit_seconds), decode.per_batch(decode.submit_cpu_seconds)
     gpu, engine = decode.per_batch(decode.decode_seconds), decode.jpeg_util_percent
+    where = decoded_on(evidence, decode)
     facts = (
         f"the step waited {1e3 * decode.wait_per_take:.1f} ms per batch for decoded images, with "
-        f"{decode.lookahead_mean:.1f} of them ready on average ({decode.backend or 'GPU'} decode)"
+        f"{decode.lookahead_mean:.1f} of them ready on average ({decode.backend or where} decode)"
     )
-    if decode.backend == "pil":  # no CUDA: the same loader decodes with PIL in its thread
-        return (
-            "input_bound_decode",
-            "decode on the CPU (no CUDA device)",
-            [f"{facts}; without CUDA the decode thread decodes with PIL ({1e3 * wall:.1f} ms per batch): run on a GPU"],
-        )
+    if where == "CPU":
+        return _on_cpu(decode, facts, wall)
     kind, words, advice = _cause(evidence, decode, facts, wall, cpu, gpu, engine, step)
     compiled = compile_prediction(evidence, decode)
     if compiled is not None:
         advice = [*advice, compiled]
     return kind, words, advice
+
+
+def decoded_on(evidence: Evidence, decode: DecodeStats) -> str:
+    """``"CPU"`` or ``"GPU"``: where the batches were decoded, from the evidence.
+
+    PIL decodes on the CPU (a loader on a machine without CUDA); the GPU libraries on the GPU. A backend that is
+    neither (a custom backend object, or a summary that did not record it) decodes where the run computes.
+
+    Example::
+
+        decoded_on(evidence, DecodeStats(backend="pil"))   # "CPU"
+    """
+    if decode.backend == "pil":
+        return "CPU"
+    if decode.backend in GPU_BACKENDS or evidence.summary.on_device:
+        return "GPU"
+    return "CPU"
+
+
+def _on_cpu(decode: DecodeStats, facts: str, wall: float) -> tuple[str, str, list[str]]:
+    """The decode thread decodes on the CPU: no engines, no GPU time to weigh; the advice is the GPU."""
+    took = f"{1e3 * wall:.1f} ms per batch"
+    if decode.backend in ("pil", ""):  # no CUDA: the same loader decodes with PIL in its thread
+        library = "with PIL" if decode.backend else "on the CPU"
+        return (
+            "input_bound_decode",
+            "decode on the CPU (no CUDA device)",
+            [f"{facts}; without CUDA the decode thread decodes {library} ({took}): run on a GPU"],
+        )
+    return (
+        "input_bound_decode",
+        f"decode on the CPU ({decode.backend} backend)",
+        [f"{facts}; the decode thread decodes on the CPU with the {decode.backend} backend ({took}): run on a GPU"],
+    )
 
 
 def _cause(

@@ -11,16 +11,17 @@ from lightning_dataperf.diagnosis.findings import Finding
 from lightning_dataperf.diagnosis.rules import cores
 from lightning_dataperf.diagnosis.rules import estimate as estimates
 from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
+from lightning_dataperf.diagnosis.rules.thresholds import SIGNIFICANT_SHARE
 
 __all__ = ["SIGNIFICANT_SHARE", "input_bound"]
 
-#: A stage that costs at least this share of the step is called a bottleneck.
-SIGNIFICANT_SHARE = 0.10
-#: Workers busier than this (fetch + collate over wall time, measured in the workers) are the limit.
+#: Workers busier than this (fetch + collate over wall time, measured in the workers) are the limit: below 1
+#: because a saturated worker still spends some of its time between batches (taking an index, the hand-over).
 SATURATED_BUSY = 0.85
 #: ... or, when the CPUs are spent, busier than this (idle workers on a busy machine are not its CPU load).
 BUSY_WHEN_SPENT = 0.5
-#: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect.
+#: iowait (% of a core, mean across cores) or disk %util above which storage is the suspect: a tenth of the
+#: cores' time blocked on I/O, or a disk with a request in flight most of the time.
 IOWAIT_PERCENT, DISK_UTIL_PERCENT = 10.0, 80.0
 #: ... but only when this run itself read at least this much (MiB/s, this process and its workers, any
 #: filesystem): iowait and %util are machine-wide, and another process's writes can look like storage.
