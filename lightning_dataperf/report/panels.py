@@ -13,7 +13,17 @@ from typing import Protocol
 from lightning_dataperf.tags import SUMMARY_FILE
 from lightning_dataperf.timing.summary import EpochSummary
 
-__all__ = ["COLOURS", "LABELS", "DrawnRun", "device_panel", "stall_per_epoch", "timeline", "wrap"]
+__all__ = [
+    "ALL_CORES_UNIT",
+    "COLOURS",
+    "LABELS",
+    "ONE_CORE_UNIT",
+    "DrawnRun",
+    "device_panel",
+    "stall_per_epoch",
+    "timeline",
+    "wrap",
+]
 
 Series = list[tuple[int, float]]
 
@@ -178,6 +188,12 @@ def _has_workers(run: DrawnRun) -> bool:
     return any(value > 0 for _, value in run.series("workers_cpu"))
 
 
+#: The CPU panel's two units: machine-wide use is a share of all cores (0-100), a process's is a share of one core
+#: (a process busy on two cores reads 200), so each has an axis of its own.
+ALL_CORES_UNIT = "% of all cores"
+ONE_CORE_UNIT = "% of one core"
+
+
 def device_panel(axes, run: DrawnRun) -> None:
     axes.set_xlabel("global step")
     handles = axes
@@ -191,16 +207,34 @@ def device_panel(axes, run: DrawnRun) -> None:
             handles.set_ylabel("PCIe bytes into the GPU (MB/s)")
         axes.set_title(f"GPU utilisation and PCIe traffic (NVML){_rank_zero(run)}")
     else:
-        keys = ("cpu_busy", "main_cpu", "workers_cpu") if _has_workers(run) else ("cpu_busy", "main_cpu")
-        drawn = [_line(axes, run, key) for key in keys]
-        axes.set_ylabel("% of one core")
-        title = "CPU use (no GPU in this run)" if not run.on_gpu else "CPU use (no GPU telemetry)"
-        axes.set_title(f"{title}{_rank_zero(run)}")
-        if not any(drawn):
-            _no_data_note(axes, "no Usage/ telemetry logged (DataPerfCallback(telemetry=False)?)")
+        handles = _cpu_panel(axes, run)
     lines, labels = axes.get_legend_handles_labels()
     if handles is not axes:
         more, more_labels = handles.get_legend_handles_labels()
         lines, labels = lines + more, labels + more_labels
     if lines:  # below the panel, as the top panel's: a legend inside would hide a line
         axes.legend(lines, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
+
+
+def _cpu_panel(axes, run: DrawnRun):
+    """Machine-wide CPU use on the left axis (% of all cores), the processes' on a right one (% of one core).
+
+    Returns the axes holding the processes' lines (``axes`` itself when there are none).
+    """
+    title = "CPU use (no GPU in this run)" if not run.on_gpu else "CPU use (no GPU telemetry)"
+    axes.set_title(f"{title}{_rank_zero(run)}")
+    drawn = _line(axes, run, "cpu_busy")
+    axes.set_ylabel(f"machine: {ALL_CORES_UNIT}")
+    axes.set_ylim(0, 105)
+    keys = ("main_cpu", "workers_cpu") if _has_workers(run) else ("main_cpu",)
+    if not any(run.series(key) for key in keys):
+        if not drawn:
+            _no_data_note(axes, "no Usage/ telemetry logged (DataPerfCallback(telemetry=False)?)")
+        return axes
+    processes = axes.twinx()
+    for key in keys:
+        _line(processes, run, key)
+    processes.set_ylabel(f"processes: {ONE_CORE_UNIT}")
+    # from zero, as the left axis: two scales that start apart would read as one
+    processes.set_ylim(bottom=0)
+    return processes
