@@ -45,7 +45,7 @@ class DrawnRun(Protocol):
     def series(self, key: str) -> Series: ...
 
 
-# Legend words: those of README's metric table ("meaning" column).
+# Legend words: those of docs/figures.md's table ("meaning" column).
 LABELS = {
     "data_wait": "data loading: host time blocked getting the batch",
     "transfer": "transfer: host-to-device copy",
@@ -94,11 +94,15 @@ def _rank_zero(run: DrawnRun) -> str:
     return f" (rank 0 of {run.world_size})" if run.world_size > 1 else ""
 
 
+#: The timings are logged in seconds; the report draws them in ms, the unit of the printed summary and verdict.
+MS = 1000.0
+
+
 def timeline(axes, run: DrawnRun) -> None:
     steps = [step for step, _ in run.series(run.stack[-1])]
     axes.set_title(f"Where each training step's time goes (mean per logging window){_rank_zero(run)}")
     axes.set_xlabel("global step")
-    axes.set_ylabel("s per step")
+    axes.set_ylabel("ms per step")
     if not steps:
         _no_data_note(axes, "no per-step times logged")
         return
@@ -106,14 +110,14 @@ def timeline(axes, run: DrawnRun) -> None:
     for key in run.stack:
         values = dict(run.series(key))
         if values:
-            layers.append([values.get(step, 0.0) for step in steps])
+            layers.append([values.get(step, 0.0) * MS for step in steps])
             labels.append(LABELS[key])
             colours.append(COLOURS[key])
     axes.stackplot(steps, *layers, labels=labels, colors=colours)
     idle = dict(run.series("device_idle"))
     if idle:
-        idle_s = [idle.get(step, 0.0) for step in steps]
-        axes.plot(steps, idle_s, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
+        idle_ms = [idle.get(step, 0.0) * MS for step in steps]
+        axes.plot(steps, idle_ms, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
     _ranks_data_loading(axes, run)
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
 
@@ -138,7 +142,7 @@ def _ranks_data_loading(axes, run: DrawnRun) -> None:
         for begin, end, waits, _ in spans:
             if rank < len(waits):
                 xs += [begin, end, math.nan]
-                ys += [waits[rank], waits[rank], math.nan]
+                ys += [waits[rank] * MS, waits[rank] * MS, math.nan]
         loud = rank == slowest
         axes.plot(
             xs,

@@ -1,10 +1,11 @@
-"""The report's CPU panel: machine-wide use (% of all cores) and the processes' (% of one core) on axes of their own."""
+"""The report's units: the CPU panel's machine-wide use (% of all cores) and the processes' (% of one core) on axes of
+their own; the step times in ms, as the printed summary."""
 
 from __future__ import annotations
 
 import pytest
 
-from lightning_dataperf.report.panels import ALL_CORES_UNIT, LABELS, ONE_CORE_UNIT, device_panel
+from lightning_dataperf.report.panels import ALL_CORES_UNIT, LABELS, ONE_CORE_UNIT, device_panel, timeline
 from lightning_dataperf.report.run import TAGS, RunData
 
 UNITS = (ALL_CORES_UNIT, ONE_CORE_UNIT)
@@ -57,3 +58,19 @@ def test_without_telemetry_the_cpu_panel_says_so_on_one_axis(tmp_path):
     axes = _panel_axes(RunData(tmp_path, scalars={TAGS["compute"]: [(5, 0.01)]}))
     assert len(axes) == 1 and ALL_CORES_UNIT in axes[0].get_ylabel()
     assert any("no Usage/ telemetry" in text.get_text() for text in axes[0].texts)
+
+
+def test_the_step_times_are_drawn_in_ms_as_the_printed_summary_says(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    run = RunData(
+        tmp_path, scalars={TAGS["data_wait"]: [(5, 0.036), (10, 0.034)], TAGS["compute"]: [(5, 0.01), (10, 0.01)]}
+    )
+    axes = Figure().add_subplot()
+    timeline(axes, run)
+    assert axes.get_ylabel() == "ms per step"
+    top = axes.collections[-1].get_paths()[0].vertices[:, 1].max()  # data loading + compute, stacked
+    assert top == pytest.approx(46.0)
