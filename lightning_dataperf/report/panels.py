@@ -13,7 +13,17 @@ from typing import Protocol
 from lightning_dataperf.tags import SUMMARY_FILE
 from lightning_dataperf.timing.summary import EpochSummary
 
-__all__ = ["COLOURS", "LABELS", "DrawnRun", "device_panel", "stall_per_epoch", "timeline", "wrap"]
+__all__ = [
+    "ALL_CORES_UNIT",
+    "COLOURS",
+    "LABELS",
+    "ONE_CORE_UNIT",
+    "DrawnRun",
+    "device_panel",
+    "stall_per_epoch",
+    "timeline",
+    "wrap",
+]
 
 Series = list[tuple[int, float]]
 
@@ -35,7 +45,7 @@ class DrawnRun(Protocol):
     def series(self, key: str) -> Series: ...
 
 
-# Legend words: those of README's metric table ("meaning" column).
+# Legend words: those of docs/figures.md's table ("meaning" column).
 LABELS = {
     "data_wait": "data loading: host time blocked getting the batch",
     "transfer": "transfer: host-to-device copy",
@@ -84,11 +94,15 @@ def _rank_zero(run: DrawnRun) -> str:
     return f" (rank 0 of {run.world_size})" if run.world_size > 1 else ""
 
 
+#: The timings are logged in seconds; the report draws them in ms, the unit of the printed summary and verdict.
+MS = 1000.0
+
+
 def timeline(axes, run: DrawnRun) -> None:
     steps = [step for step, _ in run.series(run.stack[-1])]
     axes.set_title(f"Where each training step's time goes (mean per logging window){_rank_zero(run)}")
     axes.set_xlabel("global step")
-    axes.set_ylabel("s per step")
+    axes.set_ylabel("ms per step")
     if not steps:
         _no_data_note(axes, "no per-step times logged")
         return
@@ -96,14 +110,14 @@ def timeline(axes, run: DrawnRun) -> None:
     for key in run.stack:
         values = dict(run.series(key))
         if values:
-            layers.append([values.get(step, 0.0) for step in steps])
+            layers.append([values.get(step, 0.0) * MS for step in steps])
             labels.append(LABELS[key])
             colours.append(COLOURS[key])
     axes.stackplot(steps, *layers, labels=labels, colors=colours)
     idle = dict(run.series("device_idle"))
     if idle:
-        idle_s = [idle.get(step, 0.0) for step in steps]
-        axes.plot(steps, idle_s, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
+        idle_ms = [idle.get(step, 0.0) * MS for step in steps]
+        axes.plot(steps, idle_ms, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
     _ranks_data_loading(axes, run)
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
 
@@ -128,7 +142,7 @@ def _ranks_data_loading(axes, run: DrawnRun) -> None:
         for begin, end, waits, _ in spans:
             if rank < len(waits):
                 xs += [begin, end, math.nan]
-                ys += [waits[rank], waits[rank], math.nan]
+                ys += [waits[rank] * MS, waits[rank] * MS, math.nan]
         loud = rank == slowest
         axes.plot(
             xs,
@@ -178,6 +192,12 @@ def _has_workers(run: DrawnRun) -> bool:
     return any(value > 0 for _, value in run.series("workers_cpu"))
 
 
+#: The CPU panel's two units: machine-wide use is a share of all cores (0-100), a process's is a share of one core
+#: (a process busy on two cores reads 200), so each has an axis of its own.
+ALL_CORES_UNIT = "% of all cores"
+ONE_CORE_UNIT = "% of one core"
+
+
 def device_panel(axes, run: DrawnRun) -> None:
     axes.set_xlabel("global step")
     handles = axes
@@ -191,16 +211,34 @@ def device_panel(axes, run: DrawnRun) -> None:
             handles.set_ylabel("PCIe bytes into the GPU (MB/s)")
         axes.set_title(f"GPU utilisation and PCIe traffic (NVML){_rank_zero(run)}")
     else:
-        keys = ("cpu_busy", "main_cpu", "workers_cpu") if _has_workers(run) else ("cpu_busy", "main_cpu")
-        drawn = [_line(axes, run, key) for key in keys]
-        axes.set_ylabel("% of one core")
-        title = "CPU use (no GPU in this run)" if not run.on_gpu else "CPU use (no GPU telemetry)"
-        axes.set_title(f"{title}{_rank_zero(run)}")
-        if not any(drawn):
-            _no_data_note(axes, "no Usage/ telemetry logged (DataPerfCallback(telemetry=False)?)")
+        handles = _cpu_panel(axes, run)
     lines, labels = axes.get_legend_handles_labels()
     if handles is not axes:
         more, more_labels = handles.get_legend_handles_labels()
         lines, labels = lines + more, labels + more_labels
     if lines:  # below the panel, as the top panel's: a legend inside would hide a line
         axes.legend(lines, labels, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
+
+
+def _cpu_panel(axes, run: DrawnRun):
+    """Machine-wide CPU use on the left axis (% of all cores), the processes' on a right one (% of one core).
+
+    Returns the axes holding the processes' lines (``axes`` itself when there are none).
+    """
+    title = "CPU use (no GPU in this run)" if not run.on_gpu else "CPU use (no GPU telemetry)"
+    axes.set_title(f"{title}{_rank_zero(run)}")
+    drawn = _line(axes, run, "cpu_busy")
+    axes.set_ylabel(f"machine: {ALL_CORES_UNIT}")
+    axes.set_ylim(0, 105)
+    keys = ("main_cpu", "workers_cpu") if _has_workers(run) else ("main_cpu",)
+    if not any(run.series(key) for key in keys):
+        if not drawn:
+            _no_data_note(axes, "no Usage/ telemetry logged (DataPerfCallback(telemetry=False)?)")
+        return axes
+    processes = axes.twinx()
+    for key in keys:
+        _line(processes, run, key)
+    processes.set_ylabel(f"processes: {ONE_CORE_UNIT}")
+    # from zero, as the left axis: two scales that start apart would read as one
+    processes.set_ylim(bottom=0)
+    return processes

@@ -51,7 +51,7 @@ def test_the_report_of_a_straggler_run_draws_each_rank_s_data_loading(tmp_path):
     assert set(ranks) == {"rank 0: data loading, epoch mean", "rank 1: data loading, epoch mean (the slowest)"}
     drawn = ranks["rank 1: data loading, epoch mean (the slowest)"].get_ydata()
     slow = [value for value in drawn if not math.isnan(value)]
-    assert slow == [0.0296] * 4  # each epoch's mean over its steps (0-16, 16-32)
+    assert slow == [29.6] * 4  # each epoch's mean over its steps (0-16, 16-32), in ms as the printed summary
     legend = {text.get_text() for text in timeline.get_legend().get_texts()}
     assert set(ranks) <= legend
 

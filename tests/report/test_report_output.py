@@ -72,7 +72,7 @@ def test_the_report_goes_next_to_its_run_and_replaces_nothing_unasked(run_dir, t
 def test_the_cpu_panel_has_no_workers_line_without_workers_and_its_legend_hides_no_line(run_dir):
     figure = render_figure(load_run(run_dir))
     device = figure.axes[2]
-    labels = [line.get_label() for line in device.lines]
+    labels = [line.get_label() for line in _panel_lines(device)]  # the processes' lines are on a twin axis
     assert LABELS["cpu_busy"] in labels and LABELS["main_cpu"] in labels
     assert LABELS["workers_cpu"] not in labels, "num_workers=0: no workers line"
     canvas = FigureCanvasAgg(figure)
@@ -83,10 +83,15 @@ def test_the_cpu_panel_has_no_workers_line_without_workers_and_its_legend_hides_
         if legend is None:
             continue
         box = legend.get_window_extent(renderer)
-        for line in axes.lines:
-            points = axes.transData.transform(line.get_xydata())
+        for line in _panel_lines(axes):
+            points = line.axes.transData.transform(line.get_xydata())
             inside = [(x, y) for x, y in points if box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1]
             assert not inside, f"the legend of {axes.get_title()!r} covers {line.get_label()!r}"
+
+
+def _panel_lines(axes) -> list:
+    """The lines of a panel, those on its twin axis (``twinx``) included."""
+    return [line for each in axes.get_shared_x_axes().get_siblings(axes) for line in each.lines]
 
 
 class _Structure(HTMLParser):
