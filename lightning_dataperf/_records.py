@@ -8,7 +8,7 @@ import functools
 import math
 from typing import Any, TypeVar
 
-__all__ = ["check", "is_count", "is_number", "keywords", "named_keys", "spelled"]
+__all__ = ["changed", "check", "is_count", "is_number", "keywords", "named_keys", "spelled"]
 
 _Record = TypeVar("_Record", bound=type)
 
@@ -72,11 +72,12 @@ def keywords(record: Any) -> dict[str, Any]:
     return {field.name: getattr(record, field.name) for field in dataclasses.fields(record)}
 
 
+def changed(record: Any) -> dict[str, Any]:
+    """The fields that differ from their defaults."""
+    defaults = {field.name: field.default for field in dataclasses.fields(record)}
+    return {name: value for name, value in keywords(record).items() if value != defaults[name]}
+
+
 def spelled(record: Any) -> str:
     """The record as one would write it: only the fields that differ from their defaults."""
-    changed = [
-        f"{field.name}={value!r}"
-        for field in dataclasses.fields(record)
-        if (value := getattr(record, field.name)) is not field.default and value != field.default
-    ]
-    return f"{type(record).__name__}({', '.join(changed)})"
+    return f"{type(record).__name__}({', '.join(f'{name}={value!r}' for name, value in changed(record).items())})"

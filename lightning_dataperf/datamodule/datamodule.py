@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from lightning_dataperf import tags
 from lightning_dataperf._lightning_hooks import resume_position
-from lightning_dataperf._records import keywords, spelled
+from lightning_dataperf._records import changed, keywords
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
 from lightning_dataperf.datamodule._options import Tuning, decode_options, tuning_mode
@@ -326,9 +326,10 @@ class TunedDataModule(pl.LightningDataModule):
             return result
         trainer = self._trainer_or_none()
         device = trainer.strategy.root_device if trainer is not None else None
-        note = f"GPU decode: wrapped in GpuDecodeLoader on {device or 'the default device'}, {spelled(self.gpu_decode)}"
+        shown = {"device": device} if device is not None else {}
+        note = ", ".join(f"{key}={value}" for key, value in {**shown, **changed(self.gpu_decode)}.items())
         for plan in plans:
-            plan.notes.append(note)
+            plan.notes.append(f"GPU decode: wrapped in GpuDecodeLoader({note})")
         return GpuDecodeLoader(result, device=device, **keywords(self.gpu_decode))
 
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
