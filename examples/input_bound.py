@@ -4,7 +4,7 @@
 
 Each sample waits 1 ms (like a read from remote storage) and the DataLoader has ``num_workers=0``, so
 the step waits for data most of the time. DataPerfCallback says so and names the fix (loader workers,
-which TunedDataModule chooses and ``autotune=True`` measures). The second run applies it.
+which TunedDataModule chooses and ``autotune=SearchTuning()`` measures). The second run applies it.
 
 Measured on the 2-core CI-like machine (``python examples/input_bound.py``)::
 
@@ -25,7 +25,7 @@ from _synthetic import SmallClassifier, SyntheticImages
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from lightning_dataperf import DataPerfCallback, TunedDataModule
+from lightning_dataperf import DataPerfCallback, SearchTuning, TunedDataModule
 
 
 class Images(TunedDataModule):
@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict[str, float | int]:
     print(before.last_diagnosis.format())
 
     cache = os.path.join(args.logdir, "input_bound_autotune.json")  # beside the logs: nothing in the temp folder
-    options = {"time_budget": args.autotune_seconds, "cache_path": cache, "force": True}
-    fixed = Images(args.samples, args.sleep_ms, autotune=True, autotune_options=options)
+    search = SearchTuning(time_budget=args.autotune_seconds, cache_path=cache, force=True)
+    fixed = Images(args.samples, args.sleep_ms, autotune=search)
     after = fit(fixed, args.logdir, "input_bound_after")
     print(after.last_diagnosis.format())
 

@@ -14,8 +14,8 @@ Options (all optional):
   --batch-size N     batch size (default 32)
   --logdir DIR       where the TensorBoard logs go (default dataperf_logs)
   --online           let the loader be tuned on the training steps themselves
-                     (TunedDataModule.from_loaders(loader, autotune="online"): workers and threads tried, the
-                     fastest kept, the same samples in the same order)
+                     (TunedDataModule.from_loaders(loader, autotune=OnlineTuning()): workers and threads tried,
+                     the fastest kept, the same samples in the same order)
 
 With the default --workers 0 each batch is loaded in the training process, so the run is input-bound
 and the verdict says so; try --workers 2 to see it change.
@@ -30,7 +30,7 @@ from _synthetic import SmallClassifier, SyntheticImages
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
-from lightning_dataperf import DataPerfCallback, TunedDataModule
+from lightning_dataperf import DataPerfCallback, OnlineTuning, TunedDataModule
 
 
 def main(argv: list[str] | None = None) -> DataPerfCallback:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> DataPerfCallback:
         enable_checkpointing=False,
     )
     if args.online:
-        trainer.fit(SmallClassifier(), datamodule=TunedDataModule.from_loaders(train, autotune="online"))
+        trainer.fit(SmallClassifier(), datamodule=TunedDataModule.from_loaders(train, autotune=OnlineTuning()))
     else:
         trainer.fit(SmallClassifier(), train)
     print(f"\nTensorBoard logs: {trainer.logger.log_dir}\n  tensorboard --logdir {args.logdir}")

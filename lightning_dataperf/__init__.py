@@ -22,9 +22,12 @@ __version__ = "0.1.0"
 # the front door: name -> subpackage that exports it (loaded on first use, so the import stays torch-free)
 _EXPORTS = {
     "AutotuneResult": "autotune",
+    "OnlineTuning": "autotune",
+    "SearchTuning": "autotune",
     "autotune_loader": "autotune",
     "DataPerfCallback": "callback",
     "TunedDataModule": "datamodule",
+    "GpuDecodeOptions": "decode",
     "Diagnosis": "diagnosis",
     "Finding": "diagnosis",
     "diagnose": "diagnosis",
@@ -60,8 +63,11 @@ __all__ = [
     "Diagnosis",
     "EpochSummary",
     "Finding",
+    "GpuDecodeOptions",
     "Hardware",
     "LoaderSettings",
+    "OnlineTuning",
+    "SearchTuning",
     "ShareBy",
     "SideStreamDDPStrategy",
     "SideStreamStrategy",
@@ -75,9 +81,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from lightning_dataperf.autotune import AutotuneResult, autotune_loader
+    from lightning_dataperf.autotune import AutotuneResult, OnlineTuning, SearchTuning, autotune_loader
     from lightning_dataperf.callback import DataPerfCallback
     from lightning_dataperf.datamodule import TunedDataModule
+    from lightning_dataperf.decode import GpuDecodeOptions
     from lightning_dataperf.diagnosis import Diagnosis, Finding, diagnose
     from lightning_dataperf.loader import LoaderSettings, ShareBy, recommend_loader_settings
     from lightning_dataperf.telemetry import Hardware, probe_hardware

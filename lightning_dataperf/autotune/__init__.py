@@ -8,6 +8,8 @@ from lightning_dataperf._lazy import attach
 
 __all__ = [
     "AutotuneResult",
+    "OnlineTuning",
+    "SearchTuning",
     "TransferPath",
     "Trial",
     "autotune_loader",
@@ -17,6 +19,7 @@ __all__ = [
 if TYPE_CHECKING:
     from lightning_dataperf.autotune.cache import default_cache_path
     from lightning_dataperf.autotune.consumer import TransferPath
+    from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
     from lightning_dataperf.autotune.result import AutotuneResult
     from lightning_dataperf.autotune.trial import Trial
     from lightning_dataperf.autotune.tune import autotune_loader
@@ -26,6 +29,8 @@ __getattr__, __dir__ = attach(
     {
         "autotune_loader": "tune",
         "AutotuneResult": "result",
+        "OnlineTuning": "options",
+        "SearchTuning": "options",
         "TransferPath": "consumer",
         "Trial": "trial",
         "default_cache_path": "cache",

@@ -123,7 +123,7 @@ def _warn_once(path: Path, action: str, error: BaseException) -> None:
     _WARNED.add(str(path))
     warnings.warn(
         f"DataPerf autotune cannot {action} its cache {path} ({error}); training goes on, but the next run "
-        "searches again. Point LIGHTNING_DATAPERF_CACHE (or autotune_options={'cache_path': ...}) at a "
+        "searches again. Point LIGHTNING_DATAPERF_CACHE (or SearchTuning(cache_path=...)) at a "
         "writable file.",
         stacklevel=3,
     )

@@ -16,11 +16,16 @@ from typing_extensions import override
 
 from lightning_dataperf import tags
 from lightning_dataperf._lightning_hooks import resume_position
+from lightning_dataperf._records import changed, keywords
 from lightning_dataperf.autotune.online import OnlineResult
+from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
+from lightning_dataperf.datamodule._options import Tuning, decode_options, tuning_mode
 from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
+from lightning_dataperf.decode.loader import GpuDecodeLoader
+from lightning_dataperf.decode.options import GpuDecodeOptions
 from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
 from lightning_dataperf.loader.rebuild import loader_arguments
 from lightning_dataperf.loader.sampler import (
@@ -48,17 +53,18 @@ class TunedDataModule(pl.LightningDataModule):
         unpadded_eval: shard validation/test loaders without padding, so distributed metrics count
             every sample exactly once (ranks may then run one step fewer).
         data_path: where the data lives, to take the storage into account.
-        autotune: ``True``: measure loader settings on the real training set before training
-            (see :func:`lightning_dataperf.autotune_loader`); ``autotune_options`` are passed on.
-            ``"online"``: start from the policy's settings and try neighbouring ones (workers, prefetch,
-            pinning on CUDA, the training process's intra-op threads on CPU) on the training steps
-            themselves, keeping the fastest (:attr:`online_result`); samples and their order are unchanged.
+        autotune: :class:`~lightning_dataperf.OnlineTuning`: start from the policy's settings and try neighbouring
+            ones (workers, prefetch, pinning on CUDA, the training process's intra-op threads on CPU) on the
+            training steps themselves, keeping the fastest (:attr:`online_result`); samples and their order are
+            unchanged. :class:`~lightning_dataperf.SearchTuning`: measure loader settings on the real training set
+            before training (:func:`lightning_dataperf.autotune_loader`, :attr:`autotune_result`). ``None``: the
+            policy's settings, nothing measured. (``True``, ``"online"`` and ``autotune_options``: deprecated.)
         verbose: print the chosen settings and reasons once on rank zero.
         intra_op_threads: CPU training: ``"auto"`` cuts ``torch.set_num_threads`` where the training loader's workers
             and the intra-op threads would outnumber the cores; an ``int`` sets it; ``None``: left alone.
-        gpu_decode: decode JPEGs on the GPU (``True``, or the options of
-            :class:`~lightning_dataperf.decode.GpuDecodeLoader`, e.g. ``{"size": 224, "dtype":
-            torch.bfloat16}``): a loader over an :class:`~lightning_dataperf.decode.encoded.EncodedImageDataset`
+        gpu_decode: decode JPEGs on the GPU with these :class:`~lightning_dataperf.GpuDecodeOptions`, e.g.
+            ``GpuDecodeOptions(size=224, dtype=torch.bfloat16)``: a loader over an
+            :class:`~lightning_dataperf.decode.encoded.EncodedImageDataset`
             gets ``collate_fn=collate_encoded`` (unless you pass one), at most 4 workers unless you say (they
             only read files) and is returned wrapped in a ``GpuDecodeLoader`` on the run's device; the step
             receives ``(images, labels)`` there. A hook's single ``DataLoader`` is wrapped; a list or dict of
@@ -68,7 +74,7 @@ class TunedDataModule(pl.LightningDataModule):
 
         class MyData(TunedDataModule):
             def __init__(self):
-                super().__init__(seed=42, autotune=True, autotune_options={"time_budget": 20})
+                super().__init__(seed=42, autotune=SearchTuning(time_budget=20))  # or OnlineTuning()
 
             def train_dataloader(self):
                 return DataLoader(self.train_set, batch_size=64, shuffle=True)
@@ -92,24 +98,21 @@ class TunedDataModule(pl.LightningDataModule):
         shard_drop_last: bool = False,
         unpadded_eval: bool = False,
         data_path: str | os.PathLike[str] | None = None,
-        autotune: bool | str = False,
+        autotune: OnlineTuning | SearchTuning | None = None,
         autotune_options: dict[str, Any] | None = None,
         verbose: bool = True,
-        gpu_decode: bool | dict[str, Any] | None = False,
+        gpu_decode: GpuDecodeOptions | None = None,
         intra_op_threads: int | str | None = "auto",
     ) -> None:
         super().__init__()
         self._threads = ThreadsBeside(intra_op_threads)
-        off = gpu_decode is False or gpu_decode is None
-        self.gpu_decode = None if off else ({} if gpu_decode is True else dict(gpu_decode))  # {}: the defaults
+        # the old spellings (True, "online", dicts) become records here, so a misspelt option fails now, not in fit
+        self.autotune: Tuning = tuning_mode(autotune, autotune_options)
+        self.gpu_decode = decode_options(gpu_decode)
         self.seed = seed
         self.shard_drop_last = shard_drop_last
         self.unpadded_eval = unpadded_eval
         self.data_path = data_path
-        if autotune not in (False, True, "online"):
-            raise ValueError(f"autotune={autotune!r}: use False, True (a search before training) or 'online'")
-        self.autotune = autotune
-        self.autotune_options = dict(autotune_options or {})
         self.verbose = verbose
         self.loader_plans: dict[str, list[LoaderPlan]] = {}
         self.autotune_result: Any = None
@@ -142,7 +145,7 @@ class TunedDataModule(pl.LightningDataModule):
 
         Example::
 
-            trainer.fit(model, datamodule=TunedDataModule.from_loaders(train_loader, autotune="online"))
+            trainer.fit(model, datamodule=TunedDataModule.from_loaders(train_loader, autotune=OnlineTuning()))
         """
         if val is None:
             return _TrainLoaderModule(train, **options)
@@ -150,7 +153,7 @@ class TunedDataModule(pl.LightningDataModule):
 
     @property
     def online_result(self) -> OnlineResult | None:
-        """With ``autotune="online"``: what the loop measured on this run's steps and what it kept."""
+        """With ``autotune=OnlineTuning(...)``: what the loop measured on this run's steps and what it kept."""
         return None if self._online is None else self._online.result
 
     # ------------------------------------------------------------------ settings
@@ -190,7 +193,7 @@ class TunedDataModule(pl.LightningDataModule):
     def _plan(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
         check_loader_kwargs(explicit, self.hardware, self._accelerator())
         encoded = self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset"))
-        if stage == "train" and self.autotune is True and self.autotune_result is None:
+        if stage == "train" and isinstance(self.autotune, SearchTuning) and self.autotune_result is None:
             # the trials read the batches the way training will: encoded, through collate_encoded
             collate = {name: value for name, (value, _) in encoded_loader_defaults(explicit, None).items()}
             self._run_autotune({**explicit, **collate} if encoded else explicit)
@@ -214,10 +217,11 @@ class TunedDataModule(pl.LightningDataModule):
             workers = updates.get("num_workers", workers)
         shared = SharedEpoch()
         updates.update(self._sampler(stage, explicit, plan, shared, workers))
-        if workers or self.autotune == "online":  # the loop may start workers later
+        online = isinstance(self.autotune, OnlineTuning)
+        if workers or online:  # the loop may start workers later
             user_init = explicit.get("worker_init_fn")
             updates["worker_init_fn"] = EpochSeededWorkerInit(
-                self._seed(), self._ranks()[0], shared, user_init, batch_seeded=self.autotune == "online"
+                self._seed(), self._ranks()[0], shared, user_init, batch_seeded=online
             )
             # autotune measures the training loader
             tuned = self.autotune_result if stage == "train" else None
@@ -267,7 +271,7 @@ class TunedDataModule(pl.LightningDataModule):
             position = functools.partial(resume_position, trainer)
         listeners = [shared.set]
         # the online loop may load in this process later: its copy of the dataset follows the epochs too
-        if (not workers or self.autotune == "online") and callable(getattr(dataset, "set_epoch", None)):
+        if (not workers or isinstance(self.autotune, OnlineTuning)) and callable(getattr(dataset, "set_epoch", None)):
             listeners.append(dataset.set_epoch)  # type: ignore[union-attr]
         options = dict(position=position, batch_size=explicit.get("batch_size", 1) or 1, on_epoch=listeners)
         if custom is not None and world > 1:
@@ -312,26 +316,21 @@ class TunedDataModule(pl.LightningDataModule):
                 "batch), your generators restored after it (same draws after a resume; ~0.2 ms per batch)"
             )
         trainer = self._trainer_or_none()
-        if self.autotune == "online" and trainer is not None:
-            seeding = (self._seed(), self._ranks()[0])
-            self._online = attach_online(
-                loader, trainer, self.hardware.cpus_per_rank, plan.notes, seeding, self.autotune_options
-            )
+        if isinstance(self.autotune, OnlineTuning) and trainer is not None:
+            seeding, options = (self._seed(), self._ranks()[0]), keywords(self.autotune)
+            self._online = attach_online(loader, trainer, self.hardware.cpus_per_rank, plan.notes, seeding, options)
 
     def _decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
         """``gpu_decode``: a hook's loader over encoded JPEGs comes back wrapped in a ``GpuDecodeLoader``."""
         if self.gpu_decode is None or not isinstance(result, DataLoader) or not is_encoded_dataset(result.dataset):
             return result
-        from lightning_dataperf.decode import GpuDecodeLoader
-
         trainer = self._trainer_or_none()
-        options = {"device": trainer.strategy.root_device} if trainer is not None else {}
-        options.update(self.gpu_decode)
+        device = trainer.strategy.root_device if trainer is not None else None
+        shown = {"device": device} if device is not None else {}
+        note = ", ".join(f"{key}={value}" for key, value in {**shown, **changed(self.gpu_decode)}.items())
         for plan in plans:
-            plan.notes.append(
-                f"GPU decode: wrapped in GpuDecodeLoader({', '.join(f'{k}={v}' for k, v in options.items())})"
-            )
-        return GpuDecodeLoader(result, **options)
+            plan.notes.append(f"GPU decode: wrapped in GpuDecodeLoader({note})")
+        return GpuDecodeLoader(result, device=device, **keywords(self.gpu_decode))
 
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
         from lightning_dataperf.autotune.tune import not_map_style
@@ -340,7 +339,7 @@ class TunedDataModule(pl.LightningDataModule):
         if (problem := not_map_style(explicit.get("dataset"))) is not None:  # no search: the policy's settings stay
             settings = self.loader_settings
             rank_zero_warn(
-                f"TunedDataModule(autotune=True): {problem} Training goes on with the policy's settings "
+                f"TunedDataModule(autotune=SearchTuning(...)): {problem} Training goes on with the policy's settings "
                 f"(num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
                 f"pin_memory={settings.pin_memory}).",
                 category=UserWarning,

@@ -9,16 +9,19 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 
 from lightning_dataperf import tags
+from lightning_dataperf._records import keywords
 from lightning_dataperf.autotune.consumer import TransferPath
+from lightning_dataperf.autotune.options import SearchTuning
 from lightning_dataperf.autotune.tune import AutotuneResult, autotune_loader
 
 __all__ = ["autotune_for_datamodule", "transfer_path_of"]
 
-_PATH_OPTIONS = ("step_seconds", "host_step_seconds", "step_fn", "device_transform", "side_stream")
+#: :class:`SearchTuning`'s fields that describe the transfer path (:func:`transfer_path_of`), not the search.
+_PATH_FIELDS = ("step_seconds", "host_step_seconds", "step_fn", "device_transform", "side_stream")
 
 
-def transfer_path_of(trainer: Any, options: Mapping[str, Any]) -> TransferPath:
-    """The path the Trainer's batches take: its device, stock copy or side stream, and the options' step."""
+def transfer_path_of(trainer: Any, tuning: SearchTuning) -> TransferPath:
+    """The path the Trainer's batches take: its device, stock copy or side stream, and the modelled step."""
     from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
 
     strategy = trainer.strategy if trainer is not None else None
@@ -28,7 +31,7 @@ def transfer_path_of(trainer: Any, options: Mapping[str, Any]) -> TransferPath:
     elif trainer is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     side = isinstance(strategy, SideStreamTransferMixin) and strategy.side_stream_active
-    step = {key: options[key] for key in ("step_seconds", "host_step_seconds", "step_fn") if key in options}
+    step = dict(step_seconds=tuning.step_seconds, host_step_seconds=tuning.host_step_seconds, step_fn=tuning.step_fn)
     if side:
         return TransferPath(
             device=device,
@@ -38,46 +41,40 @@ def transfer_path_of(trainer: Any, options: Mapping[str, Any]) -> TransferPath:
             device_transform=strategy.device_transform,
             **step,
         )
-    return TransferPath(
-        device=device,
-        side_stream=bool(options.get("side_stream", False)),
-        device_transform=options.get("device_transform"),
-        **step,
-    )
+    return TransferPath(device=device, side_stream=tuning.side_stream, device_transform=tuning.device_transform, **step)
 
 
-def _progress_of(trainer: Any, options: Mapping[str, Any]) -> Any:
-    if "progress" in options:
-        return options["progress"]
-    if trainer is None:
-        return "auto"
+def _progress_of(trainer: Any, progress: Any) -> Any:
+    # "auto" in a run follows the Trainer: its bar shows, so does the search's
+    if progress != "auto" or trainer is None:
+        return progress
     return "bar" if getattr(trainer, "progress_bar_callback", None) is not None else "log"
 
 
 def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> AutotuneResult:
     """Run the search for a TunedDataModule's training loader; rank zero searches, the others receive it.
 
-    The trials take the path the Trainer's batches will take (:func:`transfer_path_of`); progress, and where the
-    result is shown, are in docs/datamodule.md (section 3).
+    ``module.autotune`` is its :class:`~lightning_dataperf.autotune.options.SearchTuning`. The trials take the
+    path the Trainer's batches will take (:func:`transfer_path_of`); progress, and where the result is shown,
+    are in docs/datamodule.md (section 3).
 
     Example::
 
         class Data(TunedDataModule):
             ...
-        Trainer(...).fit(model, datamodule=Data(autotune=True))   # calls autotune_for_datamodule once
+        Trainer(...).fit(model, datamodule=Data(autotune=SearchTuning()))   # calls autotune_for_datamodule once
     """
-    options = dict(module.autotune_options)
+    tuning: SearchTuning = module.autotune
     trainer = getattr(module, "trainer", None)
     loader_kwargs = {key: value for key, value in explicit.items() if key not in {"dataset", "batch_size"}}
-    modelled = any(options.get(key) for key in ("step_seconds", "host_step_seconds", "step_fn"))
+    options = {name: value for name, value in keywords(tuning).items() if name not in _PATH_FIELDS}
     # Without a modelled step the trials would reward loading in the main process, which training keeps busy.
-    options.setdefault("min_workers", 0 if modelled else 1)
-    if trainer is not None:
-        options.setdefault("max_epochs", trainer.max_epochs)
-    path = transfer_path_of(trainer, options)
-    options["progress"] = _progress_of(trainer, options)
-    for key in _PATH_OPTIONS:
-        options.pop(key, None)
+    if tuning.min_workers is None:
+        options["min_workers"] = 0 if tuning.models_a_step else 1
+    if tuning.max_epochs is None and trainer is not None:
+        options["max_epochs"] = trainer.max_epochs
+    path = transfer_path_of(trainer, tuning)
+    options["progress"] = _progress_of(trainer, tuning.progress)
     result = None
     if trainer is None or trainer.is_global_zero:
         result = autotune_loader(

@@ -11,6 +11,7 @@ __all__ = [
     "DecodeStats",
     "EncodedImageDataset",
     "GpuDecodeLoader",
+    "GpuDecodeOptions",
     "JpegDecoder",
     "collate_encoded",
 ]
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from lightning_dataperf.decode.decoder import DecodeError, JpegDecoder
     from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
     from lightning_dataperf.decode.loader import GpuDecodeLoader
+    from lightning_dataperf.decode.options import GpuDecodeOptions
     from lightning_dataperf.decode.stats import DecodeStats
 
 __getattr__, __dir__ = attach(
@@ -27,6 +29,7 @@ __getattr__, __dir__ = attach(
         "DecodeError": "decoder",
         "JpegDecoder": "decoder",
         "GpuDecodeLoader": "loader",
+        "GpuDecodeOptions": "options",
         "EncodedImageDataset": "encoded",
         "collate_encoded": "encoded",
         "DecodeStats": "stats",

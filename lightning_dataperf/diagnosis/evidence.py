@@ -117,9 +117,9 @@ class Evidence:
             " only the model's work; fewer intra-op threads (torch.set_num_threads) or workers may be faster:"
             + (
                 # the run already has the loop: sent to it again, a user would not know why it stopped
-                " the online loop tries both while its cost cap allows (autotune_options max_cost)"
+                " the online loop tries both while its cost cap allows (OnlineTuning(max_cost=...))"
                 if self.measured_online
-                else ' TunedDataModule(autotune="online") measures both on these steps'
+                else " TunedDataModule(autotune=OnlineTuning()) measures both on these steps"
             )
         )
 

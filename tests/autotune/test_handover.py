@@ -12,7 +12,7 @@ import torch.multiprocessing
 from autotune_fakes import FakeRunner, search_with
 from helpers import IndexData, IndexedDataset, RecordingModel, fake_hardware, trainer_kwargs
 
-from lightning_dataperf import ShareBy, recommend_loader_settings
+from lightning_dataperf import SearchTuning, ShareBy, recommend_loader_settings
 from lightning_dataperf.autotune.consumer import TransferPath
 from lightning_dataperf.autotune.runner import TrialRunner
 from lightning_dataperf.autotune.search import Search
@@ -225,8 +225,8 @@ def test_tuned_datamodule_applies_the_measured_hand_over_and_the_batches_are_the
         trainer.fit(model, datamodule=datamodule)
         return model, datamodule, trainer
 
-    shared, module, trainer = fit(True)
-    plain, _, _ = fit(False)
+    shared, module, trainer = fit(SearchTuning())
+    plain, _, _ = fit(None)
     assert shared.rows == plain.rows  # the same samples, order and worker draws
     init = trainer.train_dataloader.worker_init_fn
     assert (

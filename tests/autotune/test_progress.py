@@ -5,7 +5,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from helpers import IndexData, RecordingModel, trainer_kwargs
 
-from lightning_dataperf import autotune_loader
+from lightning_dataperf import SearchTuning, autotune_loader
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -24,9 +24,7 @@ def test_datamodule_progress_follows_the_trainer_and_can_be_silenced(tmp_path, m
     monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
 
     def fit(**options):
-        datamodule = IndexData(
-            length=64, seed=3, autotune=True, autotune_options=dict(time_budget=1.0, **options), verbose=False
-        )
+        datamodule = IndexData(length=64, seed=3, autotune=SearchTuning(time_budget=1.0, **options), verbose=False)
         kwargs = dict(trainer_kwargs(tmp_path), enable_progress_bar=False)
         pl.Trainer(max_epochs=1, logger=False, **kwargs).fit(RecordingModel(), datamodule=datamodule)
         captured = capsys.readouterr()

@@ -130,6 +130,7 @@ def test_a_busy_step_bounds_the_rate_on_the_host():
 def test_trials_take_the_strategys_path_side_stream_pinned_only():
     from types import SimpleNamespace
 
+    from lightning_dataperf.autotune.options import SearchTuning
     from lightning_dataperf.datamodule.tuning import transfer_path_of
     from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
 
@@ -142,13 +143,13 @@ def test_trials_take_the_strategys_path_side_stream_pinned_only():
 
     strategy = FakeSideStream.__new__(FakeSideStream)
     strategy.pin, strategy.min_bytes, strategy.device_transform = True, 1024, transform
-    path = transfer_path_of(SimpleNamespace(strategy=strategy), {"step_seconds": 0.011})
+    path = transfer_path_of(SimpleNamespace(strategy=strategy), SearchTuning(step_seconds=0.011))
     assert path.side_stream and path.pin_choices() == (True,) and path.min_bytes == 1024
     assert path.device_transform is transform and path.step_seconds == 0.011
     stock = SimpleNamespace(root_device=torch.device("cuda", 0))
-    assert transfer_path_of(SimpleNamespace(strategy=stock), {}).pin_choices() == (True, False)
+    assert transfer_path_of(SimpleNamespace(strategy=stock), SearchTuning()).pin_choices() == (True, False)
     host = SimpleNamespace(root_device=torch.device("cpu"))
-    assert transfer_path_of(SimpleNamespace(strategy=host), {}).describe() == "host"
+    assert transfer_path_of(SimpleNamespace(strategy=host), SearchTuning()).describe() == "host"
 
 
 def test_a_repeat_of_the_last_trial_reuses_its_workers(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from autotune_fakes import SlowSamples
 from helpers import IndexData, RecordingModel, run_two_ranks, trainer_kwargs
 
-from lightning_dataperf import autotune_loader
+from lightning_dataperf import SearchTuning, autotune_loader
 from lightning_dataperf.testing import SleepingLoaderDataset
 
 
@@ -49,7 +49,7 @@ def test_training_order_is_the_same_with_and_without_autotune(tmp_path, monkeypa
         pl.seed_everything(3)
         model = RecordingModel()
         options = dict(time_budget=2.0, batch_budget=20)
-        datamodule = IndexData(length=64, seed=3, autotune=autotune, autotune_options=options, verbose=False)
+        datamodule = IndexData(length=64, seed=3, autotune=SearchTuning(**options) if autotune else None, verbose=False)
         trainer = pl.Trainer(max_epochs=2, logger=False, **trainer_kwargs(tmp_path))
         trainer.fit(model, datamodule=datamodule)
         return model, datamodule
@@ -80,7 +80,7 @@ def test_first_epoch_start_up_excludes_the_search_and_the_verdict_quotes_it(tmp_
     # out: trials end at their time cap or once decided, so the search takes long enough (about its 2.5 s
     # budget) to tell apart from the start-up (256 samples let trials end on their data, searches of 0.8 s)
     options = dict(time_budget=2.5, batch_budget=100_000, precision=1e-4, progress=False, force=True)
-    datamodule = IndexData(length=16_384, seed=3, autotune=True, autotune_options=options, verbose=False)
+    datamodule = IndexData(length=16_384, seed=3, autotune=SearchTuning(**options), verbose=False)
     perf = DataPerfCallback(print_summary=False, telemetry=False)
     kwargs = trainer_kwargs(tmp_path, limit_train_batches=16)
     trainer = pl.Trainer(max_epochs=1, logger=False, callbacks=[perf], **kwargs)

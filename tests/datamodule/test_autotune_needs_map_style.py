@@ -44,7 +44,9 @@ class CountingModel(pl.LightningModule):
 
 def test_autotune_over_an_iterable_dataset_warns_and_trains_with_the_policy(tmp_path, monkeypatch):
     monkeypatch.setenv("LIGHTNING_DATAPERF_CACHE", str(tmp_path / "cache.json"))
-    datamodule = StreamData(autotune=True, autotune_options={"time_budget": 1.0}, verbose=False)
+    # the deprecated spelling (kept for one release): SearchTuning(time_budget=1.0), refused the same way
+    with pytest.warns(DeprecationWarning, match=r"autotune=SearchTuning\(time_budget=1\.0\)"):
+        datamodule = StreamData(autotune=True, autotune_options={"time_budget": 1.0}, verbose=False)
     model = CountingModel()
     trainer = pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(tmp_path))
     with pytest.warns(UserWarning, match="autotune needs a map-style dataset") as caught:

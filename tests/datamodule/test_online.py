@@ -1,4 +1,4 @@
-"""autotune="online": settings tried on the training steps, the same samples in the same order."""
+"""autotune=OnlineTuning(...): settings tried on the training steps, the same samples in the same order."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lightning_dataperf.autotune.online import Setting, SettingSpace
+from lightning_dataperf.autotune.options import OnlineTuning
 from lightning_dataperf.telemetry.processes import loader_worker_processes
 
 #: every trial ends at its first 8 counted batches, so the loop switches whatever the machine's speed
@@ -33,7 +34,7 @@ def indices(model):
 
 
 def online(**kwargs):
-    return IndexData(length=240, workers=1, seed=5, verbose=False, autotune="online", autotune_options=QUICK, **kwargs)
+    return IndexData(length=240, workers=1, seed=5, verbose=False, autotune=OnlineTuning(**QUICK), **kwargs)
 
 
 def test_the_loop_switches_settings_and_the_model_sees_the_untuned_order(tmp_path):
@@ -96,7 +97,7 @@ def test_online_is_off_with_a_reason_where_it_cannot_run(tmp_path):
 
 
 def test_a_bad_autotune_value_names_the_choices():
-    with pytest.raises(ValueError, match="'online'"):
+    with pytest.raises(TypeError, match=r"autotune='onlin'\): use autotune=OnlineTuning\(\.\.\.\).*SearchTuning"):
         IndexData(autotune="onlin")
 
 
@@ -237,7 +238,12 @@ def test_a_persistent_loaders_workers_outlive_the_epoch_once_the_search_has_ende
 
     # no budget: the search ends on its first trial, at the start
     options = {**QUICK, "max_cost": 0.0}
-    datamodule = IndexData(length=240, workers=1, seed=5, verbose=False, autotune="online", autotune_options=options)
+    # the deprecated spelling (kept for one release) runs the same loop: OnlineTuning(**options)
+    with pytest.warns(DeprecationWarning, match=r"autotune=OnlineTuning\(.*max_cost=0\.0"):
+        datamodule = IndexData(
+            length=240, workers=1, seed=5, verbose=False, autotune="online", autotune_options=options
+        )
+    assert datamodule.autotune == OnlineTuning(**options)
     workers = Workers()
     fit(tmp_path, datamodule, callbacks=[workers])
     assert datamodule.loader_plans["train"][0].chosen.get("persistent_workers", True)
@@ -255,9 +261,7 @@ def test_a_plain_dataloader_gets_the_loop_in_one_line_and_keeps_its_own_settings
         return DataLoader(IndexedDataset(240), batch_size=4, shuffle=True, drop_last=True, num_workers=0)
 
     untuned = fit(tmp_path / "untuned", TunedDataModule.from_loaders(loader(), seed=5, verbose=False))
-    datamodule = TunedDataModule.from_loaders(
-        loader(), seed=5, verbose=False, autotune="online", autotune_options=QUICK
-    )
+    datamodule = TunedDataModule.from_loaders(loader(), seed=5, verbose=False, autotune=OnlineTuning(**QUICK))
     tuned = fit(tmp_path / "online", datamodule)
     plan = datamodule.loader_plans["train"][0]
     assert plan.explicit["num_workers"] == 0 and plan.explicit["drop_last"] is True, "what the user set is kept"

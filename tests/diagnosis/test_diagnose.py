@@ -85,7 +85,7 @@ def test_cpu_bound_workers_with_idle_cores_are_told_to_add_workers():
     # 50 ms steps with 2 of 8 workers' throughput -> 12.5 ms, floored at 18 ms of compute (2.78x), is an
     # estimate, and never above the ceiling of a 60% stall removed altogether (2.50x)
     assert "an estimate from this epoch: up to 2.50x, 50.0 -> 20.0 ms; not measured: what the added workers" in advice
-    assert 'measure it on your steps: TunedDataModule(autotune="online"), or for a plain DataLoader' in advice
+    assert "measure it on your steps: TunedDataModule(autotune=OnlineTuning()), or for a plain DataLoader" in advice
     assert "GPU" not in advice, "a CPU run gets no GPU advice"
 
 

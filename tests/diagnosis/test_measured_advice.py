@@ -46,12 +46,12 @@ def test_contention_for_the_cores_is_named_on_a_cpu_run():
     assert "together waited 49.8 ms per 83.0-ms step for a core" in advice
     assert "(2 worker processes and 2 intra-op threads share 2 cores)" in advice
     assert "mixed precision" not in advice, "bf16 measured slower on a CPU: not advised there"
-    assert 'TunedDataModule(autotune="online") measures both' in advice
+    assert "TunedDataModule(autotune=OnlineTuning()) measures both" in advice
     # a run that has the loop already is not sent to it again: told why it may not have tried them
     looped = dataclasses.replace(evidence, measured_online=MEASURED)
     advice = " ".join(diagnose(looped).findings[0].advice)
     assert "the online loop tries both while its cost cap allows" in advice
-    assert 'TunedDataModule(autotune="online") measures both' not in advice
+    assert "TunedDataModule(autotune=OnlineTuning()) measures both" not in advice
 
 
 def test_a_quiet_cpu_run_and_a_cuda_run_get_no_contention_words():

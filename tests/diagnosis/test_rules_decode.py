@@ -13,7 +13,7 @@ import torch
 from helpers import trainer_kwargs, write_files
 from torch.utils.data import DataLoader
 
-from lightning_dataperf import DataPerfCallback
+from lightning_dataperf import DataPerfCallback, GpuDecodeOptions
 from lightning_dataperf.decode.stats import DecodeStats
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
@@ -142,7 +142,10 @@ def test_tuned_datamodule_gpu_decode_is_one_switch(tmp_path):
             Checked.shapes.append((tuple(images.shape), images.device.type, labels.dtype))
             return super().training_step(batch, batch_idx)
 
-    data = Images(seed=0, gpu_decode={"size": 8}, verbose=False)
+    # the deprecated spelling (kept for one release) is GpuDecodeOptions(size=8), and decodes the same way
+    with pytest.warns(DeprecationWarning, match=r"gpu_decode=GpuDecodeOptions\(size=8\)"):
+        data = Images(seed=0, gpu_decode={"size": 8}, verbose=False)
+    assert data.gpu_decode == GpuDecodeOptions(size=8)
     trainer = pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(tmp_path))
     trainer.fit(Checked(), datamodule=data)
     assert isinstance(trainer.train_dataloader, GpuDecodeLoader) or isinstance(
@@ -162,7 +165,8 @@ def test_gpu_decode_loader_defaults_cap_the_policy_but_not_a_choice():
     assert "num_workers" not in encoded_loader_defaults({"num_workers": 12}, policy_workers=15)  # yours wins
     assert "num_workers" not in encoded_loader_defaults({}, policy_workers=None)  # autotune measured: kept
     assert "collate_fn" not in encoded_loader_defaults({"collate_fn": list}, policy_workers=2)
-    assert TunedDataModule(gpu_decode={}).gpu_decode == {} and TunedDataModule().gpu_decode is None
+    assert TunedDataModule(gpu_decode=GpuDecodeOptions()).gpu_decode == GpuDecodeOptions()
+    assert TunedDataModule().gpu_decode is None
 
 
 def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_path):
@@ -201,7 +205,8 @@ def test_gpu_decode_datamodule_resumes_mid_epoch_with_the_remaining_batches(tmp_
         trainer = pl.Trainer(max_epochs=2, callbacks=callbacks, logger=False, **options)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            trainer.fit(model, datamodule=Images(seed=3, gpu_decode={"size": 8}, verbose=False), ckpt_path=ckpt_path)
+            datamodule = Images(seed=3, gpu_decode=GpuDecodeOptions(size=8), verbose=False)
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         return model, [str(w.message) for w in caught]
 
     import inspect

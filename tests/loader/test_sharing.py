@@ -120,7 +120,9 @@ def test_a_fit_cut_short_leaves_nothing_of_the_file_system_hand_over_in_dev_shm(
         chosen_batches_per_sec=1.0, sharing_strategy=FAST_HANDOVER, sharing_detail="file_system sharing measured +30%",
     )  # fmt: skip
     monkeypatch.setattr("lightning_dataperf.datamodule.tuning.autotune_for_datamodule", lambda module, explicit: result)
-    module = module_class(length=4000, seed=5, workers=2, autotune=True, verbose=False)
+    # the deprecated spelling (kept for one release) is SearchTuning(): the search's result applies the same way
+    with pytest.warns(DeprecationWarning, match=r"write TunedDataModule\(autotune=SearchTuning\(\)\)"):
+        module = module_class(length=4000, seed=5, workers=2, autotune=True, verbose=False)
     trainer = pl.Trainer(max_epochs=2, limit_train_batches=3, logger=False, **trainer_kwargs(tmp_path))
     trainer.fit(RecordingModel(), datamodule=module)
     (share,) = module._sharing

@@ -22,7 +22,7 @@ LAYERS = [
     "callback",
     "datamodule",
 ]
-TOP_LEVEL = {"tags", "batches", "_lightning_hooks", "_lazy", "_registration"}
+TOP_LEVEL = {"tags", "batches", "_lightning_hooks", "_lazy", "_registration", "_records"}
 
 
 def _module_name(path: Path) -> str:

@@ -55,6 +55,7 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
 
 def autotune(out_dir: str, rank: int) -> None:
     import lightning_dataperf.autotune.tune as module
+    from lightning_dataperf import SearchTuning
 
     searches = []
     search = module.autotune_loader
@@ -65,8 +66,7 @@ def autotune(out_dir: str, rank: int) -> None:
 
     module.autotune_loader = counting
     os.environ["LIGHTNING_DATAPERF_CACHE"] = os.path.join(out_dir, "cache.json")
-    options = {"time_budget": 2.0, "batch_budget": 10}
-    datamodule = IndexData(length=64, seed=3, autotune=True, autotune_options=options, verbose=False)
+    datamodule = IndexData(length=64, seed=3, autotune=SearchTuning(time_budget=2.0, batch_budget=10), verbose=False)
     trainer = pl.Trainer(max_epochs=1, logger=False, **ddp_kwargs(out_dir))
     trainer.fit(RecordingModel(), datamodule=datamodule)
     (plan,) = datamodule.loader_plans["train"]

@@ -38,8 +38,8 @@ def estimate(evidence: Evidence, step: float | None, new_step: float, unseen: st
     gain = min(step / new_step, ceiling)
     return (
         f" (an estimate from this epoch: up to {gain:.2f}x, {1e3 * step:.1f} -> {1e3 * step / gain:.1f} ms; {unseen};"
-        ' measure it on your steps: TunedDataModule(autotune="online"), or for a plain DataLoader'
-        ' TunedDataModule.from_loaders(loader, autotune="online"))'
+        " measure it on your steps: TunedDataModule(autotune=OnlineTuning()), or for a plain DataLoader"
+        " TunedDataModule.from_loaders(loader, autotune=OnlineTuning()))"
     )
 
 
@@ -84,7 +84,7 @@ def handover_floor_words(work: float) -> str:
     return (
         f"each batch takes {1e3 * work:.1f} ms to load in the training process, about what a worker process's"
         " hand-over of it costs (pickling, shared memory, the pin thread): workers may well be slower, so no"
-        ' worker count is advised; TunedDataModule(autotune="online") measures it on your steps (also'
-        ' TunedDataModule.from_loaders(loader, autotune="online") for a plain DataLoader); cheaper loading'
+        " worker count is advised; TunedDataModule(autotune=OnlineTuning()) measures it on your steps (also"
+        " TunedDataModule.from_loaders(loader, autotune=OnlineTuning()) for a plain DataLoader); cheaper loading"
         " (fewer, larger tensors per sample) helps either way"
     )
