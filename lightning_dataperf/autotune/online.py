@@ -1,14 +1,15 @@
-"""The closed loop's decisions: which loader setting to try next on the real steps, and which one wins."""
+"""The loop's records and its search: the settings around a start, which one to try next, and which one wins."""
 
 from __future__ import annotations
 
+import enum
 import math
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from lightning_dataperf.autotune.trial import DECIDED_GAP, DECIDED_SE
+from lightning_dataperf.autotune.noise import ahead, faster, gap
 
-__all__ = ["Measured", "OnlineResult", "Setting", "SettingSpace", "online_search"]
+__all__ = ["Measured", "NeighbourSearch", "OnlineResult", "Phase", "Setting", "SettingSpace"]
 
 
 @dataclass(frozen=True)
@@ -92,23 +93,6 @@ class SettingSpace:
         return replace(at, num_workers=workers, prefetch_factor=prefetch)
 
 
-def faster(trial: Measured, than: Measured, noise: float) -> bool:
-    """Faster beyond noise: by ``noise`` or twice the two rates' combined standard error, whichever is larger."""
-    gap = max(noise, 2 * math.hypot(trial.error, than.error))
-    return trial.steps_per_sec > than.steps_per_sec * (1 + gap)
-
-
-def ahead(trial: Measured, than: Measured, noise: float) -> bool:
-    """Ahead by more than the noise floor, whatever the error: worth a closer look if not :func:`faster`."""
-    return trial.steps_per_sec > than.steps_per_sec * (1 + noise)
-
-
-def slower_for_sure(rate: float, error: float, than: Measured) -> bool:
-    """A trial so far behind ``than`` that measuring on cannot make it a tie (the trial is cut there)."""
-    combined = math.hypot(error, than.error)
-    return math.isfinite(combined) and rate < than.steps_per_sec * (1 - DECIDED_GAP - DECIDED_SE * combined)
-
-
 @dataclass
 class OnlineResult:
     """What the loop measured, what it kept, and what the trying cost."""
@@ -149,9 +133,20 @@ class OnlineResult:
         )
 
 
-#: What the generator yields: the setting to measure next and the measurement a trial may be cut against.
-Ask = tuple[Setting, Measured | None]
+class Phase(enum.Enum):
+    """Where the loop stands: what the setting in use is being measured for."""
 
+    START = "measuring the setting it starts from"
+    TRYING = "trying a neighbour against the setting in use"
+    CLOSE_CALL_INCUMBENT = "a close call: the setting in use measured again"
+    CLOSE_CALL_NEIGHBOUR = "a close call: the neighbour measured again"
+    CONFIRMING = "the setting in use measured again before a faster neighbour is kept"
+    WATCHING = "decided: the kept setting's step rate watched for drift"
+    DONE = "done: the kept setting stays"
+
+
+#: What the search asks for: the setting to measure next and the measurement a trial may be cut against.
+Ask = tuple[Setting, Measured | None]
 
 #: A neighbour faster than this is kept without measuring the setting in use again (each look costs a switch:
 #: on the H200 a switch of 8-16 JPEG workers stalled training for seconds).
@@ -163,44 +158,105 @@ CONFIRM_BELOW = 0.25
 CLOSE_CALL_ROUNDS = 2
 
 
-def online_search(start: Setting, space: SettingSpace, noise: float = 0.03) -> Generator[Ask, Measured, Measured]:
-    """Coordinate search over ``space`` from ``start``, one trial per ``send``; returns the setting to keep.
+class NeighbourSearch:
+    """Coordinate search over ``space`` from ``start``, one measurement at a time; :attr:`kept` once :attr:`phase`
+    is :attr:`Phase.DONE`.
 
     A neighbour that reads faster beyond noise, by less than :data:`CONFIRM_BELOW`, is kept only after the
     incumbent, measured again right after it, still reads slower (so a drifting step rate cannot make a setting
-    look faster). A neighbour ahead
-    by less than its error is a close call: both are measured again, up to :data:`CLOSE_CALL_ROUNDS` times.
+    look faster). A neighbour ahead by less than its error is a close call: both are measured again, up to
+    :data:`CLOSE_CALL_ROUNDS` times. A kept neighbour starts the search again from it; the search ends when
+    none of the kept setting's neighbours wins.
 
     Example::
 
-        search = online_search(Setting(0, None, False, 2), SettingSpace(4, 2, True, False))
-        setting, against = next(search)
-        setting, against = search.send(measure(setting, against))  # ... until StopIteration.value
+        search = NeighbourSearch(Setting(0, None, False, 2), SettingSpace(4, 2, True, False))
+        while search.phase is not Phase.DONE:
+            setting, against = search.ask
+            search.measured(measure(setting, against))
+        search.kept
     """
-    best = yield (start, None)
-    tried = {start}
-    improved = True
-    while improved:
-        improved = False
-        for candidate in space.neighbours(best.setting):
-            if candidate in tried:
+
+    def __init__(self, start: Setting, space: SettingSpace, noise: float = 0.03) -> None:
+        self.space, self.noise = space, noise
+        self.phase = Phase.START
+        self.ask: Ask = (start, None)
+        """The setting to measure next, and the measurement it is compared with (``None``: the incumbent itself)."""
+        self.best: Measured | None = None
+        """The incumbent: the setting the search stands on, as measured so far."""
+        self.kept: Measured | None = None
+        self._tried = {start}
+        self._neighbours: Iterator[Setting] = iter(())
+        self._trial: Measured | None = None
+        self._rounds = 0
+
+    def measured(self, measured: Measured) -> Phase:
+        """Takes the measurement of :attr:`ask`'s setting; the phase it moves to (a new :attr:`ask` unless done)."""
+        phase, best, trial = self.phase, self.best, self._trial
+        if phase is Phase.START:
+            self._climb_from(measured)
+        elif phase is Phase.TRYING:
+            self._judge(measured)
+        elif phase is Phase.CLOSE_CALL_INCUMBENT:
+            assert best is not None
+            self.best = best.pooled(measured)
+            self._ask(Phase.CLOSE_CALL_NEIGHBOUR, self._neighbour(), self.best)
+        elif phase is Phase.CLOSE_CALL_NEIGHBOUR:
+            assert trial is not None
+            self._rounds += 1
+            self._judge(trial.pooled(measured))
+        elif phase is Phase.CONFIRMING:
+            assert best is not None and trial is not None
+            reference = best.pooled(measured)
+            if self._faster(trial, reference):
+                self._climb_from(trial)
+            else:
+                self.best = reference
+                self._next_neighbour()
+        else:
+            raise RuntimeError(f"the search is done ({self.kept}): it asks for no more measurements")
+        return self.phase
+
+    def _neighbour(self) -> Setting:
+        """The neighbour on trial."""
+        assert self._trial is not None
+        return self._trial.setting
+
+    def _faster(self, trial: Measured, than: Measured) -> bool:
+        return faster(trial.steps_per_sec, than.steps_per_sec, gap(trial.error, than.error, self.noise))
+
+    def _ask(self, phase: Phase, setting: Setting, against: Measured | None) -> None:
+        self.phase, self.ask = phase, (setting, against)
+
+    def _climb_from(self, best: Measured) -> None:
+        """``best`` is the incumbent: its neighbours are tried next."""
+        self.best = best
+        self._neighbours = self.space.neighbours(best.setting)
+        self._next_neighbour()
+
+    def _next_neighbour(self) -> None:
+        assert self.best is not None
+        for candidate in self._neighbours:
+            if candidate in self._tried:
                 continue
-            tried.add(candidate)
-            trial = yield (candidate, best)
-            for _ in range(CLOSE_CALL_ROUNDS):
-                if faster(trial, best, noise) or not ahead(trial, best, noise):
-                    break
-                best = best.pooled((yield (best.setting, None)))
-                trial = trial.pooled((yield (candidate, best)))
-            if not faster(trial, best, noise):
-                continue
-            if trial.steps_per_sec > best.steps_per_sec * (1 + CONFIRM_BELOW):
-                best, improved = trial, True  # no drift that big comes with one switch: kept without a second look
-                break
-            again = yield (best.setting, None)
-            reference = best.pooled(again)
-            if faster(trial, reference, noise):
-                best, improved = trial, True
-                break
-            best = reference
-    return best
+            self._tried.add(candidate)
+            self._trial, self._rounds = None, 0
+            self._ask(Phase.TRYING, candidate, self.best)
+            return
+        self.kept, self.phase = self.best, Phase.DONE
+
+    def _judge(self, trial: Measured) -> None:
+        """A neighbour's measurement (its looks pooled) against the incumbent: the next phase."""
+        best = self.best
+        assert best is not None
+        self._trial = trial
+        unsure = not self._faster(trial, best) and ahead(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        if unsure and self._rounds < CLOSE_CALL_ROUNDS:
+            self._ask(Phase.CLOSE_CALL_INCUMBENT, best.setting, None)
+        elif not self._faster(trial, best):
+            self._next_neighbour()
+        elif trial.steps_per_sec > best.steps_per_sec * (1 + CONFIRM_BELOW):
+            # no drift that big comes with one switch: kept without a second look
+            self._climb_from(trial)
+        else:
+            self._ask(Phase.CONFIRMING, best.setting, None)
