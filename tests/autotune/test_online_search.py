@@ -64,9 +64,23 @@ def test_a_neighbour_ahead_by_less_than_its_error_is_measured_again_until_it_is_
     four = Setting(4, 2, False, 1)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
     # 8% ahead, each look 3% in error: one look at each cannot call it (twice the combined error is 8.5%)
-    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: 54.0 if s == four else 50.0, error=0.03)
+    search = NeighbourSearch(start, space)
+    kept, asked = _run(search, lambda s, look: 54.0 if s == four else 50.0, error=0.03)
     assert kept.setting == four
     assert asked[:4] == [start, four, start, four], "the incumbent and the close neighbour measured again"
+
+
+def test_a_close_call_goes_through_its_named_phases():
+    start, four = Setting(3, 2, False, 1), Setting(4, 2, False, 1)
+    search = NeighbourSearch(start, SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False))
+    phases = [search.phase]
+    for setting, rate in [(start, 50.0), (four, 54.0), (start, 50.0), (four, 54.0), (start, 50.0)]:
+        assert search.ask[0] == setting
+        phases.append(search.measured(_measured(setting, rate, error=0.03)))
+    close_call = [Phase.CLOSE_CALL_INCUMBENT, Phase.CLOSE_CALL_NEIGHBOUR]
+    # pooled, 8% ahead is beyond the errors; under 25%, the start is measured once more before 4 is kept
+    assert phases == [Phase.START, Phase.TRYING, *close_call, Phase.CONFIRMING, Phase.TRYING]
+    assert search.best.setting == four and search.ask == (Setting(2, 2, False, 1), search.best)
 
 
 def test_a_neighbour_within_the_noise_floor_is_not_measured_again():
