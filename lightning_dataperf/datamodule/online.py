@@ -13,8 +13,16 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader
 
 from lightning_dataperf._lightning_hooks import queued_batches, shutdown_loader_iterator, validation_batches_seen
-from lightning_dataperf.autotune.loop import OnlineLoop, Segment, planned_batches, refusal
-from lightning_dataperf.autotune.online import OnlineResult, Phase, Setting, SettingSpace
+from lightning_dataperf.autotune.online import (
+    OnlineLoop,
+    OnlineResult,
+    Phase,
+    Segment,
+    Setting,
+    SettingSpace,
+    planned_batches,
+    refusal,
+)
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 
 __all__ = ["OnlineIterator", "OnlineTuner", "attach_online", "make_online"]
@@ -23,9 +31,9 @@ Position = Callable[[], tuple[int, int]]
 
 
 class OnlineTuner:
-    """The glue between the training loader and :class:`~lightning_dataperf.autotune.loop.OnlineLoop`: it reads the
-    trainer (the step's mark, the planned steps), feeds the loop each step's start and applies what it returns
-    (the intra-op threads here, the loader's settings in :class:`OnlineIterator`). It decides nothing itself.
+    """The glue between the training loader and :class:`~lightning_dataperf.autotune.online.loop.OnlineLoop`: it
+    reads the trainer (the step's mark, the planned steps), feeds the loop each step's start and applies what it
+    returns (the intra-op threads here, the loader's settings in :class:`OnlineIterator`). It decides nothing.
 
     Example::
 

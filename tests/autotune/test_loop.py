@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from lightning_dataperf.autotune.loop import OnlineLoop, planned_batches, refusal
 from lightning_dataperf.autotune.online import Phase, Setting, SettingSpace
+from lightning_dataperf.autotune.online.loop import OnlineLoop, planned_batches, refusal
 
 START = Setting(1, 2, False, 2)
 TWO = Setting(2, 2, False, 2)

@@ -7,7 +7,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 
 from lightning_dataperf.autotune.noise import slower_for_sure
-from lightning_dataperf.autotune.online import Measured, NeighbourSearch, OnlineResult, Phase, Setting, SettingSpace
+from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting, SettingSpace
+from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
 from lightning_dataperf.autotune.trial import steady_rate
 
 __all__ = ["DRIFT", "OnlineLoop", "Segment", "planned_batches", "refusal"]
@@ -75,7 +76,7 @@ class Segment:
 
 class OnlineLoop:
     """Every rule of the online loop: a trial's length, when it is decided or cut, the cost cap, the drift watch,
-    and (through :class:`~lightning_dataperf.autotune.online.NeighbourSearch`) which setting comes next.
+    and (through :class:`~lightning_dataperf.autotune.online.search.NeighbourSearch`) which setting comes next.
 
     Fed the moment each training step starts (:meth:`step`), it returns the setting to switch to, or ``None``;
     :attr:`phase` names where it stands, :attr:`result` what it measured and kept.
