@@ -78,7 +78,7 @@ def _choose(compare: Compare, floor: Trial, choose_within: float, refine: int) -
         return chosen if chosen.batches_per_sec > floor.batches_per_sec else floor
     if {floor.measured_as, chosen.measured_as} <= refined and chosen.batches_per_sec > floor.batches_per_sec:
         return chosen  # the floor was one side of the close call, and measured slower
-    if compare.better(chosen, floor) or (cheaper(chosen) < cheaper(floor) and compare.as_fast(chosen, floor)):
+    if compare.faster(chosen, floor) or (cheaper(chosen) < cheaper(floor) and compare.as_fast(chosen, floor)):
         return chosen
     if _floor_against_a_confirmed_gain(compare, floor, chosen):
         # its one look is all that holds the gain back: again, the means decide
@@ -87,7 +87,7 @@ def _choose(compare: Compare, floor: Trial, choose_within: float, refine: int) -
         gap = choose_within if chosen.num_workers != floor.num_workers else max(choose_within, compare.limits.noise)
         if floor.measurements > 1 and chosen.batches_per_sec > floor.batches_per_sec * (1 + gap):
             return chosen
-    faster = [trial for trial in compare.measured() if compare.better(trial, floor) and compare.as_fast(trial, top)]
+    faster = [trial for trial in compare.measured() if compare.faster(trial, floor) and compare.as_fast(trial, top)]
     return min(faster, key=cheaper) if faster else floor
 
 
@@ -136,7 +136,7 @@ def _floor_against_a_confirmed_gain(compare: Compare, floor: Trial, chosen: Tria
     """
     if chosen.measurements < 2 or floor.measurements != 1 or compare.runner.remaining <= 0:
         return False
-    return compare.faster_by_noise(chosen, floor) and not compare.better(chosen, floor)
+    return compare.ahead(chosen, floor) and not compare.faster(chosen, floor)
 
 
 def _other_pinning(kept: Trial, other: Trial, floor: Trial) -> bool:

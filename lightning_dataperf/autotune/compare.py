@@ -1,16 +1,15 @@
-"""Compare: the noise-aware comparisons and the stop record one search's helpers share."""
+"""Compare: one search's trials put to :mod:`~lightning_dataperf.autotune.noise`'s comparisons, and its stop record."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_dataperf.autotune import noise
 from lightning_dataperf.autotune.runner import TrialRunner
-from lightning_dataperf.autotune.trial import TIE_BAND, Limits, Trial, margin, rated
+from lightning_dataperf.autotune.trial import TIE_BAND, Config, Limits, Trial, margin, rated
 
-__all__ = ["Compare", "Config"]
-
-Config = tuple[int, int | None, bool]
+__all__ = ["Compare"]
 
 
 class Compare:
@@ -19,7 +18,7 @@ class Compare:
     Example::
 
         compare = Compare(runner, fixed={}, limits=limits)
-        if compare.better(compare.measure(4, 2, True), best):
+        if compare.faster(compare.measure(4, 2, True), best):
             ...
     """
 
@@ -36,24 +35,24 @@ class Compare:
         """One trial; compared with ``against`` it stops once decided (its precision is not needed then)."""
         return self.runner.measure(*self.config(workers, prefetch, pin), against=against)
 
-    def better(self, trial: Trial, than: Trial) -> bool:
+    def faster(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than noise: ``noise``, or twice the two rates' combined standard error."""
         gap = margin(trial, than, self.limits.noise)
-        return trial.judged and trial.batches_per_sec > than.batches_per_sec * (1 + gap)
+        return trial.judged and noise.faster(trial.batches_per_sec, than.batches_per_sec, gap)
 
     def as_fast(self, trial: Trial, than: Trial) -> bool:
         """Not slower by more than noise (either is fine), and never more than :data:`TIE_BAND` slower."""
         gap = min(margin(trial, than, self.limits.noise), max(TIE_BAND, self.limits.noise))
-        return trial.judged and trial.batches_per_sec >= than.batches_per_sec * (1 - gap)
+        return trial.judged and noise.as_fast(trial.batches_per_sec, than.batches_per_sec, gap)
 
-    def faster_by_noise(self, trial: Trial, than: Trial) -> bool:
+    def ahead(self, trial: Trial, than: Trial) -> bool:
         """Faster by more than ``noise`` alone (what a repeated trial must still read to be followed)."""
-        return trial.batches_per_sec > than.batches_per_sec * (1 + self.limits.noise)
+        return noise.ahead(trial.batches_per_sec, than.batches_per_sec, self.limits.noise)
 
     def faster_but_unsure(self, trial: Trial, than: Trial) -> bool:
-        """Faster by more than ``noise``, measured once, budget left: where :meth:`better` said no, worth a
+        """Faster by more than ``noise``, measured once, budget left: where :meth:`faster` said no, worth a
         repeat (not beyond the two rates' combined error)."""
-        raw = self.faster_by_noise(trial, than)
+        raw = self.ahead(trial, than)
         return raw and trial.refused is None and trial.measurements == 1 and self.runner.remaining > 0
 
     def confirmed(self, trial: Trial, best: Trial, race: bool = False) -> tuple[Trial, bool]:
@@ -69,19 +68,19 @@ class Compare:
         :meth:`~lightning_dataperf.autotune.handover.Handover.attempt`).
         """
         best = self.runner.latest(best)  # measured again since the caller read it, perhaps (by this method)
-        if self.better(trial, best):
+        if self.faster(trial, best):
             return trial, True
         tied = race and trial.measurements == 1 and self.as_fast(trial, best) and self.runner.remaining > 0
         if not (self.faster_but_unsure(trial, best) or tied):
             return trial, False
         again = self.runner.remeasure(trial, against=best)
-        if again is trial or self.faster_by_noise(again, best):
+        if again is trial or self.ahead(again, best):
             return again, again is not trial
-        ahead = again.batches_per_sec > best.batches_per_sec or (race and self.as_fast(again, best))
-        if best.measurements == 1 and ahead and self.runner.remaining > 0:
+        leading = again.batches_per_sec > best.batches_per_sec or (race and self.as_fast(again, best))
+        if best.measurements == 1 and leading and self.runner.remaining > 0:
             # still ahead, within noise: ``best``'s one look may have read high; measured again too, the means decide
             reference = self.runner.remeasure(best)
-            return again, reference is not best and self.faster_by_noise(again, reference)
+            return again, reference is not best and self.ahead(again, reference)
         return again, False
 
     def stop(self, reason: str, detail: str) -> None:

@@ -22,7 +22,7 @@ def gain_beyond_reach(best: Trial, noise: float) -> str:
     """Why no loader change could be shown faster than ``best``, or ``""``.
 
     The most one can gain (:func:`~lightning_dataperf.autotune.model.loader_headroom`: the main thread's
-    wait) is within the least gap :meth:`~lightning_dataperf.autotune.search.Search.better` would ask of a
+    wait) is within the least gap :meth:`~lightning_dataperf.autotune.compare.Compare.faster` would ask of a
     new trial against ``best`` (``best``'s own error, and half the noise for the new one).
     """
     headroom = loader_headroom(best)

@@ -7,12 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightning_dataperf.autotune.trial import Trial
+from lightning_dataperf.autotune.trial import Config, Trial
 from lightning_dataperf.loader.settings import LoaderSettings
 
 __all__ = ["AutotuneResult", "config_of"]
-
-Config = tuple[int, int | None, bool]
 
 #: After the pick's rate where its only measurement was rough (no steady trial at all: a tiny dataset or budget).
 ROUGH_PICK = " (rough: cut before one steady round)"

@@ -187,7 +187,7 @@ class Search:
             if trial.batches_per_sec < OUTLIER_SHARE * best.batches_per_sec and trial.measurements == 1:
                 # far slower: an artefact (start-up, memory) until seen twice; a smaller loss is taken as measured
                 trial = runner.remeasure(trial, against=best)
-                if self.compare.better(trial, best):
+                if self.compare.faster(trial, best):
                     best = trial
                     continue
             while (middle := self._middle(best, trial)) is not None:
@@ -248,7 +248,7 @@ class Search:
             trial = self.compare.measure(
                 best.num_workers, (best.prefetch_factor or 2) * 2, best.pin_memory, against=best
             )
-            if not self.compare.better(trial, best):
+            if not self.compare.faster(trial, best):
                 break
             best = trial
         return best
@@ -257,7 +257,7 @@ class Search:
         if "pin_memory" in self.fixed or len(self.pins) < 2 or self.runner.remaining <= 0:
             return best
         trial = self.compare.measure(best.num_workers, best.prefetch_factor, not best.pin_memory, against=best)
-        return trial if self.compare.better(trial, best) else best
+        return trial if self.compare.faster(trial, best) else best
 
     # ------------------------------------------------------------------ downwards
     def probe_fewer(self, best: Trial, start: Trial) -> Trial:

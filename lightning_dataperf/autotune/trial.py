@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from lightning_dataperf.autotune.noise import DECIDED_GAP, DECIDED_SE, TIE_BAND, gap, slower_for_sure
+
 __all__ = [
     "BUDGET_REFUSAL",
     "CONFIRM_BAND",
@@ -28,6 +30,7 @@ __all__ = [
     "MIN_STEADY_BATCHES",
     "OUTLIER_SHARE",
     "TIE_BAND",
+    "Config",
     "Limits",
     "Trial",
     "TrialListener",
@@ -48,6 +51,8 @@ CONFIRM_BAND = 0.7
 #: A trial slower than this share of both its neighbours (:func:`~lightning_dataperf.autotune.runner.repeat_outliers`),
 #: or a step up slower than this share of the best, is measured again: an artefact until seen twice.
 OUTLIER_SHARE = 0.8
+#: A loader configuration as trials are keyed: ``(num_workers, prefetch_factor, pin_memory)``.
+Config = tuple[int, int | None, bool]
 #: Fewest rounds of ``num_workers`` batches a trial's rate is computed from.
 MIN_ROUNDS = 3
 #: Fewest steady batches a trial's rate is computed from.
@@ -60,13 +65,6 @@ FD_SHARE = 0.5
 #: trial's slice of the dataset did (any other ``refused`` is the memory guard's reason).
 BUDGET_REFUSAL = "the time budget ran out first"
 DATASET_REFUSAL = "the dataset ran out before two batches"
-#: A compared trial stops once slower by this share (the tie band) plus :data:`DECIDED_SE` combined standard
-#: errors: more batches could not change what the search does with it.
-DECIDED_GAP = 0.1
-#: Standard errors beyond :data:`DECIDED_GAP` a decided trial must be (3: about one in a thousand by chance).
-DECIDED_SE = 3.0
-#: Most a tie may span: past this share slower it is slower, whatever a large standard error says.
-TIE_BAND = DECIDED_GAP
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ class Trial:
     sharing: str | None = None
 
     @property
-    def config(self) -> tuple[int, int | None, bool]:
+    def config(self) -> Config:
         return self.num_workers, self.prefetch_factor, self.pin_memory
 
     @property
@@ -124,7 +122,7 @@ class Trial:
         return self.refused is None and not self.rough
 
     @property
-    def measured_as(self) -> tuple[tuple[int, int | None, bool], str | None]:
+    def measured_as(self) -> tuple[Config, str | None]:
         """The settings and the way the workers sent: the same settings sent another way measure another path."""
         return self.config, self.sharing
 
@@ -229,8 +227,7 @@ def trial_rate(
 def margin(first: Trial, second: Trial, noise: float) -> float:
     """Relative difference two trials' rates must exceed to count as different: ``noise``, or twice their
     combined standard error when that is larger (a noisy pair needs a bigger gap)."""
-    combined = math.hypot(first.relative_error(noise / 2), second.relative_error(noise / 2))
-    return max(noise, 2 * combined)
+    return gap(first.relative_error(noise / 2), second.relative_error(noise / 2), noise)
 
 
 def decided(rate: float, error: float, against: Trial | None, noise: float) -> bool:
@@ -248,10 +245,7 @@ def decided(rate: float, error: float, against: Trial | None, noise: float) -> b
     """
     if against is None or against.refused is not None or against.precision is None or against.batches_per_sec <= 0:
         return False
-    if not math.isfinite(error):
-        return False
-    combined = math.hypot(error, against.relative_error(noise / 2))
-    return rate / against.batches_per_sec - 1 < -(DECIDED_GAP + DECIDED_SE * combined)
+    return slower_for_sure(rate, error, against.batches_per_sec, against.relative_error(noise / 2))
 
 
 def confirmation_candidates(trials: list[Trial], count: int = 3, band: float = CONFIRM_BAND) -> list[Trial]:

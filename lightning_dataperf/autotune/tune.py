@@ -69,8 +69,6 @@ def not_map_style(dataset: Any) -> str | None:
 SHARING_TRIALS = 2
 SHARING_SHARE = 0.15
 
-Config = tuple[int, int | None, bool]
-
 
 def autotune_loader(
     dataset: Dataset,

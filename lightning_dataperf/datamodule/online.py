@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -16,83 +14,26 @@ from torch.utils.data import DataLoader
 
 from lightning_dataperf._lightning_hooks import queued_batches, shutdown_loader_iterator, validation_batches_seen
 from lightning_dataperf.autotune.online import (
-    Measured,
+    OnlineLoop,
     OnlineResult,
+    Phase,
+    Segment,
     Setting,
     SettingSpace,
-    online_search,
-    slower_for_sure,
+    planned_batches,
+    refusal,
 )
-from lightning_dataperf.autotune.trial import steady_rate
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 
 __all__ = ["OnlineIterator", "OnlineTuner", "attach_online", "make_online"]
 
 Position = Callable[[], tuple[int, int]]
 
-#: After the search, a window of steps whose rate moved this far from the kept setting's (and beyond three
-#: standard errors), twice in a row, is drift: the loop looks again from the kept setting, within its cost cap.
-DRIFT = 0.15
-
-
-class _Trial:
-    """The step periods of the setting in use, since it was switched to."""
-
-    def __init__(self, setting: Setting, against: Measured | None) -> None:
-        self.setting, self.against = setting, against
-        self.skip = self.skipped = 0
-        self.switch_s = 0.0
-        self.periods: list[float] = []
-        self.total = 0.0
-        """``sum(periods)``, kept as they come: the per-step checks stay O(1) on a trial of thousands of steps."""
-        self.next_look = 0
-        """Periods at which the rate is read again (every eighth more: reading it is O(periods))."""
-        self.fresh = True
-        self.queued_in = 0
-        """Batches already queued as each segment's counting began: made before it, not at its rate."""
-
-    def add(self, period: float) -> bool:
-        """Counts ``period`` (or skips it); ``True`` where it is the first counted one of a segment."""
-        if self.skip > 0:
-            self.skip, self.skipped = self.skip - 1, self.skipped + 1
-            self.switch_s += period
-            return False
-        self.periods.append(period)
-        self.total += period
-        first, self.fresh = self.fresh, False
-        return first
-
-    def rate(self) -> tuple[float, float, int]:
-        arrivals = [0.0]
-        for period in self.periods:
-            arrivals.append(arrivals[-1] + period)
-        return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
-
-    def measured(self, queued_out: int = 0) -> Measured:
-        """Its steady rate, no higher than the rate the batches were made at: those queued as counting began
-        (the workers' backlog from a switch's stall, up to ``workers x prefetch``) less those queued at its end
-        were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop and 25 alone)."""
-        _, error, counted = self.rate()
-        seconds = sum(self.periods[:counted]) if counted else self.total
-        batches = counted or len(self.periods)
-        made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
-        if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
-            batches, seconds = max(0, made), total
-        rate = batches / seconds if seconds else 0.0
-        # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
-        stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
-        measured = Measured(self.setting, rate, error, batches, seconds, stall)
-        return replace(measured, cost_s=self.cost())
-
-    def cost(self) -> float:
-        """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
-        rate = self.against.steps_per_sec if self.against is not None else 0.0
-        slower = max(0.0, self.total - len(self.periods) / rate) if rate else 0.0
-        return slower + (self.switch_s if self.against is not None else 0.0)
-
 
 class OnlineTuner:
-    """Drives :func:`~lightning_dataperf.autotune.online.online_search` from the training loader's iterator.
+    """The glue between the training loader and :class:`~lightning_dataperf.autotune.online.loop.OnlineLoop`: it
+    reads the trainer (the step's mark, the planned steps), feeds the loop each step's start and applies what it
+    returns (the intra-op threads here, the loader's settings in :class:`OnlineIterator`). It decides nothing.
 
     Example::
 
@@ -113,22 +54,45 @@ class OnlineTuner:
         min_seconds: float = 1.0,
         max_seconds: float = 10.0,
     ) -> None:
-        self.trainer, self.space, self._position = trainer, space, position
-        self.precision, self.max_batches, self.max_cost = precision, max_batches, max_cost
-        # a trial shorter than this reads the machine's moment (other processes, the scheduler), not the setting
-        self.min_seconds, self.max_seconds = min_seconds, max_seconds
-        self.result = OnlineResult()
+        self.trainer, self._position = trainer, position
+        self.loop = OnlineLoop(
+            start,
+            space,
+            precision=precision,
+            max_batches=max_batches,
+            max_cost=max_cost,
+            min_seconds=min_seconds,
+            max_seconds=max_seconds,
+            planned=self._planned,
+        )
         self.override: tuple[int, int] | None = None
         self.user_threads = torch.get_num_threads()
-        self._search = online_search(start, space)
-        first, _ = next(self._search)
-        self.trial: _Trial | None = _Trial(first, None)
-        self._last: tuple[float, Any] | None = None
-        self._incumbent: Measured | None = None
-        self._watch: _Trial | None = None
-        self._drifts = 0
-        self.queued: Callable[[], int] = lambda: 0
+
+    @property
+    def result(self) -> OnlineResult:
+        return self.loop.result
+
+    @property
+    def trial(self) -> Segment | None:
+        """The setting on trial and its step periods (``None`` once the search has ended)."""
+        return self.loop.trial
+
+    @property
+    def max_cost(self) -> float:
+        return self.loop.max_cost
+
+    @max_cost.setter
+    def max_cost(self, share: float) -> None:
+        self.loop.max_cost = share
+
+    @property
+    def queued(self) -> Callable[[], int]:
         """Batches the loader's workers made that training has not taken yet (set by the iterator in use)."""
+        return self.loop.queued
+
+    @queued.setter
+    def queued(self, count: Callable[[], int]) -> None:
+        self.loop.queued = count
 
     def position(self) -> tuple[int, int]:
         """Where the sampler starts: the tuner's own count while it rebuilds, else Lightning's loop counters."""
@@ -136,126 +100,36 @@ class OnlineTuner:
 
     def restart_segment(self, burst: int) -> None:
         """A new iterator (an epoch's, or a switch's): the next ``burst`` periods are its start-up."""
-        self._last = None
-        for segment in (self.trial, self._watch):
-            if segment is not None:
-                segment.skip, segment.fresh = max(segment.skip, burst), True
+        self.loop.restart(burst)
 
     def step(self, now: float) -> Setting | None:
-        """Called before each batch is fetched: records the step period that ended; the setting to switch to."""
-        trial = self.trial
-        if trial is None and self._watch is None:
+        """Called before each batch is fetched: feeds the loop the step that ended; the setting to switch to."""
+        loop = self.loop
+        if loop.phase is Phase.DONE:
             return None
         # a period with validation or an epoch's end in it is not a training step's
-        marker = (self.trainer.current_epoch, validation_batches_seen(self.trainer))
-        last, self._last = self._last, (now, marker)
-        if last is None or last[1] != marker:
-            return None
-        if trial is None:
-            self._watching(now - last[0])
-            return None
-        if trial.add(now - last[0]):
-            trial.queued_in += self.queued()
-        if self._full(trial) or self._spent(trial) or self._decided(trial):
-            return self._next(trial.measured(self.queued()))
-        return None
+        mark = (self.trainer.current_epoch, validation_batches_seen(self.trainer))
+        done = loop.result.done
+        setting = loop.step(now, mark)
+        if loop.result.done and not done:
+            rank_zero_info(loop.result.summary())
+        return setting
 
-    def _decided(self, trial: _Trial) -> bool:
-        """Its rate known to ``precision``, or so far behind the setting in use that no longer trial makes a tie."""
-        if len(trial.periods) < trial.next_look:
-            return False
-        trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
-        rate, error, counted = trial.rate()
-        enough = counted >= max(8, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
-        enough = enough and trial.total >= self.min_seconds
-        cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2
-        return enough or (cut and slower_for_sure(rate, error, trial.against))
-
-    def _full(self, segment: _Trial) -> bool:
-        """At its cap: ``max_batches`` steps, but not under ``min_seconds`` (200 steps of tiny batches took 0.17 s on
-        2 cores: a trial that short reads the machine's moment), or ``max_seconds``."""
-        seconds = segment.total
-        return seconds >= self.max_seconds or (len(segment.periods) >= self.max_batches and seconds >= self.min_seconds)
-
-    def _budget_s(self) -> float | None:
-        """The search's cost cap in seconds: ``max_cost`` of the run at the rate of the setting it stands on."""
-        # not the fastest trial's rate: one lucky short trial must not inflate every other's cost
-        rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
-        batches = _planned_batches(self.trainer)
-        return self.max_cost * batches / rate if rate and batches else None
-
-    def _spent(self, trial: _Trial) -> bool:
-        """A slow trial that alone would take the search past its cost cap ends now (its rate as measured)."""
-        budget = self._budget_s()
-        return budget is not None and len(trial.periods) >= 4 and self.result.cost_s + trial.cost() >= budget
-
-    def _next(self, measured: Measured) -> Setting | None:
-        result = self.result
-        result.trials.append(measured)
-        result.start = result.start or measured
-        self._incumbent = self._incumbent or measured
-        current = measured.setting
-        try:
-            setting, against = self._search.send(measured)
-            # a trial the search took as the new incumbent is kept even where its switch spent the budget
-            self._incumbent = against or self._incumbent
-            if self._over_budget():
-                self._search.close()
-                # the setting the search stands on: a trial not yet confirmed against it is not kept
-                raise StopIteration(self._incumbent)
-        except StopIteration as stop:
-            result.kept, result.done = stop.value, True
-            result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
-            self.trial = None
-            # with budget left, the kept setting's rate is watched for drift
-            self._watch = None if self._over_budget() else _Trial(stop.value.setting, None)
-            rank_zero_info(result.summary())
-            return stop.value.setting if stop.value.setting != current else None
-        self.trial = _Trial(setting, against)
-        return setting if setting != current else None
-
-    def _over_budget(self) -> bool:
-        """The slower trials already cost ``max_cost`` of the run."""
-        budget = self._budget_s()
-        over = budget is not None and self.result.cost_s >= budget
-        if over:
-            self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
-        return over
-
-    def _watching(self, period: float) -> None:
-        """After the search: a window's rate against the kept setting's; drift twice in a row starts a new search."""
-        watch, kept = self._watch, self.result.kept
-        assert watch is not None and kept is not None
-        watch.add(period)
-        if not self._full(watch):
-            return
-        rate, error, _ = watch.rate()
-        moved = abs(rate / kept.steps_per_sec - 1) if kept.steps_per_sec else 0.0
-        self._drifts = self._drifts + 1 if moved > max(DRIFT, 3 * math.hypot(error, kept.error)) else 0
-        self._watch = _Trial(kept.setting, None)
-        if self._drifts < 2:
-            return
-        self._drifts, self._watch, self._incumbent = 0, None, None
-        self.result.looks, self.result.done, self.result.stop_reason = self.result.looks + 1, False, ""
-        self._search = online_search(kept.setting, self.space)
-        first, _ = next(self._search)  # the kept setting itself, measured again: no switch
-        self.trial = _Trial(first, None)
+    def _planned(self) -> float | None:
+        trainer = self.trainer
+        return planned_batches(
+            getattr(trainer, "max_epochs", None),
+            getattr(trainer, "max_steps", None),
+            getattr(trainer, "num_training_batches", None),
+        )
 
     def switched(self, switch_s: float, setting: Setting) -> None:
-        if self.trial is not None:
-            self.trial.switch_s += switch_s
+        self.loop.switched(switch_s)
         torch.set_num_threads(setting.threads)
 
     def close(self) -> None:
         """At teardown: the user's intra-op threads back (the kept setting lasts as long as the fit)."""
         torch.set_num_threads(self.user_threads)
-
-
-def _planned_batches(trainer: Any) -> float | None:
-    epochs, per_epoch = getattr(trainer, "max_epochs", None), getattr(trainer, "num_training_batches", None)
-    if not epochs or epochs < 0 or not per_epoch or per_epoch == float("inf"):
-        return None
-    return float(epochs * per_epoch)
 
 
 class OnlineIterator(Iterator[Any]):
@@ -362,9 +236,9 @@ def attach_online(
     ``options``: :class:`OnlineTuner`'s ``precision``, ``max_batches`` (per trial) and ``max_cost`` (share of the run).
     """
     sampler = loader.sampler
-    refusal = _refusal(trainer)
-    if refusal:
-        notes.append(f"online tuning off: {refusal}; the loader keeps the settings above")
+    refused = refusal(trainer.world_size, trainer.fast_dev_run, trainer.overfit_batches)
+    if refused:
+        notes.append(f"online tuning off: {refused}; the loader keeps the settings above")
         return None
     device = trainer.strategy.root_device.type
     side_stream = "SideStream" in type(trainer.strategy).__name__
@@ -387,13 +261,3 @@ def attach_online(
         + ("; each batch's random draws are keyed by its number, whatever the workers" if numbered else "")
     )
     return tuner
-
-
-def _refusal(trainer: Any) -> str:
-    if trainer.world_size > 1:
-        return "it tunes one process (under DDP use autotune=True, which searches on rank zero)"
-    if trainer.fast_dev_run:
-        return "fast_dev_run runs too few steps to measure"
-    if trainer.overfit_batches:
-        return "overfit_batches rebuilds the loader"
-    return ""

@@ -82,7 +82,7 @@ def test_a_rough_trial_is_neither_ranked_nor_taken():
     best = runner.measure(52, 2, False)
     burst = Trial(52, 4, False, 1949.6, batches=8, rough=True)
     runner.trials[burst.config] = burst
-    assert not search.compare.better(burst, best) and not search.compare.as_fast(burst, best)
+    assert not search.compare.faster(burst, best) and not search.compare.as_fast(burst, best)
     assert rated([best, burst]) == [best]
     assert choose(search.compare, best, 0.02).config == (52, 2, False)
     log = io.StringIO()
@@ -309,7 +309,7 @@ def test_a_gain_the_climb_confirmed_is_not_lost_to_the_floors_one_look():
     runner = AveragingRunner({15: [36.0, 35.0], 18: [39.3, 41.1]})
     search = search_with(runner)
     policy, eighteen = _looked(runner, 15, 0.03), _looked(runner, 18, 0.06, looks=2)
-    assert eighteen.batches_per_sec == pytest.approx(40.2) and not search.compare.better(eighteen, policy)
+    assert eighteen.batches_per_sec == pytest.approx(40.2) and not search.compare.faster(eighteen, policy)
     assert choose(search.compare, policy, 0.02).num_workers == 18
     assert runner.remeasured[-1] == (15, 2, False)
     # the floor's second look (44.0) brings its mean to 40.0: within 2% of 18's, the policy's 15 stays

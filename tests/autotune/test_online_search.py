@@ -1,10 +1,10 @@
-"""The closed loop's decisions (no Lightning): which setting it tries next, and which one it keeps."""
+"""The closed loop's search (no Lightning): which setting it tries next, and which one it keeps."""
 
 from __future__ import annotations
 
 import pytest
 
-from lightning_dataperf.autotune.online import Measured, Setting, SettingSpace, online_search
+from lightning_dataperf.autotune.online import Measured, NeighbourSearch, Phase, Setting, SettingSpace
 
 
 def _measured(setting, rate, error=0.01):
@@ -15,14 +15,11 @@ def test_the_search_keeps_a_neighbour_only_when_the_incumbent_measured_again_is_
     start = Setting(0, None, False, 2)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=True, tune_pinning=False)
     rates = {Setting(1, 2, False, 2): 9.0, Setting(2, 2, False, 2): 11.0, Setting(2, 2, False, 1): 18.0}
-    search = online_search(start, space)
-    asked = [next(search)]
-    try:
-        while True:
-            setting, _ = asked[-1]
-            asked.append(search.send(_measured(setting, rates.get(setting, 10.0))))
-    except StopIteration as stop:
-        kept = stop.value
+    search = NeighbourSearch(start, space)
+    asked = [search.ask]
+    while search.measured(_measured(asked[-1][0], rates.get(asked[-1][0], 10.0))) is not Phase.DONE:
+        asked.append(search.ask)
+    kept = search.kept
     assert kept.setting == Setting(2, 2, False, 1), "2 workers and one intra-op thread: the fastest"
     settings = [setting for setting, _ in asked]
     # the larger move first; a 10% win is kept once the start, measured again, still reads slower
@@ -35,29 +32,31 @@ def test_the_search_keeps_a_neighbour_only_when_the_incumbent_measured_again_is_
 def test_a_drifting_incumbent_does_not_make_a_neighbour_a_winner():
     start = Setting(1, 2, False, 2)
     space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
-    search = online_search(start, space)
-    next(search)
-    setting, _ = search.send(_measured(start, 10.0))
-    again, _ = search.send(_measured(setting, 11.0))  # 10% faster than the first look at the start
+    search = NeighbourSearch(start, space)
+    assert search.measured(_measured(start, 10.0)) is Phase.TRYING
+    setting, _ = search.ask
+    assert search.measured(_measured(setting, 11.0)) is Phase.CONFIRMING  # 10% faster than the first look
+    again, _ = search.ask
     assert again == start, "measured again before the neighbour is kept"
-    other, _ = search.send(_measured(start, 12.0))  # the step itself got faster: the start reads as fast
-    with pytest.raises(StopIteration) as stop:
-        while True:  # every other neighbour is slower
-            other, _ = search.send(_measured(other, 5.0))
-    assert stop.value.value.setting == start
+    search.measured(_measured(start, 12.0))  # the step itself got faster: the start reads as fast
+    while search.phase is not Phase.DONE:  # every other neighbour is slower
+        other, _ = search.ask
+        search.measured(_measured(other, 5.0))
+    assert search.kept.setting == start
+    with pytest.raises(RuntimeError, match="asks for no more"):
+        search.measured(_measured(start, 5.0))
 
 
 def _run(search, rate_of, error=0.01):
     """Drives a search to its end; every measurement of a setting reads ``rate_of(setting, look)``."""
     looks: dict[Setting, int] = {}
-    asked = [next(search)]
-    try:
-        while True:
-            setting, _ = asked[-1]
-            looks[setting] = looks.get(setting, 0) + 1
-            asked.append(search.send(_measured(setting, rate_of(setting, looks[setting]), error)))
-    except StopIteration as stop:
-        return stop.value, [setting for setting, _ in asked]
+    asked = [search.ask]
+    while True:
+        setting, _ = asked[-1]
+        looks[setting] = looks.get(setting, 0) + 1
+        if search.measured(_measured(setting, rate_of(setting, looks[setting]), error)) is Phase.DONE:
+            return search.kept, [setting for setting, _ in asked]
+        asked.append(search.ask)
 
 
 def test_a_neighbour_ahead_by_less_than_its_error_is_measured_again_until_it_is_decided():
@@ -65,16 +64,30 @@ def test_a_neighbour_ahead_by_less_than_its_error_is_measured_again_until_it_is_
     four = Setting(4, 2, False, 1)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
     # 8% ahead, each look 3% in error: one look at each cannot call it (twice the combined error is 8.5%)
-    kept, asked = _run(online_search(start, space), lambda s, look: 54.0 if s == four else 50.0, error=0.03)
+    search = NeighbourSearch(start, space)
+    kept, asked = _run(search, lambda s, look: 54.0 if s == four else 50.0, error=0.03)
     assert kept.setting == four
     assert asked[:4] == [start, four, start, four], "the incumbent and the close neighbour measured again"
+
+
+def test_a_close_call_goes_through_its_named_phases():
+    start, four = Setting(3, 2, False, 1), Setting(4, 2, False, 1)
+    search = NeighbourSearch(start, SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False))
+    phases = [search.phase]
+    for setting, rate in [(start, 50.0), (four, 54.0), (start, 50.0), (four, 54.0), (start, 50.0)]:
+        assert search.ask[0] == setting
+        phases.append(search.measured(_measured(setting, rate, error=0.03)))
+    close_call = [Phase.CLOSE_CALL_INCUMBENT, Phase.CLOSE_CALL_NEIGHBOUR]
+    # pooled, 8% ahead is beyond the errors; under 25%, the start is measured once more before 4 is kept
+    assert phases == [Phase.START, Phase.TRYING, *close_call, Phase.CONFIRMING, Phase.TRYING]
+    assert search.best.setting == four and search.ask == (Setting(2, 2, False, 1), search.best)
 
 
 def test_a_neighbour_within_the_noise_floor_is_not_measured_again():
     start = Setting(3, 2, False, 1)
     four = Setting(4, 2, False, 1)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
-    kept, asked = _run(online_search(start, space), lambda s, look: 51.0 if s == four else 50.0, error=0.03)
+    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: 51.0 if s == four else 50.0, error=0.03)
     assert kept.setting == start
     assert asked.count(four) == 1 and asked.count(start) == 1
 
@@ -83,7 +96,7 @@ def test_a_close_call_that_stays_undecided_keeps_the_incumbent():
     start = Setting(3, 2, False, 1)
     four = Setting(4, 2, False, 1)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
-    kept, asked = _run(online_search(start, space), lambda s, look: 54.0 if s == four else 50.0, error=0.2)
+    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: 54.0 if s == four else 50.0, error=0.2)
     assert kept.setting == start
     assert asked.count(four) == 3, "the first look and two more"
 
@@ -96,7 +109,7 @@ def test_a_climb_doubles_the_workers_then_goes_halfway_and_keeps_big_wins_at_onc
         workers = setting.num_workers
         return float(workers if workers <= 24 else 48 - workers)
 
-    kept, asked = _run(online_search(start, space), rate)
+    kept, asked = _run(NeighbourSearch(start, space), rate)
     assert kept.setting.num_workers == 24
     workers = [setting.num_workers for setting in asked]
     # 8 and 16 are kept at once (2x); 32 reads no faster than 16, 24 (halfway) 50% faster

@@ -198,11 +198,12 @@ def test_a_trial_of_fast_steps_lasts_its_minimum_seconds_past_max_batches(monkey
 
 def test_a_long_trial_reads_its_rate_at_a_few_of_its_steps(monkeypatch):
     # reading the rate is O(periods): read at every step, a trial of thousands of tiny steps slows them
+    from lightning_dataperf.autotune.online.loop import Segment
     from lightning_dataperf.datamodule import online
 
     reads = []
-    rate = online._Trial.rate
-    monkeypatch.setattr(online._Trial, "rate", lambda trial: reads.append(len(trial.periods)) or rate(trial))
+    rate = Segment.rate
+    monkeypatch.setattr(Segment, "rate", lambda trial: reads.append(len(trial.periods)) or rate(trial))
     monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
     space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
     options = {"precision": 1e-6, "max_batches": 10_000, "max_cost": 1.0, "min_seconds": 100.0}

@@ -1,14 +1,12 @@
-"""The closed loop's decisions: which loader setting to try next on the real steps, and which one wins."""
+"""The online loop's records: a setting, its measurement, the settings around it, and what the loop kept."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from lightning_dataperf.autotune.trial import DECIDED_GAP, DECIDED_SE
-
-__all__ = ["Measured", "OnlineResult", "Setting", "SettingSpace", "online_search"]
+__all__ = ["Measured", "OnlineResult", "Setting", "SettingSpace"]
 
 
 @dataclass(frozen=True)
@@ -92,23 +90,6 @@ class SettingSpace:
         return replace(at, num_workers=workers, prefetch_factor=prefetch)
 
 
-def faster(trial: Measured, than: Measured, noise: float) -> bool:
-    """Faster beyond noise: by ``noise`` or twice the two rates' combined standard error, whichever is larger."""
-    gap = max(noise, 2 * math.hypot(trial.error, than.error))
-    return trial.steps_per_sec > than.steps_per_sec * (1 + gap)
-
-
-def ahead(trial: Measured, than: Measured, noise: float) -> bool:
-    """Ahead by more than the noise floor, whatever the error: worth a closer look if not :func:`faster`."""
-    return trial.steps_per_sec > than.steps_per_sec * (1 + noise)
-
-
-def slower_for_sure(rate: float, error: float, than: Measured) -> bool:
-    """A trial so far behind ``than`` that measuring on cannot make it a tie (the trial is cut there)."""
-    combined = math.hypot(error, than.error)
-    return math.isfinite(combined) and rate < than.steps_per_sec * (1 - DECIDED_GAP - DECIDED_SE * combined)
-
-
 @dataclass
 class OnlineResult:
     """What the loop measured, what it kept, and what the trying cost."""
@@ -147,60 +128,3 @@ class OnlineResult:
             + (f"; looked again {self.looks} times after the step rate drifted" if self.looks else "")
             + ")"
         )
-
-
-#: What the generator yields: the setting to measure next and the measurement a trial may be cut against.
-Ask = tuple[Setting, Measured | None]
-
-
-#: A neighbour faster than this is kept without measuring the setting in use again (each look costs a switch:
-#: on the H200 a switch of 8-16 JPEG workers stalled training for seconds).
-CONFIRM_BELOW = 0.25
-
-#: A neighbour ahead by more than the noise floor but not beyond its error is measured this many times more
-#: (each time beside the incumbent again): benchmarks/online.py's quickstart, 2 cores, kept 3 workers at 8%
-#: below 4 with one look at each.
-CLOSE_CALL_ROUNDS = 2
-
-
-def online_search(start: Setting, space: SettingSpace, noise: float = 0.03) -> Generator[Ask, Measured, Measured]:
-    """Coordinate search over ``space`` from ``start``, one trial per ``send``; returns the setting to keep.
-
-    A neighbour that reads faster beyond noise, by less than :data:`CONFIRM_BELOW`, is kept only after the
-    incumbent, measured again right after it, still reads slower (so a drifting step rate cannot make a setting
-    look faster). A neighbour ahead
-    by less than its error is a close call: both are measured again, up to :data:`CLOSE_CALL_ROUNDS` times.
-
-    Example::
-
-        search = online_search(Setting(0, None, False, 2), SettingSpace(4, 2, True, False))
-        setting, against = next(search)
-        setting, against = search.send(measure(setting, against))  # ... until StopIteration.value
-    """
-    best = yield (start, None)
-    tried = {start}
-    improved = True
-    while improved:
-        improved = False
-        for candidate in space.neighbours(best.setting):
-            if candidate in tried:
-                continue
-            tried.add(candidate)
-            trial = yield (candidate, best)
-            for _ in range(CLOSE_CALL_ROUNDS):
-                if faster(trial, best, noise) or not ahead(trial, best, noise):
-                    break
-                best = best.pooled((yield (best.setting, None)))
-                trial = trial.pooled((yield (candidate, best)))
-            if not faster(trial, best, noise):
-                continue
-            if trial.steps_per_sec > best.steps_per_sec * (1 + CONFIRM_BELOW):
-                best, improved = trial, True  # no drift that big comes with one switch: kept without a second look
-                break
-            again = yield (best.setting, None)
-            reference = best.pooled(again)
-            if faster(trial, reference, noise):
-                best, improved = trial, True
-                break
-            best = reference
-    return best

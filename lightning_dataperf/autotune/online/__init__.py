@@ -1,0 +1,20 @@
+"""``TunedDataModule(autotune="online")``'s loop, free of Lightning: its records, its search and its rules."""
+
+from __future__ import annotations
+
+from lightning_dataperf.autotune.online.loop import OnlineLoop, Segment, planned_batches, refusal
+from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting, SettingSpace
+from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
+
+__all__ = [
+    "Measured",
+    "NeighbourSearch",
+    "OnlineLoop",
+    "OnlineResult",
+    "Phase",
+    "Segment",
+    "Setting",
+    "SettingSpace",
+    "planned_batches",
+    "refusal",
+]

@@ -1,0 +1,283 @@
+"""The online loop's rules, free of Lightning: fed step periods, it says which loader setting to apply next."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import replace
+
+from lightning_dataperf.autotune.noise import slower_for_sure
+from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting, SettingSpace
+from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
+from lightning_dataperf.autotune.trial import steady_rate
+
+__all__ = ["DRIFT", "OnlineLoop", "Segment", "planned_batches", "refusal"]
+
+#: After the search, a window of steps whose rate moved this far from the kept setting's (and beyond three
+#: standard errors), twice in a row, is drift: the loop looks again from the kept setting, within its cost cap.
+DRIFT = 0.15
+
+
+class Segment:
+    """The step periods of the setting in use, since it was switched to (a trial, or a drift watch's window)."""
+
+    def __init__(self, setting: Setting, against: Measured | None) -> None:
+        self.setting, self.against = setting, against
+        self.skip = self.skipped = 0
+        self.switch_s = 0.0
+        self.periods: list[float] = []
+        self.total = 0.0
+        """``sum(periods)``, kept as they come: the per-step checks stay O(1) on a trial of thousands of steps."""
+        self.next_look = 0
+        """Periods at which the rate is read again (every eighth more: reading it is O(periods))."""
+        self.fresh = True
+        self.queued_in = 0
+        """Batches already queued as each segment's counting began: made before it, not at its rate."""
+
+    def add(self, period: float) -> bool:
+        """Counts ``period`` (or skips it); ``True`` where it is the first counted one of a segment."""
+        if self.skip > 0:
+            self.skip, self.skipped = self.skip - 1, self.skipped + 1
+            self.switch_s += period
+            return False
+        self.periods.append(period)
+        self.total += period
+        first, self.fresh = self.fresh, False
+        return first
+
+    def rate(self) -> tuple[float, float, int]:
+        arrivals = [0.0]
+        for period in self.periods:
+            arrivals.append(arrivals[-1] + period)
+        return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
+
+    def measured(self, queued_out: int = 0) -> Measured:
+        """Its steady rate, no higher than the rate the batches were made at: those queued as counting began
+        (the workers' backlog from a switch's stall, up to ``workers x prefetch``) less those queued at its end
+        were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop and 25 alone)."""
+        _, error, counted = self.rate()
+        seconds = sum(self.periods[:counted]) if counted else self.total
+        batches = counted or len(self.periods)
+        made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
+        if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
+            batches, seconds = max(0, made), total
+        rate = batches / seconds if seconds else 0.0
+        # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
+        stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
+        measured = Measured(self.setting, rate, error, batches, seconds, stall)
+        return replace(measured, cost_s=self.cost())
+
+    def cost(self) -> float:
+        """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
+        rate = self.against.steps_per_sec if self.against is not None else 0.0
+        slower = max(0.0, self.total - len(self.periods) / rate) if rate else 0.0
+        return slower + (self.switch_s if self.against is not None else 0.0)
+
+
+class OnlineLoop:
+    """Every rule of the online loop: a trial's length, when it is decided or cut, the cost cap, the drift watch,
+    and (through :class:`~lightning_dataperf.autotune.online.search.NeighbourSearch`) which setting comes next.
+
+    Fed the moment each training step starts (:meth:`step`), it returns the setting to switch to, or ``None``;
+    :attr:`phase` names where it stands, :attr:`result` what it measured and kept.
+
+    Args:
+        start: the setting in use when the loop begins (measured first, with no switch).
+        space: the settings it may try.
+        precision: a trial is decided once its rate's relative standard error is this low.
+        max_batches: a trial's steps at most (once it lasted ``min_seconds``).
+        max_cost: the most the trials may cost, as a share of the planned run at the incumbent's rate.
+        min_seconds: a trial's shortest length.
+        max_seconds: a trial's longest length.
+        planned: the run's planned training steps (``None``: unknown, no cost cap); read when the cap is.
+
+    Example::
+
+        loop = OnlineLoop(Setting(1, 2, False, 2), space, planned=lambda: 1000.0)
+        setting = loop.step(time.perf_counter(), mark=(epoch, validation_batches))
+        if setting is not None:
+            ...  # apply it to the loader, then loop.switched(stall_s) and loop.restart(burst)
+    """
+
+    def __init__(
+        self,
+        start: Setting,
+        space: SettingSpace,
+        precision: float = 0.03,
+        max_batches: int = 200,
+        max_cost: float = 0.05,
+        min_seconds: float = 1.0,
+        max_seconds: float = 10.0,
+        planned: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        self.space, self.planned = space, planned
+        # 3%, the search's noise floor: two trials measured to it must then differ by 8.5% (twice their combined error)
+        self.precision, self.max_batches = precision, max_batches
+        # a share of the run, not seconds: a short run must not spend its length trying settings
+        self.max_cost = max_cost
+        # a trial shorter than this reads the machine's moment (other processes, the scheduler), not the setting
+        self.min_seconds, self.max_seconds = min_seconds, max_seconds
+        self.result = OnlineResult()
+        self.search = NeighbourSearch(start, space)
+        self.trial: Segment | None = Segment(start, None)
+        self.watch: Segment | None = None
+        self.queued: Callable[[], int] = lambda: 0
+        """Batches the loader's workers made that training has not taken yet (set by whoever feeds the loop)."""
+        self._last: tuple[float, Hashable] | None = None
+        self._incumbent: Measured | None = None
+        self._drifts = 0
+
+    @property
+    def phase(self) -> Phase:
+        """The search's phase while it runs; then :attr:`Phase.WATCHING` (budget left) or :attr:`Phase.DONE`."""
+        if self.trial is not None:
+            return self.search.phase
+        return Phase.WATCHING if self.watch is not None else Phase.DONE
+
+    def restart(self, burst: int) -> None:
+        """A new iterator (an epoch's, or a switch's): the next ``burst`` periods are its start-up."""
+        self._last = None
+        for segment in (self.trial, self.watch):
+            if segment is not None:
+                segment.skip, segment.fresh = max(segment.skip, burst), True
+
+    def step(self, now: float, mark: Hashable = None) -> Setting | None:
+        """A training step starts at ``now``: records the period that ended; the setting to switch to, or ``None``.
+
+        ``mark``: what changes when something other than a training step ran in between (the epoch, validation
+        batches seen); a period across a change of mark is not counted.
+        """
+        trial = self.trial
+        if trial is None and self.watch is None:
+            return None
+        last, self._last = self._last, (now, mark)
+        if last is None or last[1] != mark:
+            return None
+        if trial is None:
+            self._watching(now - last[0])
+            return None
+        if trial.add(now - last[0]):
+            trial.queued_in += self.queued()
+        if self._full(trial) or self._spent(trial) or self._decided(trial):
+            return self._next(trial.measured(self.queued()))
+        return None
+
+    def switched(self, switch_s: float) -> None:
+        """The switch to the setting :meth:`step` returned stalled training ``switch_s`` seconds: the trial's cost."""
+        if self.trial is not None:
+            self.trial.switch_s += switch_s
+
+    def _decided(self, trial: Segment) -> bool:
+        """Its rate known to ``precision``, or so far behind the setting in use that no longer trial makes a tie."""
+        if len(trial.periods) < trial.next_look:
+            return False
+        trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
+        rate, error, counted = trial.rate()
+        # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
+        enough = counted >= max(8, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
+        enough = enough and trial.total >= self.min_seconds
+        cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2
+        against = trial.against
+        return enough or (cut and against is not None and slower_for_sure(rate, error, *_rate_of(against)))
+
+    def _full(self, segment: Segment) -> bool:
+        """At its cap: ``max_batches`` steps, but not under ``min_seconds`` (200 steps of tiny batches took 0.17 s on
+        2 cores: a trial that short reads the machine's moment), or ``max_seconds``."""
+        seconds = segment.total
+        return seconds >= self.max_seconds or (len(segment.periods) >= self.max_batches and seconds >= self.min_seconds)
+
+    def _budget_s(self) -> float | None:
+        """The search's cost cap in seconds: ``max_cost`` of the run at the rate of the setting it stands on."""
+        # not the fastest trial's rate: one lucky short trial must not inflate every other's cost
+        rate = self._incumbent.steps_per_sec if self._incumbent is not None else 0.0
+        batches = self.planned()
+        return self.max_cost * batches / rate if rate and batches else None
+
+    def _spent(self, trial: Segment) -> bool:
+        """A slow trial that alone would take the search past its cost cap ends now (its rate as measured)."""
+        budget = self._budget_s()
+        # four steps at least: a rate from fewer is the switch's noise, and the trial is then taken as measured
+        return budget is not None and len(trial.periods) >= 4 and self.result.cost_s + trial.cost() >= budget
+
+    def _next(self, measured: Measured) -> Setting | None:
+        """A trial has ended: the search takes it; the setting to switch to (``None``: the one in use stays)."""
+        result = self.result
+        result.trials.append(measured)
+        result.start = result.start or measured
+        self._incumbent = self._incumbent or measured
+        current = measured.setting
+        if self.search.measured(measured) is Phase.DONE:
+            assert self.search.kept is not None
+            return self._decide(self.search.kept, current)
+        setting, against = self.search.ask
+        # a trial the search took as the new incumbent is kept even where its switch spent the budget
+        self._incumbent = against or self._incumbent
+        if self._over_budget():
+            # the setting the search stands on: a trial not yet confirmed against it is not kept
+            return self._decide(self._incumbent, current)
+        self.trial = Segment(setting, against)
+        return setting if setting != current else None
+
+    def _decide(self, kept: Measured, current: Setting) -> Setting | None:
+        result = self.result
+        result.kept, result.done = kept, True
+        result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
+        self.trial = None
+        # with budget left, the kept setting's rate is watched for drift
+        self.watch = None if self._over_budget() else Segment(kept.setting, None)
+        return kept.setting if kept.setting != current else None
+
+    def _over_budget(self) -> bool:
+        """The slower trials already cost ``max_cost`` of the run."""
+        budget = self._budget_s()
+        over = budget is not None and self.result.cost_s >= budget
+        if over:
+            self.result.stop_reason = f"the trials had cost {self.max_cost:.1%} of the run"
+        return over
+
+    def _watching(self, period: float) -> None:
+        """After the search: a window's rate against the kept setting's; drift twice in a row starts a new search."""
+        watch, kept = self.watch, self.result.kept
+        assert watch is not None and kept is not None
+        watch.add(period)
+        if not self._full(watch):
+            return
+        rate, error, _ = watch.rate()
+        moved = abs(rate / kept.steps_per_sec - 1) if kept.steps_per_sec else 0.0
+        # twice in a row: one window can read a passing load (a checkpoint, another process), not the pipeline
+        self._drifts = self._drifts + 1 if moved > max(DRIFT, 3 * math.hypot(error, kept.error)) else 0
+        self.watch = Segment(kept.setting, None)
+        if self._drifts < 2:
+            return
+        self._drifts, self.watch, self._incumbent = 0, None, None
+        self.result.looks, self.result.done, self.result.stop_reason = self.result.looks + 1, False, ""
+        # the kept setting itself is measured again first: no switch
+        self.search = NeighbourSearch(kept.setting, self.space)
+        self.trial = Segment(kept.setting, None)
+
+
+def _rate_of(measured: Measured) -> tuple[float, float]:
+    return measured.steps_per_sec, measured.error
+
+
+def planned_batches(max_epochs: int | None, max_steps: int | None, per_epoch: float | None) -> float | None:
+    """The run's planned training steps, ``max_epochs`` x ``per_epoch`` (``None``: unknown or unbounded).
+
+    ``max_steps`` is not read yet: a run capped by steps is planned by its epochs (kept as it was when the rule
+    moved here).
+    """
+    del max_steps
+    if not max_epochs or max_epochs < 0 or not per_epoch or per_epoch == float("inf"):
+        return None
+    return float(max_epochs * per_epoch)
+
+
+def refusal(world_size: int, fast_dev_run: int | bool, overfit_batches: float) -> str:
+    """Why the loop cannot run on this fit (``""``: it can)."""
+    if world_size > 1:
+        return "it tunes one process (under DDP use autotune=True, which searches on rank zero)"
+    if fast_dev_run:
+        return "fast_dev_run runs too few steps to measure"
+    if overfit_batches:
+        return "overfit_batches rebuilds the loader"
+    return ""

@@ -1,0 +1,141 @@
+"""The online loop's search: which neighbour of the kept setting to measure next, and when one wins."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+
+from lightning_dataperf.autotune.noise import ahead, faster, gap
+from lightning_dataperf.autotune.online.records import Measured, Setting, SettingSpace
+
+__all__ = ["CLOSE_CALL_ROUNDS", "CONFIRM_BELOW", "NeighbourSearch", "Phase"]
+
+
+class Phase(enum.Enum):
+    """Where the loop stands: what the setting in use is being measured for."""
+
+    START = "measuring the setting it starts from"
+    TRYING = "trying a neighbour against the setting in use"
+    CLOSE_CALL_INCUMBENT = "a close call: the setting in use measured again"
+    CLOSE_CALL_NEIGHBOUR = "a close call: the neighbour measured again"
+    CONFIRMING = "the setting in use measured again before a faster neighbour is kept"
+    WATCHING = "decided: the kept setting's step rate watched for drift"
+    DONE = "done: the kept setting stays"
+
+
+#: What the search asks for: the setting to measure next and the measurement a trial may be cut against.
+Ask = tuple[Setting, Measured | None]
+
+#: A neighbour faster than this is kept without measuring the setting in use again (each look costs a switch:
+#: on the H200 a switch of 8-16 JPEG workers stalled training for seconds).
+CONFIRM_BELOW = 0.25
+
+#: A neighbour ahead by more than the noise floor but not beyond its error is measured this many times more
+#: (each time beside the incumbent again): benchmarks/online.py's quickstart, 2 cores, kept 3 workers at 8%
+#: below 4 with one look at each.
+CLOSE_CALL_ROUNDS = 2
+
+
+class NeighbourSearch:
+    """Coordinate search over ``space`` from ``start``, one measurement at a time; :attr:`kept` once :attr:`phase`
+    is :attr:`Phase.DONE`.
+
+    A neighbour that reads faster beyond noise, by less than :data:`CONFIRM_BELOW`, is kept only after the
+    incumbent, measured again right after it, still reads slower (so a drifting step rate cannot make a setting
+    look faster). A neighbour ahead by less than its error is a close call: both are measured again, up to
+    :data:`CLOSE_CALL_ROUNDS` times. A kept neighbour starts the search again from it; the search ends when
+    none of the kept setting's neighbours wins.
+
+    Example::
+
+        search = NeighbourSearch(Setting(0, None, False, 2), SettingSpace(4, 2, True, False))
+        while search.phase is not Phase.DONE:
+            setting, against = search.ask
+            search.measured(measure(setting, against))
+        search.kept
+    """
+
+    def __init__(self, start: Setting, space: SettingSpace, noise: float = 0.03) -> None:
+        # 3%, autotune_loader's default noise too: the search and the loop call the same lead faster
+        self.space, self.noise = space, noise
+        self.phase = Phase.START
+        self.ask: Ask = (start, None)
+        """The setting to measure next, and the measurement it is compared with (``None``: the incumbent itself)."""
+        self.best: Measured | None = None
+        """The incumbent: the setting the search stands on, as measured so far."""
+        self.kept: Measured | None = None
+        self._tried = {start}
+        self._neighbours: Iterator[Setting] = iter(())
+        self._trial: Measured | None = None
+        self._rounds = 0
+
+    def measured(self, measured: Measured) -> Phase:
+        """Takes the measurement of :attr:`ask`'s setting; the phase it moves to (a new :attr:`ask` unless done)."""
+        phase, best, trial = self.phase, self.best, self._trial
+        if phase is Phase.START:
+            self._climb_from(measured)
+        elif phase is Phase.TRYING:
+            self._judge(measured)
+        elif phase is Phase.CLOSE_CALL_INCUMBENT:
+            assert best is not None
+            self.best = best.pooled(measured)
+            self._ask(Phase.CLOSE_CALL_NEIGHBOUR, self._neighbour(), self.best)
+        elif phase is Phase.CLOSE_CALL_NEIGHBOUR:
+            assert trial is not None
+            self._rounds += 1
+            self._judge(trial.pooled(measured))
+        elif phase is Phase.CONFIRMING:
+            assert best is not None and trial is not None
+            reference = best.pooled(measured)
+            if self._faster(trial, reference):
+                self._climb_from(trial)
+            else:
+                self.best = reference
+                self._next_neighbour()
+        else:
+            raise RuntimeError(f"the search is done ({self.kept}): it asks for no more measurements")
+        return self.phase
+
+    def _neighbour(self) -> Setting:
+        """The neighbour on trial."""
+        assert self._trial is not None
+        return self._trial.setting
+
+    def _faster(self, trial: Measured, than: Measured) -> bool:
+        return faster(trial.steps_per_sec, than.steps_per_sec, gap(trial.error, than.error, self.noise))
+
+    def _ask(self, phase: Phase, setting: Setting, against: Measured | None) -> None:
+        self.phase, self.ask = phase, (setting, against)
+
+    def _climb_from(self, best: Measured) -> None:
+        """``best`` is the incumbent: its neighbours are tried next."""
+        self.best = best
+        self._neighbours = self.space.neighbours(best.setting)
+        self._next_neighbour()
+
+    def _next_neighbour(self) -> None:
+        assert self.best is not None
+        for candidate in self._neighbours:
+            if candidate in self._tried:
+                continue
+            self._tried.add(candidate)
+            self._trial, self._rounds = None, 0
+            self._ask(Phase.TRYING, candidate, self.best)
+            return
+        self.kept, self.phase = self.best, Phase.DONE
+
+    def _judge(self, trial: Measured) -> None:
+        """A neighbour's measurement (its looks pooled) against the incumbent: the next phase."""
+        best = self.best
+        assert best is not None
+        self._trial = trial
+        unsure = not self._faster(trial, best) and ahead(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        if unsure and self._rounds < CLOSE_CALL_ROUNDS:
+            self._ask(Phase.CLOSE_CALL_INCUMBENT, best.setting, None)
+        elif not self._faster(trial, best):
+            self._next_neighbour()
+        elif trial.steps_per_sec > best.steps_per_sec * (1 + CONFIRM_BELOW):
+            # no drift that big comes with one switch: kept without a second look
+            self._climb_from(trial)
+        else:
+            self._ask(Phase.CONFIRMING, best.setting, None)

@@ -1,0 +1,51 @@
+"""The one vocabulary of rate comparisons: what the offline search and the online loop call faster, ahead, as
+fast and slower for sure."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lightning_dataperf.autotune.noise import ahead, as_fast, faster, gap, slower_for_sure
+from lightning_dataperf.autotune.online import Measured, NeighbourSearch, Setting, SettingSpace
+from lightning_dataperf.autotune.trial import Trial, decided, margin
+
+
+def test_the_gap_is_the_noise_floor_or_twice_the_combined_error():
+    assert gap(0.001, 0.001, 0.03) == 0.03
+    assert gap(0.03, 0.04, 0.03) == pytest.approx(0.1)
+    assert faster(10.5, 10.0, 0.03) and not faster(10.3, 10.0, 0.03)
+    assert ahead(10.4, 10.0, 0.03) and not ahead(10.3, 10.0, 0.03)
+    assert as_fast(9.8, 10.0, 0.03) and not as_fast(9.6, 10.0, 0.03)
+
+
+def test_slower_for_sure_needs_the_tie_band_and_three_errors_and_known_errors():
+    assert slower_for_sure(10.0, 0.1, 40.0, 0.05)
+    assert slower_for_sure(8.5, 0.0, 10.0, 0.0) and not slower_for_sure(9.5, 0.0, 10.0, 0.0), "the 10% tie band"
+    assert not slower_for_sure(8.5, 0.02, 10.0, 0.01), "15% slower, within 10% and three combined errors (6.7%)"
+    assert not slower_for_sure(1.0, math.inf, 10.0, 0.01) and not slower_for_sure(1.0, 0.01, 10.0, math.inf)
+    assert not slower_for_sure(1.0, 0.01, 0.0, 0.01), "no rate to be slower than"
+
+
+def test_the_offline_search_and_the_loop_decide_the_same_pair_alike():
+    # the same two rates and errors, as offline trials and as the loop's measurements
+    fast = Trial(4, 2, False, 40.0, batches=50, precision=0.02)
+    slow_rates = [(20.0, 0.05), (34.0, 0.01), (38.0, 0.02), (10.0, math.inf)]
+    noise = 0.03
+    for rate, error in slow_rates:
+        offline = decided(rate, error, fast, noise)
+        online = slower_for_sure(rate, error, 40.0, fast.relative_error(noise / 2))
+        assert offline == online, (rate, error)
+    trial = Trial(8, 2, False, 44.0, batches=50, precision=0.02)
+    assert margin(trial, fast, noise) == gap(0.02, 0.02, noise)
+
+
+def test_the_loop_search_calls_faster_what_gap_calls_faster():
+    start, two = Setting(1, 2, False, 2), Setting(2, 2, False, 2)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    search = NeighbourSearch(start, space)
+    search.measured(Measured(start, 10.0, 0.02, 50, 5.0))
+    # gap(0.02, 0.02, 0.03) is 5.7%: 10.5 steps/s is ahead by the noise floor, within the errors: a close call
+    search.measured(Measured(two, 10.5, 0.02, 50, 50 / 10.5))
+    assert search.ask == (start, None)
