@@ -15,8 +15,10 @@ from lightning_dataperf.decode._gather import augment_batch, compiled_augment, c
 from lightning_dataperf.decode._graph import GraphedAugment
 from lightning_dataperf.decode._prepare import DecodeError, HostStages
 from lightning_dataperf.decode._slots import host_layout, slot_view
-from lightning_dataperf.decode._state import PreparedBatch, Telemetry, jpeg_utilisation
+from lightning_dataperf.decode._state import CpuPart, PreparedBatch, Telemetry, jpeg_utilisation
+from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.encoded import KIND_GPU, EncodedBatch
+from lightning_dataperf.decode.split import CPU_DECODERS, CpuDecoder, check_share
 from lightning_dataperf.decode.stats import DecodeStats
 
 __all__ = ["DecodeError", "DecodeStats", "JpegDecoder", "crop_resize_flip"]
@@ -51,6 +53,12 @@ class JpegDecoder(HostStages):
             calling thread (:class:`GpuDecodeLoader` decodes each epoch's first batch there: PyTorch's compile
             stack is not thread-safe), seconds the first time; uncompiled (with a warning) where Triton or the
             compile is not available.
+        gpu_share: split decode, the share of each batch's images this decoder decodes, in [0, 1]; the rest come
+            decoded by the loader's workers (:class:`~lightning_dataperf.decode.split.SplitCollate`, installed by
+            :class:`GpuDecodeLoader`), or, in a batch no worker split, are decoded on the CPU in :meth:`prepare`.
+            ``1`` (the default): all of them; ``0``: the CPU decodes everything and this decoder normalises.
+        cpu_decoder: the CPU share's JPEG decoder: ``"auto"`` (torchvision's libjpeg-turbo decode where torchvision
+            imports, else PIL), ``"pil"``, ``"torchvision"`` or a callable ``bytes -> [H, W, 3] uint8``.
 
     Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it in the calling thread for each
     epoch's first batch, then in its background threads.
@@ -69,13 +77,19 @@ class JpegDecoder(HostStages):
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         on_error: str = "raise",
-        backend: Any = "auto",
+        backend: str | DecodeBackend = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
         compile_augment: bool = True,
+        gpu_share: float = 1.0,
+        cpu_decoder: str | CpuDecoder = "auto",
     ) -> None:
         if on_error not in ("raise", "zeros"):
             raise ValueError(f"on_error must be 'raise' or 'zeros', not {on_error!r}")
+        self.gpu_share = check_share(gpu_share)
+        if isinstance(cpu_decoder, str) and cpu_decoder not in CPU_DECODERS:
+            raise ValueError(f"cpu_decoder must be one of {CPU_DECODERS} or a callable, not {cpu_decoder!r}")
+        self.cpu_decoder = cpu_decoder
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -85,12 +99,14 @@ class JpegDecoder(HostStages):
         self._shift = (-torch.tensor(mean, dtype=torch.float32) / torch.tensor(std)).to(self.device)
         self._cuda = self.device.type == "cuda"
         custom = not isinstance(backend, str)
-        self.backend = make_backend(backend, self.device, decode_threads) if self._cuda or custom else None
+        self.backend: DecodeBackend | None = None
+        if self._cuda or custom:
+            self.backend = make_backend(backend, self.device, decode_threads)
         self.layout = self.backend.layout if self.backend is not None else "hwc"
         self.graph_augment = graph_augment and self._cuda
         self.compile_augment = compile_augment and self.graph_augment
         #: Wait on the host before each GPU decode (:meth:`_wait_writable`): the backend writes at call time.
-        self.host_barrier = bool(self._cuda and getattr(self.backend, "writes_at_call", True))
+        self.host_barrier = self._cuda and self.backend is not None and self.backend.writes_at_call
         self._graphs: list[GraphedAugment | None] = [None] * (2 if self.host_barrier else 1)
         self._turn = 0
         self.telemetry = Telemetry()
@@ -125,13 +141,17 @@ class JpegDecoder(HostStages):
         else:
             images = torch.empty(0, 3, self.size, self.size, device=self.device, dtype=self.dtype)
             labels = self._to_device(prepared.batch.meta[:, 0].cpu().contiguous())
+        part = prepared.cpu_part
+        if part is not None:
+            images, labels = self._assemble(part, images)
         if self._cuda:
             end.record(stream)
         with telemetry.lock:
             if self._cuda:
                 telemetry.pending.append((start, end, count))
             telemetry.batches += 1
-            telemetry.images += count
+            telemetry.images += count if part is None else len(part.labels)
+            telemetry.cpu_share += 0 if part is None else len(part.pixels)
             telemetry.cpu_fallback += fallback
             telemetry.undecodable += len(bad)
             elapsed = time.perf_counter() - started
@@ -144,6 +164,20 @@ class JpegDecoder(HostStages):
             if not self._cuda:
                 telemetry.decode_s += elapsed + prepared.seconds
         return images, labels
+
+    def _assemble(self, part: CpuPart, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A split batch in the sampler's order: the CPU share's uint8 pixels copied over (pinned, non-blocking)
+        and normalised here, as :func:`augment_batch` does, beside the device path's ``images`` (``part.rest``)."""
+        pixels = self._to_device(part.pixels)
+        if self.dtype != torch.uint8:
+            pixels = pixels.float().mul_(self._scale).add_(self._shift).to(self.dtype)
+        out = torch.empty(len(part.labels), self.size, self.size, 3, dtype=self.dtype, device=self.device)
+        out.index_copy_(0, self._to_device(part.positions), pixels)
+        if len(part.rest):
+            out.index_copy_(0, self._to_device(part.rest), images.permute(0, 2, 3, 1))
+        # an NCHW view with channels-last strides, as the augment returns
+        out = out.permute(0, 3, 1, 2)
+        return (out if self.channels_last else out.contiguous()), self._to_device(part.labels)
 
     def _record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()
@@ -318,6 +352,7 @@ class JpegDecoder(HostStages):
                 prepare_cpu_seconds=telemetry.prepare_cpu_s,
                 barrier_seconds=telemetry.barrier_s,
                 call_seconds=telemetry.call_s,
+                cpu_share=telemetry.cpu_share,
             )
 
 
