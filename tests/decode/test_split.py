@@ -16,7 +16,7 @@ from lightning_dataperf.decode.split import SplitCollate, share_count, without
 from lightning_dataperf.loader.probe import TimedCollate
 
 pytest.importorskip("PIL")
-from helpers import odd_files, reference, write_files  # noqa: E402
+from helpers import odd_files, reference, write_files
 
 # outputs in levels of 255
 IDENTITY = {"mean": (0.0, 0.0, 0.0), "std": (1 / 255, 1 / 255, 1 / 255)}
