@@ -44,20 +44,7 @@ class HostStages:
         prepared as a batch of their own; where no worker split a batch and ``gpu_share < 1``, the split is made
         here."""
         started, cpu_started = time.perf_counter(), time.thread_time()
-        share = self.gpu_share
-        if batch.pixels is None and share < 1 and share_count(share, len(batch)):
-            batch = split_on_host(batch.to("cpu"), share, self.size, self.cpu_decoder)
-        part = None
-        if batch.pixels is not None and batch.positions is not None and len(batch.positions):
-            labels = batch.meta[:, 0].cpu().contiguous()
-            positions, pixels = batch.positions.cpu(), batch.pixels.cpu()
-            batch, rest = without(batch.to("cpu"), positions.tolist())
-            part = CpuPart(
-                self._pinned(pixels),
-                self._pinned(positions),
-                self._pinned(torch.tensor(rest, dtype=torch.int64)),
-                self._pinned(labels),
-            )
+        batch, part = self._set_apart(batch)
         meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
         rows = meta.tolist()
         data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
@@ -91,6 +78,26 @@ class HostStages:
         prepared.seconds = time.perf_counter() - started
         prepared.cpu_seconds = time.thread_time() - cpu_started
         return prepared
+
+    def _set_apart(self, batch: EncodedBatch) -> tuple[EncodedBatch, CpuPart | None]:
+        """Split decode: ``(the samples left to the device path, the CPU's share)``; the split made here where no
+        worker made it (the same count as a worker's ``SplitCollate`` would)."""
+        share = self.gpu_share
+        if batch.pixels is None and share < 1 and share_count(share, len(batch)):
+            batch = split_on_host(batch.to("cpu"), share, self.size, self.cpu_decoder)
+        if batch.pixels is None or batch.positions is None or not len(batch.positions):
+            return batch, None
+        labels = batch.meta[:, 0].cpu().contiguous()
+        positions, pixels = batch.positions.cpu(), batch.pixels.cpu()
+        rest_batch, rest = without(batch.to("cpu"), positions.tolist())
+        # pinned here unless the DataLoader pinned them: the copies to the device are then non-blocking
+        part = CpuPart(
+            self._pinned(pixels),
+            self._pinned(positions),
+            self._pinned(torch.tensor(rest, dtype=torch.int64)),
+            self._pinned(labels),
+        )
+        return rest_batch, part
 
     @property
     def can_submit(self) -> bool:

@@ -208,6 +208,8 @@ class GpuDecodeLoader:
         decoder = self.decoder
         # a new one each time: collate_encoded is shared by every loader
         split = SplitCollate(share, decoder.size, decoder.cpu_decoder) if share < 1 else collate_encoded
+        if split == inner:
+            return True
         if timed is not None:
             timed.collate_fn = split
         else:
