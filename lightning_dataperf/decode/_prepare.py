@@ -7,10 +7,10 @@ import time
 import torch
 
 from lightning_dataperf.decode._slots import pil_decode
-from lightning_dataperf.decode._state import CpuPart, PreparedBatch
+from lightning_dataperf.decode._state import PreparedBatch
 from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.encoded import KIND_BAD, KIND_GPU, EncodedBatch
-from lightning_dataperf.decode.split import CpuDecoder, share_count, split_on_host, without
+from lightning_dataperf.decode.split import CpuDecoder, share_count, split_on_host
 
 __all__ = ["DecodeError", "HostStages", "pil_decode"]
 
@@ -40,23 +40,34 @@ class HostStages:
         decodes of the samples the header sent to the CPU. :class:`GpuDecodeLoader` runs it in a thread of
         its own, so the decode thread only decodes and augments.
 
-        Split decode: the samples a worker decoded (``batch.pixels``) are set apart (:class:`CpuPart`) and the rest
-        prepared as a batch of their own; where no worker split a batch and ``gpu_share < 1``, the split is made
-        here."""
+        Split decode: the samples a worker decoded (``batch.pixels``: cropped, resized and flipped already) take
+        slots of their own after the others, with a table row that copies them through the augment unchanged (the
+        whole ``size`` square, no flip), so the same augment normalises them and the batch comes out in its order;
+        where no worker split a batch and ``gpu_share < 1``, the split is made here."""
         started, cpu_started = time.perf_counter(), time.thread_time()
-        batch, part = self._set_apart(batch)
+        share = self.gpu_share
+        if batch.pixels is None and share < 1 and share_count(share, len(batch)):
+            batch = split_on_host(batch.to("cpu"), share, self.size, self.cpu_decoder)
         meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
         rows = meta.tolist()
         data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
         offsets = batch.offsets.tolist()
         count = len(rows)
         sizes = [(row[3], row[4]) for row in rows]
-        gpu = [i for i, row in enumerate(rows) if row[2] == KIND_GPU] if self.backend is not None else []
+        # room for every sample at its header's size, whatever the share (a CUDA graph's buffer is sized once)
+        reserve = 3 * sum(h * w for h, w in sizes)
+        positions = [] if batch.positions is None else batch.positions.tolist()
+        ready = set(positions)
+        gpu = (
+            [i for i, row in enumerate(rows) if row[2] == KIND_GPU and i not in ready]
+            if self.backend is not None
+            else []
+        )
         on_gpu = set(gpu)
         host: dict[int, torch.Tensor] = {}
         bad: list[int] = []
         for i in range(count):
-            if i not in on_gpu:
+            if i not in on_gpu and i not in ready:
                 self._host_decode(batch, data, offsets, rows, i, host, bad)
         bases, position = [0] * count, 0
         for i in gpu:
@@ -66,38 +77,26 @@ class HostStages:
         for i, image in host.items():
             sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
             position += image.numel()
+        share_start, side = position, self.size
+        for i in positions:
+            # cropped, resized and flipped in the worker: the gather copies the whole square at scale 1
+            sizes[i], bases[i], rows[i][5:10] = (side, side), position, [0, 0, side, side, 0]
+            position += 3 * side * side
         spans = [(offsets[i], offsets[i + 1]) for i in gpu]
         inputs = self.backend.prepare(data, spans) if gpu and self.backend is not None else None
         prepared = PreparedBatch(
             batch, rows, data, offsets, sizes, gpu, host, bad, bases, position, host_start, spans, inputs
         )
-        prepared.cpu_part = part
+        prepared.reserve, prepared.share_start = max(reserve, position), share_start
+        if positions:
+            assert batch.pixels is not None
+            prepared.pixels = self._pinned(batch.pixels.cpu())
         # the table is final unless a sample turns out undecodable on the GPU
         if count and not bad:
             prepared.table = self._table(prepared, 0, bad)
         prepared.seconds = time.perf_counter() - started
         prepared.cpu_seconds = time.thread_time() - cpu_started
         return prepared
-
-    def _set_apart(self, batch: EncodedBatch) -> tuple[EncodedBatch, CpuPart | None]:
-        """Split decode: ``(the samples left to the device path, the CPU's share)``; the split made here where no
-        worker made it (the same count as a worker's ``SplitCollate`` would)."""
-        share = self.gpu_share
-        if batch.pixels is None and share < 1 and share_count(share, len(batch)):
-            batch = split_on_host(batch.to("cpu"), share, self.size, self.cpu_decoder)
-        if batch.pixels is None or batch.positions is None or not len(batch.positions):
-            return batch, None
-        labels = batch.meta[:, 0].cpu().contiguous()
-        positions, pixels = batch.positions.cpu(), batch.pixels.cpu()
-        rest_batch, rest = without(batch.to("cpu"), positions.tolist())
-        # pinned here unless the DataLoader pinned them: the copies to the device are then non-blocking
-        part = CpuPart(
-            self._pinned(pixels),
-            self._pinned(positions),
-            self._pinned(torch.tensor(rest, dtype=torch.int64)),
-            self._pinned(labels),
-        )
-        return rest_batch, part
 
     @property
     def can_submit(self) -> bool:

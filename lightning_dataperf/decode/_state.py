@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["CpuPart", "PreparedBatch", "Telemetry", "jpeg_utilisation"]
+__all__ = ["PreparedBatch", "Telemetry", "jpeg_utilisation"]
 
 
 class Telemetry:
@@ -31,23 +30,13 @@ class Telemetry:
             self.decode_s += start.elapsed_time(end) / 1e3
 
 
-@dataclass(frozen=True)
-class CpuPart:
-    """The CPU's share of a split batch (host tensors, pinned on CUDA): its ``[k, size, size, 3]`` uint8 ``pixels``,
-    their ``positions`` in the batch, the positions of the ``rest`` (the device path's), every sample's label."""
-
-    pixels: torch.Tensor
-    positions: torch.Tensor
-    rest: torch.Tensor
-    labels: torch.Tensor
-
-
 class PreparedBatch:
     """What :meth:`JpegDecoder.prepare` made of a batch on the host, for :meth:`JpegDecoder.run`."""
 
     __slots__ = (
-        "bad", "bases", "batch", "call_seconds", "cpu_part", "cpu_seconds", "data", "gpu", "host", "host_start",
-        "inputs", "needed", "offsets", "rows", "seconds", "sizes", "spans", "submitted", "table",
+        "bad", "bases", "batch", "call_seconds", "cpu_seconds", "data", "gpu", "host", "host_start", "inputs",
+        "needed", "offsets", "pixels", "reserve", "rows", "seconds", "share_start", "sizes", "spans", "submitted",
+        "table",
     )  # fmt: skip
 
     def __init__(self, batch, rows, data, offsets, sizes, gpu, host, bad, bases, needed, host_start, spans, inputs):
@@ -57,8 +46,11 @@ class PreparedBatch:
         self.table: torch.Tensor | None = None
         # what the backend's submit returned (JpegDecoder.submit), if it ran
         self.submitted: Any = None
-        # split decode: the share the workers decoded, assembled with the rest by JpegDecoder.run
-        self.cpu_part: CpuPart | None = None
+        # split decode: the CPU share's pixels (pinned on CUDA), copied to flat[share_start:needed]
+        self.pixels: torch.Tensor | None = None
+        self.share_start = needed
+        # the flat buffer's bytes were every sample decoded at its header's size (a CUDA graph's buffer is sized by it)
+        self.reserve = needed
         self.seconds = self.cpu_seconds = self.call_seconds = 0.0
 
     def __len__(self) -> int:

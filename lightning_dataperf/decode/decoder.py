@@ -15,7 +15,7 @@ from lightning_dataperf.decode._gather import augment_batch, compiled_augment, c
 from lightning_dataperf.decode._graph import GraphedAugment
 from lightning_dataperf.decode._prepare import DecodeError, HostStages
 from lightning_dataperf.decode._slots import host_layout, slot_view
-from lightning_dataperf.decode._state import CpuPart, PreparedBatch, Telemetry, jpeg_utilisation
+from lightning_dataperf.decode._state import PreparedBatch, Telemetry, jpeg_utilisation
 from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.encoded import KIND_GPU, EncodedBatch
 from lightning_dataperf.decode.split import CPU_DECODERS, CpuDecoder, check_share
@@ -141,17 +141,14 @@ class JpegDecoder(HostStages):
         else:
             images = torch.empty(0, 3, self.size, self.size, device=self.device, dtype=self.dtype)
             labels = self._to_device(prepared.batch.meta[:, 0].cpu().contiguous())
-        part = prepared.cpu_part
-        if part is not None:
-            images, labels = self._assemble(part, images)
         if self._cuda:
             end.record(stream)
         with telemetry.lock:
             if self._cuda:
                 telemetry.pending.append((start, end, count))
             telemetry.batches += 1
-            telemetry.images += count if part is None else len(part.labels)
-            telemetry.cpu_share += 0 if part is None else len(part.pixels)
+            telemetry.images += count
+            telemetry.cpu_share += 0 if prepared.pixels is None else len(prepared.pixels)
             telemetry.cpu_fallback += fallback
             telemetry.undecodable += len(bad)
             elapsed = time.perf_counter() - started
@@ -164,20 +161,6 @@ class JpegDecoder(HostStages):
             if not self._cuda:
                 telemetry.decode_s += elapsed + prepared.seconds
         return images, labels
-
-    def _assemble(self, part: CpuPart, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A split batch in the sampler's order: the CPU share's uint8 pixels copied over (pinned, non-blocking)
-        and normalised here, as :func:`augment_batch` does, beside the device path's ``images`` (``part.rest``)."""
-        pixels = self._to_device(part.pixels)
-        if self.dtype != torch.uint8:
-            pixels = pixels.float().mul_(self._scale).add_(self._shift).to(self.dtype)
-        out = torch.empty(len(part.labels), self.size, self.size, 3, dtype=self.dtype, device=self.device)
-        out.index_copy_(0, self._to_device(part.positions), pixels)
-        if len(part.rest):
-            out.index_copy_(0, self._to_device(part.rest), images.permute(0, 2, 3, 1))
-        # an NCHW view with channels-last strides, as the augment returns
-        out = out.permute(0, 3, 1, 2)
-        return (out if self.channels_last else out.contiguous()), self._to_device(part.labels)
 
     def _record(self) -> torch.cuda.Event:
         event = torch.cuda.Event()
@@ -224,7 +207,7 @@ class JpegDecoder(HostStages):
             if other is not None:
                 other.capture(augment)
 
-    def _allocate(self, count: int, needed: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
+    def _allocate(self, count: int, needed: int, reserve: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
         """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it.
 
         Graphs take turns (two where the decoder writes at call time, see :attr:`host_barrier`): the host
@@ -232,10 +215,12 @@ class JpegDecoder(HostStages):
         Every graph is made and captured at the first full batch (:meth:`_replay`), with half as much room
         again: a capture later in the run could overlap a CUDA-graph recording of a compiled training step in
         the main thread, whose ``torch.cuda.synchronize`` fails while any stream captures (seen on the H200,
-        issue 38). A batch that does not fit is augmented eagerly instead."""
+        issue 38). A batch that does not fit is augmented eagerly instead. The room is counted from ``reserve``
+        (every sample at its header's size), so a split batch's smaller CPU share does not size the buffer for
+        that share only: another ``gpu_share`` later still fits."""
         if self.graph_augment and self._cuda and count:
             if self._graphs[0] is None:
-                capacity = needed * 3 // 2 + 3
+                capacity = max(needed, reserve) * 3 // 2 + 3
                 self._graphs = [GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device) for _ in self._graphs]
             graphed = self._graphs[self._turn % len(self._graphs)]
             assert graphed is not None
@@ -280,8 +265,8 @@ class JpegDecoder(HostStages):
         batch, rows, data, offsets = prepared.batch, prepared.rows, prepared.data, prepared.offsets
         sizes, bases, gpu, host = list(prepared.sizes), list(prepared.bases), prepared.gpu, prepared.host
         bad = list(prepared.bad)
-        position, host_start = prepared.needed, prepared.host_start
-        flat, zero_base, graphed = self._allocate(len(rows), position)
+        position, host_start, share_start = prepared.needed, prepared.host_start, prepared.share_start
+        flat, zero_base, graphed = self._allocate(len(rows), position, prepared.reserve)
         keep: Any = None
         waited = 0.0
         fallback = sum(1 for i in host if rows[i][2] != KIND_GPU or self.backend is not None)
@@ -315,8 +300,20 @@ class JpegDecoder(HostStages):
                     self._fail(batch, i, f"decoded size {tuple(retried[i].shape[:2])} differs from the header's", bad)
         if host:
             joined = torch.cat([host_layout(host[i], self.layout).view(-1) for i in host])
-            flat[host_start:position].copy_(self._pinned(joined), non_blocking=True)
+            flat[host_start:share_start].copy_(self._pinned(joined), non_blocking=True)
+        if prepared.pixels is not None:
+            self._copy_share(flat[share_start:position], prepared.pixels)
         return flat, zero_base, graphed, fallback, bad, keep, waited
+
+    def _copy_share(self, slots: torch.Tensor, pixels: torch.Tensor) -> None:
+        """The CPU share's ``[k, size, size, 3]`` uint8 pixels into their slots: one copy (pinned, non-blocking) for
+        interleaved slots; for planar ones, to the device first and transposed there, not on the host."""
+        count, side = len(pixels), self.size
+        if self.layout == "hwc":
+            slots.view(count, side, side, 3).copy_(pixels, non_blocking=True)
+        else:
+            staged = pixels.to(self.device, non_blocking=True)
+            slots.view(count, 3, side, side).copy_(staged.permute(0, 3, 1, 2))
 
     def _release_after_use(self, keep: Any) -> None:
         """Keep the decoder's outputs and inputs alive until the current stream has read them (instead of

@@ -1,6 +1,6 @@
 """Split decode (issue 46): part of each batch decoded on the CPU in the loader's workers, the rest by the GPU path.
 
-:class:`SplitCollate` is the workers' half; ``JpegDecoder`` assembles both in the sampler's order (docs/gpu_decode.md).
+:class:`SplitCollate` is the workers' half; ``JpegDecoder`` augments both in the sampler's order (docs/gpu_decode.md).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ __all__ = [
     "resolve_cpu_decoder",
     "share_count",
     "split_on_host",
-    "without",
 ]
 
 #: ``bytes`` of one image -> its ``[H, W, 3]`` uint8 RGB pixels (a view is fine).
@@ -192,29 +191,3 @@ def split_on_host(batch: EncodedBatch, share: float, size: int, decoder: str | C
     rows = [(row[3], row[4], *row[5:10]) for row in meta]
     pixels, positions = cpu_share(kinds, blob, rows, share, size, decoder)
     return dataclasses.replace(batch, pixels=pixels, positions=torch.tensor(positions, dtype=torch.int64))
-
-
-def without(batch: EncodedBatch, positions: Sequence[int]) -> tuple[EncodedBatch, list[int]]:
-    """``batch`` less the samples at ``positions`` (and less its pixels): ``(the rest, their positions)``. No byte
-    is copied where the samples left out have no bytes (a :class:`SplitCollate` batch)."""
-    gone = set(positions)
-    rest = [i for i in range(len(batch)) if i not in gone]
-    offsets = batch.offsets.tolist()
-    if all(offsets[i] == offsets[i + 1] for i in gone):
-        # the rest are back to back: the same bytes, fewer offsets
-        data, kept = batch.data, [offsets[i] for i in rest] + [offsets[-1]]
-    else:
-        parts = [batch.data[offsets[i] : offsets[i + 1]] for i in rest]
-        data = torch.cat(parts) if parts else batch.data[:0]
-        kept = [0]
-        for part in parts:
-            kept.append(kept[-1] + part.numel())
-    index = torch.tensor(rest, dtype=torch.int64)
-    smaller = EncodedBatch(
-        data,
-        torch.tensor(kept, dtype=torch.int64),
-        batch.meta[index],
-        tuple(batch.paths[i] for i in rest) if batch.paths else (),
-        tuple(batch.reasons[i] for i in rest) if batch.reasons else (),
-    )
-    return smaller, rest

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from lightning_dataperf.decode import BackendBase, DecodeBackend, DecodeError, GpuDecodeLoader, JpegDecoder
 from lightning_dataperf.decode._backends import make_backend
 from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
-from lightning_dataperf.decode.split import SplitCollate, share_count, without
+from lightning_dataperf.decode.split import SplitCollate, share_count
 from lightning_dataperf.loader.probe import TimedCollate
 
 pytest.importorskip("PIL")
@@ -86,10 +86,10 @@ def test_the_workers_send_pixels_not_bytes(tmp_path):
     assert positions == [0, 1, 2, 3, 4, 5]
     lengths = (batch.offsets[1:] - batch.offsets[:-1]).tolist()
     assert [lengths[i] for i in positions] == [0] * 6 and all(lengths[i] > 0 for i in (6, 7))
-    rest, kept = without(batch, positions)
-    assert kept == [6, 7] and rest.data.data_ptr() == batch.data.data_ptr()  # no copy of the bytes
-    assert rest.encoded(0).tolist() == batch.encoded(6).tolist()
-    assert batch.pin_memory is not None and collate_encoded is not base.collate_fn  # the shared one is untouched
+    assert collate_encoded is not base.collate_fn  # the shared one is untouched
+    # the decoder copies them through its augment unchanged (uint8 out: exactly the worker's pixels)
+    images, labels = JpegDecoder("cpu", size=32, dtype=torch.uint8, gpu_share=0.25)(batch)
+    assert torch.equal(images[:6], batch.pixels.permute(0, 3, 1, 2)) and labels.tolist() == list(range(8))
 
 
 def test_the_share_reaches_the_workers_at_the_next_iterator(tmp_path):
@@ -102,6 +102,17 @@ def test_the_share_reaches_the_workers_at_the_next_iterator(tmp_path):
     assert sum(len(images) for images, _ in loader) == 16 and loader.stats().cpu_share == 2 * 6
     loader.set_gpu_share(1)
     assert base.collate_fn is collate_encoded
+
+
+def test_a_split_batch_reserves_room_for_every_sample_at_its_headers_size(tmp_path):
+    dataset = _indexed(tmp_path, 8)
+    samples = [dataset[i] for i in range(8)]
+    header_bytes = 3 * sum(sample.height * sample.width for sample in samples)
+    decoder = JpegDecoder("cpu", size=16, gpu_share=0.5)
+    prepared = decoder.prepare(SplitCollate(0.5, size=16)(samples))
+    # four decoded at their own size, four ready at 16 x 16; the graph's buffer is sized from the headers
+    assert prepared.needed < header_bytes == prepared.reserve
+    assert prepared.needed - prepared.share_start == 4 * 3 * 16 * 16
 
 
 def test_a_loader_without_collate_encoded_splits_on_the_host(tmp_path):
@@ -243,6 +254,18 @@ def test_a_backend_object_is_checked_and_given_the_defaults():
     planar.layout = "rgb"
     with pytest.raises(ValueError, match="layout must be one of"):
         JpegDecoder("cpu", backend=planar)
+
+
+def test_the_three_libraries_are_backends_with_their_own_ordering():
+    from lightning_dataperf.decode._nvimgcodec import NvImageCodecBackend
+    from lightning_dataperf.decode._nvjpeg import NvJpegBackend
+    from lightning_dataperf.decode._torchvision import TorchvisionBackend
+
+    expected = {TorchvisionBackend: ("chw", False, True), NvJpegBackend: ("hwc", True, False),
+                NvImageCodecBackend: ("hwc", True, False)}  # fmt: skip
+    for cls, (layout, writes_at_call, can_submit) in expected.items():
+        assert issubclass(cls, BackendBase) and callable(cls.decode) and callable(cls.prepare)
+        assert (cls.layout, cls.writes_at_call, cls.can_submit) == (layout, writes_at_call, can_submit), cls
 
 
 def test_no_optional_backend_member_is_looked_up_by_getattr():

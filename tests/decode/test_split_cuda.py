@@ -68,3 +68,19 @@ def test_a_split_batch_is_bf16_channels_last_on_the_device(tmp_path):
         assert images.is_cuda and labels.is_cuda and images.dtype == torch.bfloat16
         assert images.shape == (8, 3, 64, 64) and images.is_contiguous(memory_format=torch.channels_last)
     assert loader.stats().cpu_share == 2 * 6
+
+
+def test_changing_the_share_keeps_the_augments_graph(tmp_path):
+    """Every batch has B rows whatever the share, and the graph's buffer is sized from the headers: no capture
+    after the first batch (a later one could overlap a compiled step's CUDA-graph recording, issue 38)."""
+    dataset = EncodedImageDataset(write_files(str(tmp_path), 32, sizes=((300, 420), (380, 260))), seed=2)
+    base = DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=collate_encoded, drop_last=True)
+    loader = GpuDecodeLoader(base, size=64, dtype=torch.bfloat16, gpu_share=0.0)
+    graphs = None
+    for share in (0.0, 1.0, 0.5, 0.25):
+        loader.set_gpu_share(share)
+        assert sum(len(images) for images, _ in loader) == 32
+        ids = [id(graph) for graph in loader.decoder._graphs]
+        graphs = graphs or ids
+        assert loader.decoder.graph_augment and ids == graphs and None not in loader.decoder._graphs
+    assert loader.stats().cpu_share == 32 + 16 + 24
