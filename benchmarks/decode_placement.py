@@ -64,8 +64,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="CPU, 40 images, tiny model, 2+2 steps")
     args = parser.parse_args(argv)
     if args.quick:
-        args.steps, args.warmup, args.compile_warmup = 60, 15, 10
-        args.cpu_workers, args.shares, args.images = args.cpu_workers[:1], [0.5], min(args.images, 1500)
+        args.steps, args.warmup, args.compile_warmup = 50, 10, 10
+        args.cpu_workers, args.shares, args.images = args.cpu_workers[:1], [0.5], min(args.images, 1000)
     if args.dry_run:
         args.images, args.steps, args.warmup, args.compile_warmup = 40, 2, 2, 0
         args.modes, args.models, args.cpu_workers = ["eager"], args.models[:1], [0]
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     rates: dict = {}
     began = time.perf_counter()
     for number in range(args.rounds):
-        print(f"round {number + 1} of {args.rounds}", flush=True)
+        print(f"round {number + 1} of {args.rounds} ({time.perf_counter() - began:.0f} s so far)", flush=True)
         run_round(gd, sets, modules, args, cuda, rates)
     rows, headers, table = summarise(rates, args)
     print(f"{args.rounds} rounds in {time.perf_counter() - began:.0f} s; mean (share of ceiling) ±half the spread")
