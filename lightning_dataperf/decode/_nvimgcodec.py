@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from lightning_dataperf.decode._slots import NVIMGCODEC_EXTRA, Sizes, Spans, slot_view
+from lightning_dataperf.decode.backend import BackendBase
 
 __all__ = ["NvImageCodecBackend", "import_nvimgcodec"]
 
@@ -80,7 +81,7 @@ class _StderrFiltered:
             print("\n".join(kept), file=sys.stderr)
 
 
-class NvImageCodecBackend:
+class NvImageCodecBackend(BackendBase):
     """Batched nvJPEG through nvImageCodec (hardware engines first); interleaved (``hwc``) slots.
 
     Ordering: it decodes straight into the flat buffer, and nvJPEG's hardware engine writes its outputs

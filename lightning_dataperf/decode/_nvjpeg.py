@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from lightning_dataperf.decode._slots import NVJPEG_EXTRA, Sizes, Spans
+from lightning_dataperf.decode.backend import BackendBase
 
 __all__ = ["NvJpegBackend", "load_nvjpeg"]
 
@@ -72,7 +73,7 @@ def load_nvjpeg() -> Any:
     return library
 
 
-class NvJpegBackend:
+class NvJpegBackend(BackendBase):
     """Batched nvJPEG on the GPU's hardware JPEG engines, called through ``ctypes``; interleaved (``hwc``) slots.
 
     No per-image tensor or allocation: one call decodes the batch straight into the flat buffer, on the caller's

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import io
 import time
-from typing import Any
 
 import torch
 
+from lightning_dataperf.decode._slots import pil_decode
 from lightning_dataperf.decode._state import PreparedBatch
+from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.encoded import KIND_BAD, KIND_GPU, EncodedBatch
+from lightning_dataperf.decode.split import CpuDecoder, share_count, split_on_host
 
 __all__ = ["DecodeError", "HostStages", "pil_decode"]
 
 
 class DecodeError(RuntimeError):
     """A sample that neither the GPU nor the CPU can decode (names its dataset index and path)."""
-
-
-def pil_decode(data: bytes) -> torch.Tensor:
-    """``[H, W, 3]`` uint8 RGB via PIL (CMYK, grayscale, palette... converted)."""
-    try:
-        from PIL import Image
-    except ImportError as error:
-        raise ImportError("CPU decoding needs Pillow (pip install pillow)") from error
-    with Image.open(io.BytesIO(data)) as image:
-        rgb = image.convert("RGB")
-    array = torch.frombuffer(bytearray(rgb.tobytes()), dtype=torch.uint8)
-    return array.view(rgb.height, rgb.width, 3)
 
 
 class HostStages:
@@ -37,28 +26,48 @@ class HostStages:
     :class:`GpuDecodeLoader` runs each in a thread of its own.
     """
 
-    backend: Any
+    backend: DecodeBackend | None
     on_error: str
+    size: int
+    #: The share of each batch the device path decodes; the rest comes decoded from the workers (split decode).
+    gpu_share: float
+    cpu_decoder: str | CpuDecoder
     _cuda: bool
 
     def prepare(self, batch: EncodedBatch) -> PreparedBatch:
         """The host-only half of a batch (no CUDA work is queued): the per-sample rows, the byte views,
         the layout of the flat buffer, the pinned per-sample table, the backend's own inputs, and the CPU
         decodes of the samples the header sent to the CPU. :class:`GpuDecodeLoader` runs it in a thread of
-        its own, so the decode thread only decodes and augments."""
+        its own, so the decode thread only decodes and augments.
+
+        Split decode: the samples a worker decoded (``batch.pixels``: cropped, resized and flipped already) take
+        slots of their own after the others, with a table row that copies them through the augment unchanged (the
+        whole ``size`` square, no flip), so the same augment normalises them and the batch comes out in its order;
+        where no worker split a batch and ``gpu_share < 1``, the split is made here."""
         started, cpu_started = time.perf_counter(), time.thread_time()
+        share = self.gpu_share
+        if batch.pixels is None and share < 1 and share_count(share, len(batch)):
+            batch = split_on_host(batch.to("cpu"), share, self.size, self.cpu_decoder)
         meta = batch.meta if batch.meta.device.type == "cpu" else batch.meta.cpu()
         rows = meta.tolist()
         data = batch.data if batch.data.device.type == "cpu" else batch.data.cpu()
         offsets = batch.offsets.tolist()
         count = len(rows)
         sizes = [(row[3], row[4]) for row in rows]
-        gpu = [i for i, row in enumerate(rows) if row[2] == KIND_GPU] if self.backend is not None else []
+        # room for every sample at its header's size, whatever the share (a CUDA graph's buffer is sized once)
+        reserve = 3 * sum(h * w for h, w in sizes)
+        positions = [] if batch.positions is None else batch.positions.tolist()
+        ready = set(positions)
+        gpu = (
+            [i for i, row in enumerate(rows) if row[2] == KIND_GPU and i not in ready]
+            if self.backend is not None
+            else []
+        )
         on_gpu = set(gpu)
         host: dict[int, torch.Tensor] = {}
         bad: list[int] = []
         for i in range(count):
-            if i not in on_gpu:
+            if i not in on_gpu and i not in ready:
                 self._host_decode(batch, data, offsets, rows, i, host, bad)
         bases, position = [0] * count, 0
         for i in gpu:
@@ -68,14 +77,20 @@ class HostStages:
         for i, image in host.items():
             sizes[i], bases[i] = (image.shape[0], image.shape[1]), position
             position += image.numel()
+        share_start, side = position, self.size
+        for i in positions:
+            # cropped, resized and flipped in the worker: the gather copies the whole square at scale 1
+            sizes[i], bases[i], rows[i][5:10] = (side, side), position, [0, 0, side, side, 0]
+            position += 3 * side * side
         spans = [(offsets[i], offsets[i + 1]) for i in gpu]
-        inputs = None
-        prepare_inputs = getattr(self.backend, "prepare", None)
-        if gpu and callable(prepare_inputs):
-            inputs = prepare_inputs(data, spans)
+        inputs = self.backend.prepare(data, spans) if gpu and self.backend is not None else None
         prepared = PreparedBatch(
             batch, rows, data, offsets, sizes, gpu, host, bad, bases, position, host_start, spans, inputs
         )
+        prepared.reserve, prepared.share_start = max(reserve, position), share_start
+        if positions:
+            assert batch.pixels is not None
+            prepared.pixels = self._pinned(batch.pixels.cpu())
         # the table is final unless a sample turns out undecodable on the GPU
         if count and not bad:
             prepared.table = self._table(prepared, 0, bad)
@@ -87,7 +102,7 @@ class HostStages:
     def can_submit(self) -> bool:
         """Can the decode call run apart from :meth:`run` (:meth:`submit`)? Where the backend decodes into
         buffers of its own and has a ``submit`` (torchvision's nvJPEG), not where it decodes into the flat buffer."""
-        return callable(getattr(self.backend, "submit", None)) and getattr(self.backend, "ordered", True)
+        return self.backend is not None and self.backend.can_submit and self.backend.ordered
 
     def submit(self, prepared: PreparedBatch) -> PreparedBatch:
         """The decode library's call for a prepared batch, where :attr:`can_submit` (else nothing): what it returns
@@ -97,6 +112,7 @@ class HostStages:
         if prepared.gpu and self.can_submit:
             started = time.perf_counter()
             parts = prepared.inputs if prepared.inputs is not None else [prepared.data[a:b] for a, b in prepared.spans]
+            assert self.backend is not None
             prepared.submitted = self.backend.submit(parts)
             prepared.call_seconds = time.perf_counter() - started
         return prepared

@@ -19,6 +19,8 @@ class Telemetry:
         self.batches = self.images = self.cpu_fallback = self.undecodable = 0
         self.decode_s = self.submit_s = self.submit_cpu_s = self.wait_s = 0.0
         self.prepare_s = self.prepare_cpu_s = self.barrier_s = self.call_s = 0.0
+        # images of the split's CPU share (decoded in the workers, or in the prepare thread)
+        self.cpu_share = 0
         self.depth_sum = self.depth_n = 0
         self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, int]] = deque()
 
@@ -33,7 +35,8 @@ class PreparedBatch:
 
     __slots__ = (
         "bad", "bases", "batch", "call_seconds", "cpu_seconds", "data", "gpu", "host", "host_start", "inputs",
-        "needed", "offsets", "rows", "seconds", "sizes", "spans", "submitted", "table",
+        "needed", "offsets", "pixels", "reserve", "rows", "seconds", "share_start", "sizes", "spans", "submitted",
+        "table",
     )  # fmt: skip
 
     def __init__(self, batch, rows, data, offsets, sizes, gpu, host, bad, bases, needed, host_start, spans, inputs):
@@ -43,6 +46,11 @@ class PreparedBatch:
         self.table: torch.Tensor | None = None
         # what the backend's submit returned (JpegDecoder.submit), if it ran
         self.submitted: Any = None
+        # split decode: the CPU share's pixels (pinned on CUDA), copied to flat[share_start:needed]
+        self.pixels: torch.Tensor | None = None
+        self.share_start = needed
+        # the flat buffer's bytes were every sample decoded at its header's size (a CUDA graph's buffer is sized by it)
+        self.reserve = needed
         self.seconds = self.cpu_seconds = self.call_seconds = 0.0
 
     def __len__(self) -> int:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from lightning_dataperf.decode._slots import EXTRA, NVIMGCODEC_EXTRA, Sizes, Spans
+from lightning_dataperf.decode.backend import BackendBase
 
 __all__ = ["TorchvisionBackend", "import_decode_jpeg"]
 
@@ -26,7 +27,7 @@ def import_decode_jpeg() -> Any:
     return decode_jpeg
 
 
-class TorchvisionBackend:
+class TorchvisionBackend(BackendBase):
     """Batched nvJPEG through ``torchvision.io.decode_jpeg``; planar (``chw``) slots.
 
     Ordering (pytorch/vision#9606): torchvision allocates its outputs on the caller's current stream and
@@ -42,6 +43,8 @@ class TorchvisionBackend:
     name = "torchvision"
     layout = "chw"
     writes_at_call = False
+    # its decode call runs apart from the copy into the flat buffer (JpegDecoder.submit)
+    can_submit = True
 
     def __init__(self, device: torch.device, ordered: bool = True) -> None:
         self.device = device

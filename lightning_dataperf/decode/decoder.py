@@ -16,7 +16,9 @@ from lightning_dataperf.decode._graph import GraphedAugment
 from lightning_dataperf.decode._prepare import DecodeError, HostStages
 from lightning_dataperf.decode._slots import host_layout, slot_view
 from lightning_dataperf.decode._state import PreparedBatch, Telemetry, jpeg_utilisation
+from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.encoded import KIND_GPU, EncodedBatch
+from lightning_dataperf.decode.split import CPU_DECODERS, CpuDecoder, check_share
 from lightning_dataperf.decode.stats import DecodeStats
 
 __all__ = ["DecodeError", "DecodeStats", "JpegDecoder", "crop_resize_flip"]
@@ -51,6 +53,12 @@ class JpegDecoder(HostStages):
             calling thread (:class:`GpuDecodeLoader` decodes each epoch's first batch there: PyTorch's compile
             stack is not thread-safe), seconds the first time; uncompiled (with a warning) where Triton or the
             compile is not available.
+        gpu_share: split decode, the share of each batch's images this decoder decodes, in [0, 1]; the rest come
+            decoded by the loader's workers (:class:`~lightning_dataperf.decode.split.SplitCollate`, installed by
+            :class:`GpuDecodeLoader`), or, in a batch no worker split, are decoded on the CPU in :meth:`prepare`.
+            ``1`` (the default): all of them; ``0``: the CPU decodes everything and this decoder normalises.
+        cpu_decoder: the CPU share's JPEG decoder: ``"auto"`` (torchvision's libjpeg-turbo decode where torchvision
+            imports, else PIL), ``"pil"``, ``"torchvision"`` or a callable ``bytes -> [H, W, 3] uint8``.
 
     Calls on CUDA run on the current stream; :class:`GpuDecodeLoader` calls it in the calling thread for each
     epoch's first batch, then in its background threads.
@@ -69,13 +77,19 @@ class JpegDecoder(HostStages):
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         on_error: str = "raise",
-        backend: Any = "auto",
+        backend: str | DecodeBackend = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
         compile_augment: bool = True,
+        gpu_share: float = 1.0,
+        cpu_decoder: str | CpuDecoder = "auto",
     ) -> None:
         if on_error not in ("raise", "zeros"):
             raise ValueError(f"on_error must be 'raise' or 'zeros', not {on_error!r}")
+        self.gpu_share = check_share(gpu_share)
+        if isinstance(cpu_decoder, str) and cpu_decoder not in CPU_DECODERS:
+            raise ValueError(f"cpu_decoder must be one of {CPU_DECODERS} or a callable, not {cpu_decoder!r}")
+        self.cpu_decoder = cpu_decoder
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -85,12 +99,14 @@ class JpegDecoder(HostStages):
         self._shift = (-torch.tensor(mean, dtype=torch.float32) / torch.tensor(std)).to(self.device)
         self._cuda = self.device.type == "cuda"
         custom = not isinstance(backend, str)
-        self.backend = make_backend(backend, self.device, decode_threads) if self._cuda or custom else None
+        self.backend: DecodeBackend | None = None
+        if self._cuda or custom:
+            self.backend = make_backend(backend, self.device, decode_threads)
         self.layout = self.backend.layout if self.backend is not None else "hwc"
         self.graph_augment = graph_augment and self._cuda
         self.compile_augment = compile_augment and self.graph_augment
         #: Wait on the host before each GPU decode (:meth:`_wait_writable`): the backend writes at call time.
-        self.host_barrier = bool(self._cuda and getattr(self.backend, "writes_at_call", True))
+        self.host_barrier = self._cuda and self.backend is not None and self.backend.writes_at_call
         self._graphs: list[GraphedAugment | None] = [None] * (2 if self.host_barrier else 1)
         self._turn = 0
         self.telemetry = Telemetry()
@@ -132,6 +148,7 @@ class JpegDecoder(HostStages):
                 telemetry.pending.append((start, end, count))
             telemetry.batches += 1
             telemetry.images += count
+            telemetry.cpu_share += 0 if prepared.pixels is None else len(prepared.pixels)
             telemetry.cpu_fallback += fallback
             telemetry.undecodable += len(bad)
             elapsed = time.perf_counter() - started
@@ -190,7 +207,7 @@ class JpegDecoder(HostStages):
             if other is not None:
                 other.capture(augment)
 
-    def _allocate(self, count: int, needed: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
+    def _allocate(self, count: int, needed: int, reserve: int) -> tuple[torch.Tensor, int, GraphedAugment | None]:
         """The flat buffer (``needed`` bytes and a zero pixel), where the zero pixel is, and the graph using it.
 
         Graphs take turns (two where the decoder writes at call time, see :attr:`host_barrier`): the host
@@ -198,10 +215,12 @@ class JpegDecoder(HostStages):
         Every graph is made and captured at the first full batch (:meth:`_replay`), with half as much room
         again: a capture later in the run could overlap a CUDA-graph recording of a compiled training step in
         the main thread, whose ``torch.cuda.synchronize`` fails while any stream captures (seen on the H200,
-        issue 38). A batch that does not fit is augmented eagerly instead."""
+        issue 38). A batch that does not fit is augmented eagerly instead. The room is counted from ``reserve``
+        (every sample at its header's size), so a split batch's smaller CPU share does not size the buffer for
+        that share only: another ``gpu_share`` later still fits."""
         if self.graph_augment and self._cuda and count:
             if self._graphs[0] is None:
-                capacity = needed * 3 // 2 + 3
+                capacity = max(needed, reserve) * 3 // 2 + 3
                 self._graphs = [GraphedAugment(count, capacity, _TABLE_COLUMNS, self.device) for _ in self._graphs]
             graphed = self._graphs[self._turn % len(self._graphs)]
             assert graphed is not None
@@ -246,8 +265,8 @@ class JpegDecoder(HostStages):
         batch, rows, data, offsets = prepared.batch, prepared.rows, prepared.data, prepared.offsets
         sizes, bases, gpu, host = list(prepared.sizes), list(prepared.bases), prepared.gpu, prepared.host
         bad = list(prepared.bad)
-        position, host_start = prepared.needed, prepared.host_start
-        flat, zero_base, graphed = self._allocate(len(rows), position)
+        position, host_start, share_start = prepared.needed, prepared.host_start, prepared.share_start
+        flat, zero_base, graphed = self._allocate(len(rows), position, prepared.reserve)
         keep: Any = None
         waited = 0.0
         fallback = sum(1 for i in host if rows[i][2] != KIND_GPU or self.backend is not None)
@@ -281,8 +300,20 @@ class JpegDecoder(HostStages):
                     self._fail(batch, i, f"decoded size {tuple(retried[i].shape[:2])} differs from the header's", bad)
         if host:
             joined = torch.cat([host_layout(host[i], self.layout).view(-1) for i in host])
-            flat[host_start:position].copy_(self._pinned(joined), non_blocking=True)
+            flat[host_start:share_start].copy_(self._pinned(joined), non_blocking=True)
+        if prepared.pixels is not None:
+            self._copy_share(flat[share_start:position], prepared.pixels)
         return flat, zero_base, graphed, fallback, bad, keep, waited
+
+    def _copy_share(self, slots: torch.Tensor, pixels: torch.Tensor) -> None:
+        """The CPU share's ``[k, size, size, 3]`` uint8 pixels into their slots: one copy (pinned, non-blocking) for
+        interleaved slots; for planar ones, to the device first and transposed there, not on the host."""
+        count, side = len(pixels), self.size
+        if self.layout == "hwc":
+            slots.view(count, side, side, 3).copy_(pixels, non_blocking=True)
+        else:
+            staged = pixels.to(self.device, non_blocking=True)
+            slots.view(count, 3, side, side).copy_(staged.permute(0, 3, 1, 2))
 
     def _release_after_use(self, keep: Any) -> None:
         """Keep the decoder's outputs and inputs alive until the current stream has read them (instead of
@@ -318,6 +349,7 @@ class JpegDecoder(HostStages):
                 prepare_cpu_seconds=telemetry.prepare_cpu_s,
                 barrier_seconds=telemetry.barrier_s,
                 call_seconds=telemetry.call_s,
+                cpu_share=telemetry.cpu_share,
             )
 
 

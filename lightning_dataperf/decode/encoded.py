@@ -276,6 +276,8 @@ class EncodedBatch:
     Sample ``i``'s bytes are ``data[offsets[i]:offsets[i + 1]]``. ``meta`` columns: label, dataset
     index, kind, height, width, crop top, left, height, width, flip. A dataclass of tensors, so the
     package's ``map_tensors`` (and Lightning's transfer) can move it; ``pin_memory()`` for the loader.
+    Split decode (``decode.split``): ``pixels`` ``[k, size, size, 3]`` uint8, the samples at ``positions``
+    already decoded, cropped, resized and flipped on the CPU (their bytes left out); ``None`` where not split.
     """
 
     data: torch.Tensor
@@ -283,6 +285,8 @@ class EncodedBatch:
     meta: torch.Tensor
     paths: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
+    pixels: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.meta.shape[0])
@@ -324,16 +328,20 @@ class EncodedBatch:
         return [self.data[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
     def to(self, *args: Any, **kwargs: Any) -> EncodedBatch:
-        return dataclasses.replace(
-            self, data=self.data.to(*args, **kwargs), offsets=self.offsets.to(*args, **kwargs),
-            meta=self.meta.to(*args, **kwargs),
-        )  # fmt: skip
+        return self._map(lambda tensor: tensor.to(*args, **kwargs))
 
     def pin_memory(self, device: Any = None) -> EncodedBatch:
         del device
+        # the split's pixels too: uint8 over PCIe from pinned memory
+        return self._map(lambda tensor: tensor.pin_memory())
+
+    def _map(self, function: Any) -> EncodedBatch:
+        pixels, positions = self.pixels, self.positions
         return dataclasses.replace(
-            self, data=self.data.pin_memory(), offsets=self.offsets.pin_memory(), meta=self.meta.pin_memory()
-        )
+            self, data=function(self.data), offsets=function(self.offsets), meta=function(self.meta),
+            pixels=None if pixels is None else function(pixels),
+            positions=None if positions is None else function(positions),
+        )  # fmt: skip
 
 
 def collate_encoded(samples: Sequence[EncodedSample]) -> EncodedBatch:

@@ -14,7 +14,11 @@ from typing import Any
 import torch
 
 from lightning_dataperf.decode._pipeline import END, POLL_S, Failed, decode_batches, decode_one
+from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD, DecodeStats, JpegDecoder
+from lightning_dataperf.decode.encoded import collate_encoded
+from lightning_dataperf.decode.split import CpuDecoder, SplitCollate, check_share
+from lightning_dataperf.loader.probe import TimedCollate
 
 __all__ = ["GpuDecodeLoader"]
 
@@ -69,6 +73,9 @@ class GpuDecodeLoader:
             (:meth:`JpegDecoder.prepare`: the worker hand-over, the per-sample table, the byte views, CPU
             fallbacks), and, with torchvision's decode, batches a call thread decodes ahead
             (:meth:`JpegDecoder.submit`), at most; ``0``: the decode thread does all of it, one batch at a time.
+        gpu_share, cpu_decoder: split decode (:class:`JpegDecoder`): where ``loader`` is a ``DataLoader`` with
+            ``collate_fn=collate_encoded``, its workers decode ``1 - gpu_share`` of each batch on the CPU
+            (:class:`~lightning_dataperf.decode.split.SplitCollate`); :meth:`set_gpu_share` changes it.
 
     Worker processes: the decoder lives in this process only; forked workers freeze what they inherit
     (:func:`guard_forked_workers`); ``spawn``/``forkserver`` contexts work too (slower start-up).
@@ -98,11 +105,13 @@ class GpuDecodeLoader:
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         on_error: str = "raise",
-        backend: str = "auto",
+        backend: str | DecodeBackend = "auto",
         decode_threads: int | None = None,
         graph_augment: bool = True,
         compile_augment: bool = True,
         prepare_ahead: int = 2,
+        gpu_share: float = 1.0,
+        cpu_decoder: str | CpuDecoder = "auto",
     ) -> None:
         if lookahead < 1:
             raise ValueError(f"lookahead must be at least 1, not {lookahead}")
@@ -125,7 +134,13 @@ class GpuDecodeLoader:
             decode_threads=decode_threads,
             graph_augment=graph_augment,
             compile_augment=compile_augment,
+            gpu_share=gpu_share,
+            cpu_decoder=cpu_decoder,
         )
+        #: Where the share is decoded: ``"workers"`` (the wrapped DataLoader's collate) or ``"host"`` (the
+        #: prepare thread: a loader whose collate this loader cannot reach).
+        self.split_in = "host"
+        self.set_gpu_share(gpu_share)
         self.device = self.decoder.device
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._active: _DecodeIterator | None = None
@@ -157,6 +172,49 @@ class GpuDecodeLoader:
             set_epoch = getattr(owner, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
+
+    @property
+    def gpu_share(self) -> float:
+        """The share of each batch's images the GPU path decodes (split decode; see :meth:`set_gpu_share`)."""
+        return self.decoder.gpu_share
+
+    def set_gpu_share(self, share: float) -> None:
+        """Decode ``share`` of each batch on the GPU path and the rest on the CPU, in the workers.
+
+        The wrapped DataLoader's ``collate_encoded`` becomes a :class:`~lightning_dataperf.decode.split.SplitCollate`
+        of this share: workers started from now on (the next iterator; persistent workers keep theirs until they
+        restart) split their batches. Batches split otherwise, or not at all, still come out right: the decoder
+        takes what each batch carries, and splits a batch no worker split in its prepare thread.
+
+        Raises:
+            ValueError: ``share`` is not a number in [0, 1].
+
+        Example::
+
+            loader.set_gpu_share(0.5)   # half of each batch decoded by the CPU workers, from the next epoch
+        """
+        share = check_share(share)
+        self.decoder.gpu_share = share
+        self.split_in = "workers" if self._install_collate(share) else "host"
+
+    def _install_collate(self, share: float) -> bool:
+        """Put a :class:`SplitCollate` of ``share`` in the wrapped DataLoader (inside a probe's timed collate too)
+        where it collates with ``collate_encoded``; ``False`` where there is none to replace."""
+        collate = getattr(self.loader, "collate_fn", None)
+        timed = collate if isinstance(collate, TimedCollate) else None
+        inner = timed.collate_fn if timed is not None else collate
+        if inner is not collate_encoded and not isinstance(inner, SplitCollate):
+            return False
+        decoder = self.decoder
+        # a new one each time: collate_encoded is shared by every loader
+        split = SplitCollate(share, decoder.size, decoder.cpu_decoder) if share < 1 else collate_encoded
+        if split == inner:
+            return True
+        if timed is not None:
+            timed.collate_fn = split
+        else:
+            self.loader.collate_fn = split  # type: ignore[attr-defined]
+        return True
 
     def stats(self) -> DecodeStats:
         """Decode telemetry so far (see :class:`DecodeStats`)."""

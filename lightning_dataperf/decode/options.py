@@ -33,7 +33,8 @@ class GpuDecodeOptions:
 
     Args:
         lookahead, size, dtype, channels_last, mean, std, on_error, backend, decode_threads, graph_augment,
-            compile_augment, prepare_ahead: see :class:`~lightning_dataperf.decode.GpuDecodeLoader`.
+            compile_augment, prepare_ahead, gpu_share, cpu_decoder: see
+            :class:`~lightning_dataperf.decode.GpuDecodeLoader`.
 
     Example::
 
@@ -54,6 +55,8 @@ class GpuDecodeOptions:
     graph_augment: bool = _DEFAULT["graph_augment"]
     compile_augment: bool = _DEFAULT["compile_augment"]
     prepare_ahead: int = _DEFAULT["prepare_ahead"]
+    gpu_share: float = _DEFAULT["gpu_share"]
+    cpu_decoder: Any = _DEFAULT["cpu_decoder"]
 
     def __post_init__(self) -> None:
         check(is_count(self.lookahead, 1), self, "lookahead", "give a whole number of batches, at least 1")
@@ -80,3 +83,12 @@ class GpuDecodeOptions:
         for name in ("channels_last", "graph_augment", "compile_augment"):
             check(isinstance(getattr(self, name), bool), self, name, "give True or False")
         check(is_count(self.prepare_ahead, 0), self, "prepare_ahead", "give a whole number of batches, 0 or more")
+        share = self.gpu_share
+        check(is_number(share, 0.0) and share <= 1, self, "gpu_share", "give a share in [0, 1]: 0 CPU only, 1 GPU only")
+        decoder = self.cpu_decoder
+        check(
+            callable(decoder) or decoder in ("auto", "pil", "torchvision"),
+            self,
+            "cpu_decoder",
+            "give 'auto', 'pil', 'torchvision' or a callable",
+        )

@@ -23,7 +23,8 @@ class DecodeStats:
     runs in a thread of its own (:meth:`~lightning_dataperf.decode.JpegDecoder.submit`; else it is inside
     ``submit_seconds``); ``takes`` the batches the training step took,
     ``lookahead_mean`` the decoded batches already waiting when it asked for one, ``wait_seconds`` its total
-    wait for them; ``backend`` the decode library. ``since(earlier)`` gives a window (DataPerfCallback logs it).
+    wait for them; ``backend`` the decode library; ``cpu_share`` the images of split batches decoded on the CPU
+    (in ``images``, not in ``cpu_fallback``). ``since(earlier)`` gives a window (DataPerfCallback logs it).
 
     Example::
 
@@ -51,6 +52,8 @@ class DecodeStats:
     prepare_cpu_seconds: float = 0.0
     barrier_seconds: float = 0.0
     call_seconds: float = 0.0
+    # split decode: images decoded on the CPU (the workers' share)
+    cpu_share: int = 0
 
     def since(self, earlier: DecodeStats) -> DecodeStats:
         """What happened between ``earlier`` and this snapshot (the JPEG-engine reading is this one's: a window's
@@ -74,6 +77,7 @@ class DecodeStats:
             prepare_cpu_seconds=self.prepare_cpu_seconds - earlier.prepare_cpu_seconds,
             barrier_seconds=self.barrier_seconds - earlier.barrier_seconds,
             call_seconds=self.call_seconds - earlier.call_seconds,
+            cpu_share=self.cpu_share - earlier.cpu_share,
         )
 
     def per_batch(self, total: float) -> float:

@@ -156,8 +156,8 @@ def test_the_loop_gets_the_records_options(tmp_path):
     tuning = OnlineTuning(precision=0.5, max_batches=7, max_cost=0.5, min_seconds=0.0, max_seconds=3.0)
     datamodule = IndexData(length=16, workers=0, seed=1, autotune=tuning, verbose=False)
     pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(tmp_path)).fit(RecordingModel(), datamodule=datamodule)
-    tuner = datamodule._online
-    assert (tuner.precision, tuner.max_batches, tuner.max_cost, tuner.min_seconds, tuner.max_seconds) == (
+    loop = datamodule._online.loop
+    assert (loop.precision, loop.max_batches, loop.max_cost, loop.min_seconds, loop.max_seconds) == (
         0.5,
         7,
         0.5,
