@@ -137,7 +137,7 @@ class Consumer:
         if path.step_fn is not None:
             path.step_fn(batch)
         elif path.step_seconds and path.cuda:
-            torch.cuda._sleep(int(path.step_seconds * self._cycles))
+            cuda_sleep(int(path.step_seconds * self._cycles))
         elif path.step_seconds:
             _busy_wait(path.step_seconds)
         if path.host_step_seconds:
