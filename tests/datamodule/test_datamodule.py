@@ -276,3 +276,30 @@ def test_the_order_message_says_what_shuffle_does():
     shuffled = IndexData(length=8, verbose=False)
     shuffled.train_dataloader()
     assert "new order each epoch" in shuffled.loader_plans["train"][0].sampler
+
+
+def test_the_loaders_a_hook_returns_are_planned_and_no_other():
+    import threading
+
+    built_elsewhere = []
+
+    class Several(TunedDataModule):
+        def train_dataloader(self):
+            # a loader another thread builds meanwhile is not the hook's: it stays as built
+            thread = threading.Thread(target=lambda: built_elsewhere.append(DataLoader(IndexedDataset(4))))
+            thread.start()
+            thread.join()
+            return {
+                "a": DataLoader(IndexedDataset(8), batch_size=2),
+                "b": [DataLoader(IndexedDataset(4), num_workers=0)],
+            }
+
+    datamodule = Several(seed=1, verbose=False)
+    loaders = datamodule.train_dataloader()
+    assert len(datamodule.loader_plans["train"]) == 2
+    assert isinstance(loaders["a"].sampler, EpochAwareDistributedSampler)
+    assert isinstance(loaders["b"][0].sampler, EpochAwareDistributedSampler)
+    assert not isinstance(built_elsewhere[0].sampler, EpochAwareDistributedSampler)
+    assert (
+        "DataLoader.__init__" not in vars(DataLoader) or DataLoader.__init__.__module__ == "torch.utils.data.dataloader"
+    )
