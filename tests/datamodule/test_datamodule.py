@@ -303,3 +303,25 @@ def test_the_loaders_a_hook_returns_are_planned_and_no_other():
     assert (
         "DataLoader.__init__" not in vars(DataLoader) or DataLoader.__init__.__module__ == "torch.utils.data.dataloader"
     )
+
+
+def test_the_arguments_you_passed_are_read_from_the_loader_a_hook_returns():
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+
+    from lightning_dataperf.datamodule.hooks import explicit_arguments
+
+    dataset = IndexedDataset(8)
+    built = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, prefetch_factor=3, pin_memory=False)
+    # no Trainer recorded them: what differs from DataLoader's defaults is yours
+    assert explicit_arguments(built) == {
+        "dataset": dataset,
+        "batch_size": 4,
+        "shuffle": True,
+        "num_workers": 2,
+        "prefetch_factor": 3,
+    }
+    custom = torch.utils.data.SubsetRandomSampler([0, 1])
+    assert explicit_arguments(DataLoader(dataset, sampler=custom))["sampler"] is custom
+    with _replace_dunder_methods(DataLoader, "dataset"):  # as Lightning asks a hook for its loaders
+        recorded = DataLoader(dataset, 4, num_workers=0, pin_memory=False)
+    assert explicit_arguments(recorded) == {"dataset": dataset, "batch_size": 4, "num_workers": 0, "pin_memory": False}
