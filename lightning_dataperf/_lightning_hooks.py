@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader
 
 from lightning_dataperf.tags import Stage
 
@@ -23,12 +25,18 @@ __all__ = [
     "ProcessDataloaderHook",
     "accept_connector_devices",
     "check_lightning_compatibility",
+    "cuda_sleep",
     "fetching_loops",
+    "forget_persistent_iterator",
     "global_step_reader",
+    "persistent_iterator_started",
     "pin_batch",
     "queued_batches",
+    "recorded_loader_arguments",
+    "reinit_loader",
     "replace_loader_dataset",
     "resume_position",
+    "shared_storage",
     "shutdown_loader_iterator",
     "single_device_root",
     "tensorboard_prefixed",
@@ -70,6 +78,63 @@ def replace_loader_dataset(loader: Any, dataset: Any) -> None:
     keeps its reference to the original (same length and indices).
     """
     object.__setattr__(loader, "dataset", dataset)
+
+
+def persistent_iterator_started(loader: DataLoader) -> bool:
+    """Whether ``loader`` already holds the iterator its persistent workers run in (PyTorch's ``_iterator``)."""
+    return getattr(loader, "_iterator", None) is not None
+
+
+def forget_persistent_iterator(loader: DataLoader) -> None:
+    """Make ``loader``'s next ``iter()`` start new workers rather than reuse its persistent iterator."""
+    loader._iterator = None
+
+
+def recorded_loader_arguments(loader: DataLoader) -> dict[str, Any] | None:
+    """The arguments ``DataLoader.__init__`` was called with, by name, as Lightning recorded them while a Trainer
+    asked a hook for its loaders (``__pl_saved_args``/``__pl_saved_kwargs``); ``None``: not recorded, or recorded
+    for a subclass's own ``__init__`` (its arguments are not the DataLoader's)."""
+    if not _inits_as_dataloader(type(loader)) or not hasattr(loader, "__pl_saved_args"):
+        return None
+    args, kwargs = getattr(loader, "__pl_saved_args"), getattr(loader, "__pl_saved_kwargs")
+    bound = _DATALOADER_SIGNATURE.bind_partial(loader, *args, **kwargs).arguments
+    return {name: value for name, value in bound.items() if name != "self"}
+
+
+def reinit_loader(loader: DataLoader, arguments: dict[str, Any]) -> None:
+    """Run ``DataLoader.__init__`` on the built ``loader`` again with ``arguments``: it keeps its identity, class and
+    its class's own attributes (PyTorch refuses a new sampler or batch size after ``__init__`` otherwise).
+
+    Where Lightning recorded the first call, the record becomes this one (Lightning rebuilds loaders from it).
+    """
+    object.__setattr__(loader, "_DataLoader__initialized", False)
+    DataLoader.__init__(loader, **arguments)
+    if _inits_as_dataloader(type(loader)) and hasattr(loader, "__pl_saved_args"):
+        defaults = {
+            name: parameter.default
+            for name, parameter in _DATALOADER_SIGNATURE.parameters.items()
+            if name != "self" and name not in arguments
+        }
+        for name, value in (("args", ()), ("kwargs", dict(arguments)), ("arg_names", ()), ("default_kwargs", defaults)):
+            object.__setattr__(loader, f"__pl_saved_{name}", value)
+
+
+_DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
+
+
+def _inits_as_dataloader(cls: type) -> bool:
+    """No class between ``cls`` and DataLoader has its own ``__init__``."""
+    return all("__init__" not in vars(base) for base in cls.__mro__[: cls.__mro__.index(DataLoader)])
+
+
+def shared_storage(nbytes: int) -> torch.UntypedStorage:
+    """An untyped storage of ``nbytes`` in shared memory, as ``default_collate`` makes in a worker (``_new_shared``)."""
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def cuda_sleep(cycles: int) -> None:
+    """Keep the current CUDA stream busy for ``cycles`` GPU clock cycles (``torch.cuda._sleep``; tests, autotune)."""
+    torch.cuda._sleep(cycles)
 
 
 def pin_batch(batch: Any) -> Any:

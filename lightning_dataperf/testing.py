@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_dataperf._lightning_hooks import cuda_sleep
+
 __all__ = [
     "GpuSleepModel",
     "SleepCollate",
@@ -70,12 +72,12 @@ def loopback_ranks(
 
 def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) -> float:
     """Cycles of ``torch.cuda._sleep`` per millisecond, measured with CUDA events."""
-    torch.cuda._sleep(1_000_000)
+    cuda_sleep(1_000_000)
     rates = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        torch.cuda._sleep(probe_ms_cycles)
+        cuda_sleep(probe_ms_cycles)
         end.record()
         end.synchronize()
         rates.append(probe_ms_cycles / start.elapsed_time(end))
@@ -121,7 +123,7 @@ class GpuSleepModel(pl.LightningModule):
         self.layer = nn.Linear(features, 1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        torch.cuda._sleep(self.cycles)
+        cuda_sleep(self.cycles)
         return self.layer(batch).pow(2).mean()
 
     def configure_optimizers(self) -> torch.optim.Optimizer:

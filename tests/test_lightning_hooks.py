@@ -8,6 +8,7 @@ import time
 
 import lightning.pytorch as pl
 import pytest
+import torch
 from helpers import SleepyModel, sleepy_loader, trainer_kwargs
 from lightning.pytorch.loops import fetchers
 from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -20,11 +21,17 @@ from lightning_dataperf._lightning_hooks import (
     FetchHooks,
     ProcessDataloaderHook,
     check_lightning_compatibility,
+    cuda_sleep,
     fetching_loops,
+    forget_persistent_iterator,
     global_step_reader,
+    persistent_iterator_started,
     pin_batch,
     queued_batches,
+    recorded_loader_arguments,
+    reinit_loader,
     replace_loader_dataset,
+    shared_storage,
     shutdown_loader_iterator,
 )
 from lightning_dataperf.tags import Stage
@@ -176,3 +183,49 @@ def test_global_step_reader_follows_trainer_global_step(tmp_path, model, options
     trainer.fit(model(), sleepy_loader(24, 4, 0.0))
     assert len(seen) == 2 * 2 * 6 and all(read == expected for read, expected in seen), seen
     assert seen[-1][1] == (12 if not options else 4)  # the steps did advance (12 batches; 3 per optimizer step)
+
+
+def test_a_persistent_loader_keeps_its_iterator_until_forgotten():
+    loader = DataLoader(range(8), batch_size=4, num_workers=1, persistent_workers=True)
+    assert not persistent_iterator_started(loader)
+    first = iter(loader)
+    assert persistent_iterator_started(loader) and iter(loader) is first, "PyTorch's _iterator is no longer reused"
+    forget_persistent_iterator(loader)
+    assert not persistent_iterator_started(loader)
+    second = iter(loader)
+    assert second is not first
+    shutdown_loader_iterator(first)
+    shutdown_loader_iterator(second)
+
+
+def test_a_built_loader_is_built_again_in_place():
+    loader = DataLoader(list(range(8)), batch_size=4)
+    reinit_loader(loader, {"dataset": list(range(6)), "batch_size": 3, "num_workers": 0})
+    assert [batch.tolist() for batch in loader] == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ValueError, match="batch_size"):
+        loader.batch_size = 2  # PyTorch's guard is back once __init__ ran
+    assert recorded_loader_arguments(loader) is None, "outside a Trainer nothing records the arguments"
+
+
+def test_lightning_records_the_arguments_a_hook_builds_its_loader_with():
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+
+    # what Lightning's data connector wraps every *_dataloader call in (_request_dataloader)
+    from lightning.pytorch.trainer.connectors import data_connector
+
+    assert '_replace_dunder_methods(DataLoader, "dataset")' in inspect.getsource(data_connector._request_dataloader)
+    with _replace_dunder_methods(DataLoader, "dataset"):
+        loader = DataLoader(list(range(8)), 4, num_workers=0)
+        assert recorded_loader_arguments(loader) == {"dataset": list(range(8)), "batch_size": 4, "num_workers": 0}
+        reinit_loader(loader, {"dataset": list(range(8)), "batch_size": 2})
+    assert getattr(loader, "__pl_saved_kwargs") == {"dataset": list(range(8)), "batch_size": 2}
+    assert getattr(loader, "__pl_saved_args") == () and "num_workers" in getattr(loader, "__pl_saved_default_kwargs")
+
+
+def test_shared_storage_and_cuda_sleep_exist():
+    storage = shared_storage(16)
+    assert storage.nbytes() == 16 and storage.is_shared(), "torch.UntypedStorage._new_shared changed"
+    assert callable(torch.cuda._sleep), "torch.cuda._sleep is gone: autotune's and testing's GPU step need another"
+    if torch.cuda.is_available():
+        cuda_sleep(1000)
+        torch.cuda.synchronize()

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from lightning_dataperf._lightning_hooks import cuda_sleep
 from lightning_dataperf.batches import map_tensors
 
 __all__ = ["Consumer", "TransferPath", "gpu_sleep_cycles_per_second"]
@@ -136,7 +137,7 @@ class Consumer:
         if path.step_fn is not None:
             path.step_fn(batch)
         elif path.step_seconds and path.cuda:
-            torch.cuda._sleep(int(path.step_seconds * self._cycles))
+            cuda_sleep(int(path.step_seconds * self._cycles))
         elif path.step_seconds:
             _busy_wait(path.step_seconds)
         if path.host_step_seconds:
@@ -161,11 +162,11 @@ def gpu_sleep_cycles_per_second(device: torch.device | None) -> float:
     index = torch.device(device).index or 0 if device is not None else 0
     if index not in _CYCLES_PER_SECOND:
         with torch.cuda.device(index):
-            torch.cuda._sleep(1_000_000)  # warm-up
+            cuda_sleep(1_000_000)  # warm-up
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             cycles = 50_000_000
             start.record()
-            torch.cuda._sleep(cycles)
+            cuda_sleep(cycles)
             end.record()
             end.synchronize()
             _CYCLES_PER_SECOND[index] = cycles / (start.elapsed_time(end) / 1e3)

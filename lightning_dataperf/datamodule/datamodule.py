@@ -20,7 +20,7 @@ from lightning_dataperf._records import changed, keywords
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
 from lightning_dataperf.datamodule._options import Tuning, decode_options, tuning_mode
-from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
+from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
@@ -43,7 +43,7 @@ from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
 __all__ = ["LoaderPlan", "TunedDataModule"]
 
 
-class TunedDataModule(pl.LightningDataModule):
+class TunedDataModule(TunedHooks, pl.LightningDataModule):
     """A ``LightningDataModule`` whose DataLoaders get tuned settings and seeded, resume-exact sampling.
 
     Args:
@@ -122,20 +122,22 @@ class TunedDataModule(pl.LightningDataModule):
         self._reported: set[str] = set()
         self._sharing: weakref.WeakSet[ShareBy] = weakref.WeakSet()  # how its loaders send by file name (teardown)
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        wrap_hooks(cls)
-
     @override
+    @reclaims_itself
     def teardown(self, stage: str) -> None:
         """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
         nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
         leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
-        reclaim_sharing(self)
+        self.reclaim_sharing()
         if self._online is not None and stage == "fit":
             self._online.close()
         if stage == "fit":
             self._threads.restore()
+
+    def reclaim_sharing(self) -> None:
+        """Remove what its loaders' workers sent by file name and nobody received (only workers that have exited)."""
+        for share in list(self._sharing):  # those still alive (a collected one reclaimed itself)
+            share.reclaim()
 
     @classmethod
     def from_loaders(cls, train: DataLoader, val: DataLoader | None = None, **options: Any) -> TunedDataModule:
@@ -190,7 +192,7 @@ class TunedDataModule(pl.LightningDataModule):
         return trainer.global_rank, trainer.world_size
 
     # ------------------------------------------------------------------ planning one DataLoader
-    def _plan(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
+    def plan_loader(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
         check_loader_kwargs(explicit, self.hardware, self._accelerator())
         encoded = self.gpu_decode is not None and is_encoded_dataset(explicit.get("dataset"))
         if stage == "train" and isinstance(self.autotune, SearchTuning) and self.autotune_result is None:
@@ -300,7 +302,7 @@ class TunedDataModule(pl.LightningDataModule):
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
         return {"sampler": sampler, "shuffle": None}
 
-    def _finish(self, stage: str, loader: DataLoader, plan: LoaderPlan) -> None:
+    def finish_loader(self, stage: str, loader: DataLoader, plan: LoaderPlan) -> None:
         """After construction: a training loader with our own sampler becomes resumable (Lightning's
         ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
         sampler = loader.sampler
@@ -320,7 +322,7 @@ class TunedDataModule(pl.LightningDataModule):
             seeding, options = (self._seed(), self._ranks()[0]), keywords(self.autotune)
             self._online = attach_online(loader, trainer, self.hardware.cpus_per_rank, plan.notes, seeding, options)
 
-    def _decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
+    def decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
         """``gpu_decode``: a hook's loader over encoded JPEGs comes back wrapped in a ``GpuDecodeLoader``."""
         if self.gpu_decode is None or not isinstance(result, DataLoader) or not is_encoded_dataset(result.dataset):
             return result
@@ -345,12 +347,11 @@ class TunedDataModule(pl.LightningDataModule):
                 category=UserWarning,
             )
             return
-        with loaders_built_as_they_are():  # the search's own trial loaders
-            self.autotune_result = autotune_for_datamodule(self, explicit)
+        self.autotune_result = autotune_for_datamodule(self, explicit)
         self._settings = self.autotune_result.settings
 
     # ------------------------------------------------------------------ reporting
-    def _report(self, stage: str, plans: list[LoaderPlan]) -> None:
+    def report_plans(self, stage: str, plans: list[LoaderPlan]) -> None:
         self.loader_plans[stage] = plans
         if stage in self._reported or not plans:
             return
@@ -367,9 +368,6 @@ class TunedDataModule(pl.LightningDataModule):
                 logger.log_hyperparams(params)
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text(tags.loader_settings_text(stage), f"```\n{text}\n```")
-
-
-TunedDataModule.teardown._dataperf_reclaims = True  # type: ignore[attr-defined]  # it reclaims itself
 
 
 @rank_zero_only

@@ -12,7 +12,12 @@ import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader
 
-from lightning_dataperf._lightning_hooks import queued_batches, shutdown_loader_iterator, validation_batches_seen
+from lightning_dataperf._lightning_hooks import (
+    forget_persistent_iterator,
+    queued_batches,
+    shutdown_loader_iterator,
+    validation_batches_seen,
+)
 from lightning_dataperf.autotune.online import (
     OnlineLoop,
     OnlineResult,
@@ -24,6 +29,7 @@ from lightning_dataperf.autotune.online import (
     refusal,
 )
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
+from lightning_dataperf.loader.wrapping import Layer, wrap_iterators
 
 __all__ = ["OnlineIterator", "OnlineTuner", "attach_online", "make_online"]
 
@@ -133,13 +139,13 @@ class OnlineTuner:
 
 
 class OnlineIterator(Iterator[Any]):
-    """A training epoch's iterator that rebuilds the loader's own iterator at a batch boundary, other settings."""
+    """A training epoch's iterator that rebuilds the iterator beneath it (``make_inner``) at a batch boundary."""
 
-    def __init__(self, loader: DataLoader, tuner: OnlineTuner, base: type[DataLoader]) -> None:
-        self.loader, self.tuner, self.base = loader, tuner, base
+    def __init__(self, loader: DataLoader, tuner: OnlineTuner, make_inner: Callable[[], Iterator[Any]]) -> None:
+        self.loader, self.tuner, self.make_inner = loader, tuner, make_inner
         self.epoch, self.first = tuner.position()
         self.yielded = 0
-        self.inner: Iterator[Any] | None = base.__iter__(loader)
+        self.inner: Iterator[Any] | None = make_inner()
         own = weakref.ref(self)  # held weakly: an iterator kept alive by the tuner keeps its workers past the fit
         tuner.queued = lambda: queued_batches(iterator.inner) if (iterator := own()) is not None else 0
         tuner.restart_segment(_burst(loader))
@@ -166,14 +172,14 @@ class OnlineIterator(Iterator[Any]):
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # the loop's own trial of more workers than PyTorch suggests is not the user's setting
             warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-            self.inner = self.base.__iter__(loader)
+            self.inner = self.make_inner()
         self.tuner.switched(time.perf_counter() - started, setting)
         self.tuner.restart_segment(_burst(loader))
 
     def close(self) -> None:
         """Stop this iterator's workers now (a persistent loader's iterator is dropped, so it is not reused)."""
         if self.loader.persistent_workers:
-            self.loader._iterator = None
+            forget_persistent_iterator(self.loader)
         shutdown_loader_iterator(self.inner)
         self.inner = None
 
@@ -197,30 +203,25 @@ def _burst(loader: DataLoader) -> int:
         return queued
 
 
-_ONLINE_CLASSES: dict[type, type] = {}
+class _OnlineWrapper:
+    """The loop's wrapper of a loader's iterators (:attr:`~lightning_dataperf.loader.wrapping.Layer.ONLINE`)."""
+
+    def __init__(self, tuner: OnlineTuner) -> None:
+        # the last iterator, held weakly: one kept alive here would keep its workers alive past the fit
+        self.tuner, self.active = tuner, None
+
+    def __call__(self, loader: DataLoader, make_inner: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        if self.active is not None and (iterator := self.active()) is not None and not loader.persistent_workers:
+            # last epoch's iterator, left unfinished (limit_train_batches); a persistent one is reused
+            iterator.close()
+        iterator = OnlineIterator(loader, self.tuner, make_inner)
+        self.active = weakref.ref(iterator)
+        return iterator
 
 
 def make_online(loader: DataLoader, tuner: OnlineTuner) -> None:
-    """Make ``loader``'s iterators :class:`OnlineIterator` (it keeps its class for ``isinstance`` checks)."""
-    base = type(loader)
-    if base not in _ONLINE_CLASSES:
-
-        def __iter__(self: DataLoader) -> Iterator[Any]:  # noqa: N807
-            online = vars(self).get("_dataperf_online")
-            if online is None:  # a copy Lightning rebuilt from the arguments: plain iteration
-                return base.__iter__(self)
-            active = vars(self).get("_dataperf_active")
-            if active is not None and (iterator := active()) is not None and not self.persistent_workers:
-                # last epoch's iterator, left unfinished (limit_train_batches); a persistent one is reused
-                iterator.close()
-            iterator = OnlineIterator(self, online, base)
-            # held weakly: an iterator kept alive here would keep its workers alive past the fit
-            self._dataperf_active = weakref.ref(iterator)
-            return iterator
-
-        _ONLINE_CLASSES[base] = type(f"Online{base.__name__}", (base,), {"__iter__": __iter__})
-    loader.__class__ = _ONLINE_CLASSES[base]
-    loader._dataperf_online = tuner  # type: ignore[attr-defined]
+    """Make ``loader``'s iterators :class:`OnlineIterator` (a copy Lightning rebuilt from it iterates plainly)."""
+    wrap_iterators(loader, _OnlineWrapper(tuner), Layer.ONLINE, replace=True)
 
 
 def attach_online(

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from lightning_dataperf._lightning_hooks import shared_storage
 from lightning_dataperf.loader.seeding import SharedEpoch
 
 __all__ = [
@@ -358,7 +359,7 @@ def collate_encoded(samples: Sequence[EncodedSample]) -> EncodedBatch:
     if samples:
         offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
     if total and torch.utils.data.get_worker_info() is not None:
-        storage = torch.UntypedStorage._new_shared(total)
+        storage = shared_storage(total)
         data = torch.empty(0, dtype=torch.uint8).set_(storage)
         view, position = memoryview(data.numpy()), 0
         for sample, length in zip(samples, lengths, strict=True):

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
 from lightning_dataperf.decode._pipeline import END, POLL_S, Failed, decode_batches, decode_one
 from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD, DecodeStats, JpegDecoder
@@ -336,9 +337,8 @@ class _DecodeIterator(Iterator):
         with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
-        shutdown = getattr(self._source, "_shutdown_workers", None)
-        if callable(shutdown) and not self._persistent:
-            shutdown()
+        if not self._persistent:
+            shutdown_loader_iterator(self._source)
         self._source = iter(())
 
     def __del__(self) -> None:

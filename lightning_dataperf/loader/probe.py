@@ -288,7 +288,7 @@ def instrument(loader: Any) -> LoaderProbe:
             ...
         stats = LoaderStats.of(probe.completed())       # Workers/fetch_s, Workers/busy_fraction, ...
     """
-    from lightning_dataperf._lightning_hooks import replace_loader_dataset
+    from lightning_dataperf._lightning_hooks import persistent_iterator_started, replace_loader_dataset
     from lightning_dataperf.loader.wrapping import add_iterator_wrapper
 
     existing = vars(loader).get("_dataperf_probe") if hasattr(loader, "__dict__") else None
@@ -299,7 +299,7 @@ def instrument(loader: Any) -> LoaderProbe:
         probe.blind = f"the loader is a {type(loader).__name__}, not a torch DataLoader"
     elif isinstance(loader.dataset, IterableDataset):
         probe.blind = "the dataset is an IterableDataset (it fetches inside its own iterator)"
-    elif getattr(loader, "_iterator", None) is not None:
+    elif persistent_iterator_started(loader):
         probe.blind = "its persistent workers started before DataPerfCallback could look inside"
     else:
         replace_loader_dataset(loader, TimedDataset(untimed(loader.dataset)))

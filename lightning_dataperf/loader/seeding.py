@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler
 
+from lightning_dataperf.loader.wrapping import Layer, follow_fetches, wrap_iterators
+
 __all__ = [
     "EpochSeededWorkerInit",
     "NumberedBatch",
@@ -113,34 +115,20 @@ class _SeededBatches:
         return getattr(self._inner, name)
 
 
-_SEEDED_LOADERS: dict[type, type] = {}
-
-
 def seed_batches_in_main_process(loader: Any, seed: int, rank: int, position: Position) -> None:
     """Make every iterator of ``loader`` (``num_workers=0``) fetch batch ``b`` of epoch ``e`` seeded
     from ``batch_seed(seed, e, rank, b)``, where ``position()`` gives ``(e, first b)`` when it starts.
 
-    ``iter()`` looks ``__iter__`` up on the type, so the loader's class is swapped for a subclass
-    (same name) that wraps its iterators; a copy Lightning re-creates from the loader's arguments
-    iterates unseeded.
+    Its iterators pass through a wrapper at :attr:`~lightning_dataperf.loader.wrapping.Layer.SEEDING`
+    (a second call replaces the first); a copy Lightning re-creates from the loader's arguments iterates unseeded.
     """
-    base = type(loader)
-    if base not in _SEEDED_LOADERS.values():
-        seeded = _SEEDED_LOADERS.get(base)
-        if seeded is None:
-            seeded = _SEEDED_LOADERS[base] = _make_seeded_loader(base)
-        loader.__class__ = seeded
-    loader._dataperf_batch_seeding = (seed, rank, position)
 
-
-def _make_seeded_loader(base: type) -> type:
-    def __iter__(self: Any) -> Any:  # noqa: N807
-        iterator = base.__iter__(self)
-        seeding = self.__dict__.get("_dataperf_batch_seeding")
+    def seeded(loader: Any, inner: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        iterator = inner()
         # with workers (the online loop may start them) the workers seed each batch themselves
-        return iterator if seeding is None or self.num_workers else _SeededBatches(iterator, *seeding)
+        return iterator if loader.num_workers else _SeededBatches(iterator, seed, rank, position)
 
-    return type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
+    wrap_iterators(loader, seeded, Layer.SEEDING, replace=True)
 
 
 def seed_everything_here(seed: int) -> None:
@@ -208,6 +196,13 @@ class _WorkerEpochState:
     def __init__(self, init: EpochSeededWorkerInit, worker_id: int) -> None:
         self.init, self.worker_id, self.epoch = init, worker_id, None
 
+    def before_fetch(self, dataset: Any, indices: Any) -> None:
+        """Ahead of each fetch in the worker: the shared epoch, and a numbered batch's own seed."""
+        self.sync(dataset)
+        number = getattr(indices, "number", None)
+        if self.init.batch_seeded and number is not None:
+            seed_everything_here(batch_seed(self.init.seed, self.epoch, self.init.rank, number))
+
     def sync(self, dataset: Any) -> None:
         epoch = self.init.shared.value
         if epoch == self.epoch:
@@ -219,46 +214,15 @@ class _WorkerEpochState:
             set_epoch(epoch)
 
 
-_FOLLOWING: dict[type, type] = {}
-
-
 def _follow_epochs(dataset: Any, state: _WorkerEpochState) -> None:
     """In this worker only, make the dataset check the shared epoch before each sample.
 
-    The worker's dataset is its own copy, so swapping its class to a subclass is invisible to the
-    main process. Datasets whose class cannot be swapped (``__slots__``, extension types) keep the
-    seeding done at worker start.
+    The worker's dataset is its own copy, so swapping its class (:func:`follow_fetches`) is invisible to the
+    main process. Datasets whose class cannot be swapped keep the seeding done at worker start.
     """
-    base = type(dataset)
-    if not hasattr(base, "__getitem__") or isinstance(dataset, torch.utils.data.IterableDataset):
+    if not hasattr(type(dataset), "__getitem__") or isinstance(dataset, torch.utils.data.IterableDataset):
         return
-    follower = _FOLLOWING.get(base)
-    if follower is None:
-        follower = _FOLLOWING[base] = _make_follower(base)
-    try:
-        dataset.__class__ = follower
-        dataset._dataperf_epoch_state = state
-    except (TypeError, AttributeError):
-        if type(dataset) is follower:
-            dataset.__class__ = base
-
-
-def _make_follower(base: type) -> type:
-    def __getitem__(self: Any, index: Any) -> Any:  # noqa: N807
-        self._dataperf_epoch_state.sync(self)
-        return base.__getitem__(self, index)
-
-    def __getitems__(self: Any, indices: Any) -> Any:  # noqa: N807
-        state = self._dataperf_epoch_state
-        state.sync(self)
-        number = getattr(indices, "number", None)
-        if state.init.batch_seeded and number is not None:
-            seed_everything_here(batch_seed(state.init.seed, state.epoch, state.init.rank, number))
-        if hasattr(base, "__getitems__"):
-            return base.__getitems__(self, indices)
-        return [base.__getitem__(self, index) for index in indices]
-
-    return type(base.__name__, (base,), {"__getitem__": __getitem__, "__getitems__": __getitems__})
+    follow_fetches(dataset, state.before_fetch)
 
 
 class NumberedBatch(list):

@@ -102,8 +102,9 @@ def test_user_values_win_and_the_policy_fills_the_rest(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "TunedDataModule [train]" in printed and "num_workers=0: each batch is fetched with" in printed
     assert not val.notes, "evaluation loaders are left unseeded"
+    # called outside a Trainer nothing recorded your arguments: a value other than DataLoader's default is yours
     loader = datamodule.train_dataloader()
-    assert loader.num_workers == 0 and loader.pin_memory is False
+    assert loader.num_workers == datamodule.loader_settings.num_workers and loader.pin_memory is False
 
 
 def test_bad_input_in_a_hook_names_the_fix(tmp_path):
@@ -111,7 +112,8 @@ def test_bad_input_in_a_hook_names_the_fix(tmp_path):
         def train_dataloader(self):
             return DataLoader(IndexedDataset(8), batch_size=2, num_workers=0, prefetch_factor=2)
 
-    with pytest.raises(ValueError, match="drop prefetch_factor or set num_workers > 0"):
+    # PyTorch refuses it as the loader is built, naming the fix
+    with pytest.raises(ValueError, match="num_workers > 0"):
         Broken().train_dataloader()
 
 
@@ -274,3 +276,52 @@ def test_the_order_message_says_what_shuffle_does():
     shuffled = IndexData(length=8, verbose=False)
     shuffled.train_dataloader()
     assert "new order each epoch" in shuffled.loader_plans["train"][0].sampler
+
+
+def test_the_loaders_a_hook_returns_are_planned_and_no_other():
+    import threading
+
+    built_elsewhere = []
+
+    class Several(TunedDataModule):
+        def train_dataloader(self):
+            # a loader another thread builds meanwhile is not the hook's: it stays as built
+            thread = threading.Thread(target=lambda: built_elsewhere.append(DataLoader(IndexedDataset(4))))
+            thread.start()
+            thread.join()
+            return {
+                "a": DataLoader(IndexedDataset(8), batch_size=2),
+                "b": [DataLoader(IndexedDataset(4), num_workers=0)],
+            }
+
+    datamodule = Several(seed=1, verbose=False)
+    loaders = datamodule.train_dataloader()
+    assert len(datamodule.loader_plans["train"]) == 2
+    assert isinstance(loaders["a"].sampler, EpochAwareDistributedSampler)
+    assert isinstance(loaders["b"][0].sampler, EpochAwareDistributedSampler)
+    assert not isinstance(built_elsewhere[0].sampler, EpochAwareDistributedSampler)
+    assert (
+        "DataLoader.__init__" not in vars(DataLoader) or DataLoader.__init__.__module__ == "torch.utils.data.dataloader"
+    )
+
+
+def test_the_arguments_you_passed_are_read_from_the_loader_a_hook_returns():
+    from lightning.fabric.utilities.data import _replace_dunder_methods
+
+    from lightning_dataperf.datamodule.hooks import explicit_arguments
+
+    dataset = IndexedDataset(8)
+    built = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=2, prefetch_factor=3, pin_memory=False)
+    # no Trainer recorded them: what differs from DataLoader's defaults is yours
+    assert explicit_arguments(built) == {
+        "dataset": dataset,
+        "batch_size": 4,
+        "shuffle": True,
+        "num_workers": 2,
+        "prefetch_factor": 3,
+    }
+    custom = torch.utils.data.SubsetRandomSampler([0, 1])
+    assert explicit_arguments(DataLoader(dataset, sampler=custom))["sampler"] is custom
+    with _replace_dunder_methods(DataLoader, "dataset"):  # as Lightning asks a hook for its loaders
+        recorded = DataLoader(dataset, 4, num_workers=0, pin_memory=False)
+    assert explicit_arguments(recorded) == {"dataset": dataset, "batch_size": 4, "num_workers": 0, "pin_memory": False}

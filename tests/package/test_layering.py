@@ -106,3 +106,133 @@ def test_no_module_is_over_400_lines_and_no_folder_over_20_modules(limit):
     assert not long, long
     crowded = [str(d) for d in {p.parent for p in ROOT.rglob("*.py")} if len(list(d.glob("*.py"))) > 20]
     assert not crowded, crowded
+
+
+# ---------------------------------------------------------------- hidden dependencies, read from the source
+#: The one module that may touch private PyTorch/Lightning members, and the one that may swap a class.
+HOOKS_MODULE, WRAPPING_MODULE = "_lightning_hooks.py", "loader/wrapping.py"
+_REFLECTION = {"getattr", "setattr", "hasattr", "delattr", "__setattr__"}
+
+
+def _private_member_names() -> set[str]:
+    """Private members of the PyTorch and Lightning objects the package handles (loaders, their iterators,
+    storages, trainer, loops, strategies, loggers), by looking at them."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+    from torch.utils.data import DataLoader, dataloader
+
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    objects = [DataLoader(range(2)), dataloader._MultiProcessingDataLoaderIter, iter(DataLoader(range(2)))]
+    objects += [torch.UntypedStorage, torch.cuda, trainer, trainer.fit_loop, trainer.fit_loop.epoch_loop]
+    objects += [trainer.validate_loop, trainer.test_loop, trainer.predict_loop, SingleDeviceStrategy, DDPStrategy]
+    objects += [TensorBoardLogger, pl.LightningModule, pl.LightningDataModule]
+    return {name for item in objects for name in dir(item) if name.startswith("_") and not name.endswith("__")}
+
+
+def _rooted_at_torch_or_lightning(tree: ast.AST) -> set[str]:
+    """Names this module binds to PyTorch or Lightning (``import torch``, ``from torch.utils.data import X``)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in {"torch", "lightning"}:
+                    names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {"torch", "lightning"}:
+            names |= {alias.asname or alias.name for alias in node.names}
+    return names
+
+
+def private_uses(source: str, private: set[str]) -> list[str]:
+    """Where ``source`` reaches a private PyTorch/Lightning member: through a torch/lightning name
+    (``torch.cuda._sleep``), an import (``from torch.x._utils import``), or a known private member of their
+    objects on anything but ``self``/``cls`` (``loader._iterator``, ``getattr(it, "_shutdown_workers")``)."""
+    tree = ast.parse(source)
+    roots = _rooted_at_torch_or_lightning(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in {"torch", "lightning"}:
+            parts = [*node.module.split("."), *(alias.name for alias in node.names)]  # type: ignore[union-attr]
+            found += [f"line {node.lineno}: from {node.module} import _..." for p in parts[:1] if _private(parts)]
+        elif isinstance(node, ast.Attribute) and _private([node.attr]):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            receiver = base.id if isinstance(base, ast.Name) else ""
+            if receiver in roots or (node.attr in private and not (receiver in {"self", "cls"} and len(chain) == 1)):
+                found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if name in _REFLECTION and node.args[1].value in private:
+                found.append(f"line {node.lineno}: {name}(..., {node.args[1].value!r})")
+    return found
+
+
+def _private(parts: list[str]) -> bool:
+    return any(part.startswith("_") and not part.endswith("__") for part in parts)
+
+
+def _reflects(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in _REFLECTION
+
+
+def class_swaps(source: str) -> list[str]:
+    """Where ``source`` assigns an object's ``__class__``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        found += [f"line {node.lineno}" for t in targets if isinstance(t, ast.Attribute) and t.attr == "__class__"]
+        if _reflects(node) and any(isinstance(a, ast.Constant) and a.value == "__class__" for a in node.args):  # type: ignore[attr-defined]
+            found.append(f"line {node.lineno}")
+    return found
+
+
+def init_patches(source: str) -> list[str]:
+    """Where ``source`` replaces a class's ``__init__`` (a process-wide patch: every thread's objects go through it)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        found += [f"line {node.lineno}" for t in targets if isinstance(t, ast.Attribute) and t.attr == "__init__"]
+        if _reflects(node) and any(isinstance(a, ast.Constant) and a.value == "__init__" for a in node.args[1:2]):  # type: ignore[attr-defined]
+            found.append(f"line {node.lineno}")
+    return found
+
+
+def _violations(root: Path, check, allowed: str | None) -> list[str]:
+    return [
+        f"{path.relative_to(root)} {where}"
+        for path in sorted(root.rglob("*.py"))
+        if str(path.relative_to(root)) != allowed
+        for where in check(path.read_text())
+    ]
+
+
+def test_no_private_torch_or_lightning_member_outside_the_hooks_module():
+    private = _private_member_names()
+    wrong = _violations(ROOT, lambda source: private_uses(source, private), HOOKS_MODULE)
+    assert not wrong, f"move these into lightning_dataperf/{HOOKS_MODULE}, with a contract test:\n" + "\n".join(wrong)
+
+
+def test_no_class_swap_outside_the_wrapping_module():
+    wrong = _violations(ROOT, class_swaps, WRAPPING_MODULE)
+    assert not wrong, f"wrap through lightning_dataperf/{WRAPPING_MODULE}:\n" + "\n".join(wrong)
+
+
+def test_no_process_wide_patch_of_a_constructor():
+    wrong = _violations(ROOT, init_patches, None)
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_source_checks_see_what_they_forbid():
+    private = {"_iterator", "_shutdown_workers"}
+    source = (
+        "import torch\nfrom torch.utils.data._utils import collate\n"
+        "torch.cuda._sleep(1)\nloader._iterator = None\ngetattr(it, '_shutdown_workers', None)\n"
+        "self._iterator = 1\nself._own.x = 2\n"
+    )
+    assert len(private_uses(source, private)) == 4  # not the module's own self._iterator, self._own
+    assert class_swaps("loader.__class__ = Sub\nobject.__setattr__(d, '__class__', Sub)\n") == ["line 1", "line 2"]
+    assert init_patches("DataLoader.__init__ = init\nsetattr(DataLoader, '__init__', f)\n") == ["line 1", "line 2"]
+    assert not init_patches("def __init__(self):\n    super().__init__()\n")
