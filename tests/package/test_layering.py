@@ -190,12 +190,36 @@ def class_swaps(source: str) -> list[str]:
 
 
 def init_patches(source: str) -> list[str]:
-    """Where ``source`` replaces a class's ``__init__`` (a process-wide patch: every thread's objects go through it)."""
+    """Where ``source`` replaces the ``__init__`` of a class it imports from outside the package (a process-wide
+    patch: every thread's objects go through it); a decorator refining a record of its own is not one."""
+    tree = ast.parse(source)
+    foreign = {
+        (alias.asname or alias.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and not (getattr(node, "module", None) or "").startswith("lightning_dataperf")
+        and not (isinstance(node, ast.ImportFrom) and node.level)
+        for alias in node.names
+    }
+
+    def imported(node: ast.AST) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in foreign
+
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else []
-        found += [f"line {node.lineno}" for t in targets if isinstance(t, ast.Attribute) and t.attr == "__init__"]
-        if _reflects(node) and any(isinstance(a, ast.Constant) and a.value == "__init__" for a in node.args[1:2]):  # type: ignore[attr-defined]
+        found += [
+            f"line {node.lineno}"
+            for t in targets
+            if isinstance(t, ast.Attribute) and t.attr == "__init__" and imported(t.value)
+        ]
+        if (
+            _reflects(node)
+            and any(isinstance(a, ast.Constant) and a.value == "__init__" for a in node.args[1:2])  # type: ignore[attr-defined]
+            and imported(node.args[0])  # type: ignore[attr-defined]
+        ):
             found.append(f"line {node.lineno}")
     return found
 
@@ -234,5 +258,8 @@ def test_the_source_checks_see_what_they_forbid():
     )
     assert len(private_uses(source, private)) == 4  # not the module's own self._iterator, self._own
     assert class_swaps("loader.__class__ = Sub\nobject.__setattr__(d, '__class__', Sub)\n") == ["line 1", "line 2"]
-    assert init_patches("DataLoader.__init__ = init\nsetattr(DataLoader, '__init__', f)\n") == ["line 1", "line 2"]
+    patch = "from torch.utils.data import DataLoader\nDataLoader.__init__ = init\nsetattr(DataLoader, '__init__', f)\n"
+    assert init_patches(patch) == ["line 2", "line 3"]
+    assert init_patches("import torch\ntorch.utils.data.DataLoader.__init__ = init\n") == ["line 2"]
+    assert not init_patches("def refine(cls):\n    cls.__init__ = checked\n    return cls\n")
     assert not init_patches("def __init__(self):\n    super().__init__()\n")
