@@ -294,6 +294,10 @@ class TunedDataModule(pl.LightningDataModule):
             f"drop_last={self.shard_drop_last}): {order}, same order after a resume"
         )
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
+        if explicit.get("generator") is not None:
+            plan.notes.append(
+                f"generator=: kept on the loader, but the order and worker seeds come from seed={self._seed()}"
+            )
         return {"sampler": sampler, "shuffle": None}
 
     def _finish(self, stage: str, loader: DataLoader, plan: LoaderPlan) -> None:
