@@ -173,7 +173,7 @@ class DataPerfCallback(Callback):
         self._train_epochs_started = 0
         self._preflight.batch_checked = False
         self._logged_step, self._logged_batches = -1, 0
-        self.hardware = probe_hardware(self.data_path, accelerator=device.type)
+        self.hardware = probe_hardware(self.data_path, accelerator=device.type, local_ranks=trainer.num_devices)
         if self.telemetry:
             cuda_device = device.index if device.type == "cuda" else None
             self.sampler = SystemSampler(self.telemetry_interval, cuda_device, self.data_path)

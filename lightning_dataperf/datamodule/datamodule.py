@@ -158,7 +158,8 @@ class TunedDataModule(pl.LightningDataModule):
     def hardware(self) -> Hardware:
         """The hardware probe (taken once)."""
         if self._hardware is None:
-            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator())
+            ranks = getattr(self._trainer_or_none(), "num_devices", None)  # Lightning's launcher sets no env
+            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator(), local_ranks=ranks)
         return self._hardware
 
     @property
