@@ -146,6 +146,7 @@ class DataPerfCallback(Callback):
         self._train_epochs_started, self._logged_step, self._logged_batches = 0, -1, 0
         self._batch_size = BatchSizer(batch_size_fn)
         self._host_gap_option = host_gap_probe
+        self._automatic = True  # the module's automatic_optimization, read per epoch (skipped steps)
 
     @property
     def last_summary(self) -> EpochSummary | None:
@@ -323,6 +324,7 @@ class DataPerfCallback(Callback):
         self._log_every = every = self.log_every_n_steps or trainer.log_every_n_steps or 1  # per optimizer step
         self._stuck_after = 4 * every * max(1, trainer.accumulate_grad_batches)
         self._global_step = global_step_reader(trainer)
+        self._automatic = pl_module.automatic_optimization
         self._epoch_started(trainer, Stage.TRAIN, anchor)
         if self.sampler is not None:
             self.sampler.reset_epoch()
@@ -349,6 +351,14 @@ class DataPerfCallback(Callback):
         self._boundary = self._clock()
         timer = self._train
         if timer is None or not timer.active:
+            return
+        # Lightning's skipped batch: a None batch gives outputs None; a training_step returning None gives {}
+        # under automatic optimization (manual optimization returns {} for every step that returns nothing)
+        if outputs is None or (self._automatic and type(outputs) is dict and not outputs):
+            timer.clock.step_skipped()
+            if timer.host_gap is not None:
+                timer.host_gap.step_skipped()
+            timer.skipped += 1
             return
         # samples_in's answer for the common (tensor, ...) batch, without its calls (the hot path is cache-cold)
         first = batch[0] if type(batch) in _SEQUENCES and batch and self.batch_size_fn is None else None

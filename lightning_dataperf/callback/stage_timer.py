@@ -47,6 +47,7 @@ class StageTimer:
     active: bool = False
     anchor: float | None = None
     batches: int = 0
+    skipped: int = 0  # this epoch's batches Lightning skipped (not steps: no timing, no samples)
     dataloader_idx: int = 0
     copies: list[CopyTiming] = field(default_factory=list)
     epoch_copies: list[CopyTiming] = field(default_factory=list)
@@ -129,7 +130,7 @@ class StageTimer:
         if self.host_gap is not None:
             self.host_gap.reset_epoch()
         self.batches_window.clear()
-        self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
+        self.active, self.anchor, self.batches, self.dataloader_idx, self.skipped = True, anchor, 0, 0, 0
 
     def window_metrics(self) -> dict[str, float]:
         """Metrics of the steps (and side-stream copies) since the last call; clears the window."""
@@ -176,7 +177,15 @@ class StageTimer:
             self.decode_epoch, self.decode_window, self.engine_readings = now, now, []
         copies = CopyStats.of(self.epoch_copies)
         rank = int(getattr(strategy, "global_rank", 0))  # the figures above are this rank's own
-        return dataclasses.replace(summary, copies=copies, loader=loader, host_gap=host_gap, decode=decode, rank=rank)
+        return dataclasses.replace(
+            summary,
+            copies=copies,
+            loader=loader,
+            host_gap=host_gap,
+            decode=decode,
+            rank=rank,
+            skipped_batches=self.skipped,
+        )
 
     def release(self) -> None:
         """Drop all state (teardown, exceptions)."""
