@@ -8,7 +8,8 @@ from typing import Any
 
 from lightning_dataperf import tags
 from lightning_dataperf.decode.stats import DecodeStats
-from lightning_dataperf.loader.probe import BatchTiming, LoaderProbe
+from lightning_dataperf.loader.probe import BatchTiming, LoaderProbe, instrument, uninstrument
+from lightning_dataperf.loader.settings import is_gpu_decode_loader
 from lightning_dataperf.loader.stats import LoaderStats
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing.clock import StepClock, StepTiming
@@ -18,7 +19,7 @@ from lightning_dataperf.timing.summary import EpochSummary
 from lightning_dataperf.timing.window import window_metrics
 from lightning_dataperf.transfer.stats import CopyStats, CopyTiming
 
-__all__ = ["EVAL_COLLECT_EVERY", "StageTimer"]
+__all__ = ["EVAL_COLLECT_EVERY", "StageTimer", "look_inside"]
 
 #: Evaluation loops read finished steps back every this many batches (training: at each log point).
 EVAL_COLLECT_EVERY = 64
@@ -85,6 +86,13 @@ class StageTimer:
         self.batches += 1
         if self.batches % EVAL_COLLECT_EVERY == 0:
             self.collect()  # evaluation has no log points, only a queue to keep bounded
+
+    def skip_batch(self) -> None:
+        """Lightning skipped the batch begun (a ``None`` batch or step output): no step, counted apart."""
+        self.clock.step_skipped()
+        if self.host_gap is not None:
+            self.host_gap.step_skipped()
+        self.skipped += 1
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
@@ -195,3 +203,17 @@ class StageTimer:
         self.window.clear()
         self.active = False
         self.decode = self.decode_window = self.decode_epoch = None  # let the GPU-decode loader go
+
+
+def look_inside(train: StageTimer | None, loader: Any, running_stage: Any) -> Any:
+    """A loader Lightning sets up (before its iterator exists): training's is instrumented for ``train``, the
+    timer of the training stage (``None`` where this callback does not time it); another stage's is not."""
+    if train is not None and running_stage == "train":  # RunningStage.TRAINING
+        train.probes += [probe] if (probe := instrument(loader)) not in train.probes else []
+        if is_gpu_decode_loader(loader):
+            train.watch_decode(loader)
+    elif running_stage != "train":
+        # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches; a training
+        # loader is left to the callback that times training (several callbacks: one per stage)
+        uninstrument(loader)
+    return loader

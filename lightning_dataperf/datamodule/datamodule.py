@@ -21,7 +21,7 @@ from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, recla
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
-from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
+from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings, seeded_over_generator
 from lightning_dataperf.loader.rebuild import loader_arguments
 from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
@@ -33,7 +33,7 @@ from lightning_dataperf.loader.sampler import (
 from lightning_dataperf.loader.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
 from lightning_dataperf.loader.settings import POLICY_FIELDS, LoaderPlan, LoaderSettings
 from lightning_dataperf.loader.sharing import ShareBy, with_strategy
-from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
+from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware, trainer_ranks
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
 
@@ -158,8 +158,7 @@ class TunedDataModule(pl.LightningDataModule):
     def hardware(self) -> Hardware:
         """The hardware probe (taken once)."""
         if self._hardware is None:
-            ranks = getattr(self._trainer_or_none(), "num_devices", None)  # Lightning's launcher sets no env
-            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator(), local_ranks=ranks)
+            self._hardware = probe_hardware(self.data_path, self._accelerator(), trainer_ranks(self.trainer))
         return self._hardware
 
     @property
@@ -292,13 +291,9 @@ class TunedDataModule(pl.LightningDataModule):
         order = "new order each epoch" if shuffle else "the same order every epoch (shuffle=False)"
         plan.sampler = (
             f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
-            f"drop_last={self.shard_drop_last}): {order}, same order after a resume"
+            f"drop_last={self.shard_drop_last}): {order}, same order after a resume{seeded_over_generator(explicit)}"
         )
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
-        if explicit.get("generator") is not None:
-            plan.notes.append(
-                f"generator=: kept on the loader, but the order and worker seeds come from seed={self._seed()}"
-            )
         return {"sampler": sampler, "shuffle": None}
 
     def _finish(self, stage: str, loader: DataLoader, plan: LoaderPlan) -> None:

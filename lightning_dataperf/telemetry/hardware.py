@@ -21,8 +21,10 @@ __all__ = [
     "StorageInfo",
     "block_device_of",
     "default_start_method",
+    "local_world_size",
     "pcie_capacity_mbps",
     "probe_hardware",
+    "trainer_ranks",
     "usable_cpus",
 ]
 
@@ -179,6 +181,17 @@ def local_world_size(environ: dict[str, str] | os._Environ[str] | None = None, r
         if value.split("(")[0].isdigit():
             return max(1, int(value.split("(")[0]))
     return 1
+
+
+def trainer_ranks(trainer: Any) -> int | None:
+    """The ranks per node a Lightning ``Trainer`` runs (its ``num_devices``); ``None`` without a trainer.
+
+    Example::
+
+        probe_hardware(local_ranks=trainer_ranks(trainer))
+    """
+    ranks = getattr(trainer, "num_devices", None)
+    return ranks if isinstance(ranks, int) else None
 
 
 def probe_gpus() -> tuple[GpuInfo, ...]:

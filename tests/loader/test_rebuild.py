@@ -161,5 +161,6 @@ def test_a_user_generator_is_kept_and_the_plan_says_what_seeds_the_order():
     loader = DataLoader(IndexedDataset(8), batch_size=2, shuffle=True, generator=generator)
     datamodule = TunedDataModule.from_loaders(loader, seed=5, verbose=False)
     assert datamodule.train_dataloader().generator is generator
-    notes = datamodule.loader_plans["train"][0].notes
-    assert any("generator=" in note and "seed=5" in note for note in notes), notes
+    plan = datamodule.loader_plans["train"][0]
+    assert "seed=5" in plan.sampler and "your generator= stays on the loader, but this seed orders" in plan.sampler
+    assert "generator=" in plan.format()
