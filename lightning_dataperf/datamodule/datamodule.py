@@ -19,7 +19,7 @@ from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.datamodule.hooks import loaders_built_as_they_are, reclaim_sharing, wrap_hooks
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
-from lightning_dataperf.datamodule.threads import ThreadsBeside
+from lightning_dataperf.datamodule.threads import ThreadsBeside, ThreadsGivenBack
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings, seeded_over_generator
 from lightning_dataperf.loader.rebuild import loader_arguments
@@ -38,7 +38,7 @@ from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware, trai
 __all__ = ["LoaderPlan", "TunedDataModule"]
 
 
-class TunedDataModule(pl.LightningDataModule):
+class TunedDataModule(ThreadsGivenBack):
     """A ``LightningDataModule`` whose DataLoaders get tuned settings and seeded, resume-exact sampling.
 
     Args:
@@ -301,7 +301,7 @@ class TunedDataModule(pl.LightningDataModule):
         ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
         sampler = loader.sampler
         if stage == "train" and self._accelerator() == "cpu":
-            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan)
+            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan, self.autotune == "online")
         if stage != "train" or type(sampler) is not EpochAwareDistributedSampler or sampler.position is None:
             return
         make_resumable(loader, sampler)
