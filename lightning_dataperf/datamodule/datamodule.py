@@ -26,8 +26,7 @@ from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
-from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
-from lightning_dataperf.loader.rebuild import loader_arguments
+from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings, seeded_over_generator
 from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
     EpochAwareSamplerWrapper,
@@ -38,7 +37,7 @@ from lightning_dataperf.loader.sampler import (
 from lightning_dataperf.loader.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
 from lightning_dataperf.loader.settings import POLICY_FIELDS, LoaderPlan, LoaderSettings
 from lightning_dataperf.loader.sharing import ShareBy, with_strategy
-from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
+from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware, trainer_ranks
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
 
@@ -128,10 +127,18 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
         nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
         leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
+        self._give_back(fit=stage == "fit")
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """A fit that fails or is interrupted gets no ``teardown``: the same given back here."""
+        self._give_back(fit=True)
+
+    def _give_back(self, fit: bool) -> None:
         self.reclaim_sharing()
-        if self._online is not None and stage == "fit":
+        if fit and self._online is not None:
             self._online.close()
-        if stage == "fit":
+        if fit:
             self._threads.restore()
 
     def reclaim_sharing(self) -> None:
@@ -149,9 +156,12 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
 
             trainer.fit(model, datamodule=TunedDataModule.from_loaders(train_loader, autotune=OnlineTuning()))
         """
+        # they subclass this one: imported here, not at the top
+        from lightning_dataperf.datamodule._from_loaders import TrainLoaderModule, TrainValLoaderModule
+
         if val is None:
-            return _TrainLoaderModule(train, **options)
-        return _TrainValLoaderModule(train, val, **options)
+            return TrainLoaderModule(train, **options)
+        return TrainValLoaderModule(train, val, **options)
 
     @property
     def online_result(self) -> OnlineResult | None:
@@ -163,7 +173,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
     def hardware(self) -> Hardware:
         """The hardware probe (taken once)."""
         if self._hardware is None:
-            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator())
+            self._hardware = probe_hardware(self.data_path, self._accelerator(), trainer_ranks(self.trainer))
         return self._hardware
 
     @property
@@ -297,7 +307,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         order = "new order each epoch" if shuffle else "the same order every epoch (shuffle=False)"
         plan.sampler = (
             f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
-            f"drop_last={self.shard_drop_last}): {order}, same order after a resume"
+            f"drop_last={self.shard_drop_last}): {order}, same order after a resume{seeded_over_generator(explicit)}"
         )
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
         return {"sampler": sampler, "shuffle": None}
@@ -307,7 +317,8 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
         sampler = loader.sampler
         if stage == "train" and self._accelerator() == "cpu":
-            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan)
+            online = isinstance(self.autotune, OnlineTuning)
+            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan, online)
         if stage != "train" or type(sampler) is not EpochAwareDistributedSampler or sampler.position is None:
             return
         make_resumable(loader, sampler)
@@ -373,25 +384,3 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
 @rank_zero_only
 def _print_on_rank_zero(text: str) -> None:
     print(text, flush=True)
-
-
-class _TrainLoaderModule(TunedDataModule):
-    """:meth:`TunedDataModule.from_loaders` with a training loader only."""
-
-    def __init__(self, train: DataLoader, **options: Any) -> None:
-        super().__init__(**options)
-        self._train_arguments = loader_arguments(train)
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(**self._train_arguments)
-
-
-class _TrainValLoaderModule(_TrainLoaderModule):
-    """:meth:`TunedDataModule.from_loaders` with a validation loader too."""
-
-    def __init__(self, train: DataLoader, val: DataLoader, **options: Any) -> None:
-        super().__init__(train, **options)
-        self._val_arguments = loader_arguments(val)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(**self._val_arguments)
