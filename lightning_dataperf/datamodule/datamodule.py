@@ -9,17 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
-from lightning_dataperf import tags
 from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf._records import changed, keywords
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
 from lightning_dataperf.datamodule._options import Tuning, decode_options, tuning_mode
+from lightning_dataperf.datamodule._reporting import publish_plans
 from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.datamodule.threads import ThreadsBeside
@@ -27,6 +26,7 @@ from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encode
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
 from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings, seeded_over_generator
+from lightning_dataperf.loader.rebuild import loader_arguments
 from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
     EpochAwareSamplerWrapper,
@@ -156,12 +156,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
 
             trainer.fit(model, datamodule=TunedDataModule.from_loaders(train_loader, autotune=OnlineTuning()))
         """
-        # they subclass this one: imported here, not at the top
-        from lightning_dataperf.datamodule._from_loaders import TrainLoaderModule, TrainValLoaderModule
-
         if val is None:
-            return TrainLoaderModule(train, **options)
-        return TrainValLoaderModule(train, val, **options)
+            return _TrainLoaderModule(train, **options)
+        return _TrainValLoaderModule(train, val, **options)
 
     @property
     def online_result(self) -> OnlineResult | None:
@@ -367,20 +364,26 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         if stage in self._reported or not plans:
             return
         self._reported.add(stage)
-        text = "\n".join(plan.format() for plan in plans)
-        if self.verbose:
-            _print_on_rank_zero(text)
-        trainer = self._trainer_or_none()
-        if trainer is None or not trainer.is_global_zero:
-            return
-        params = {f"dataperf/{stage}/{name}": value for plan in plans for name, value in plan.chosen.items()}
-        for logger in trainer.loggers:
-            if params:
-                logger.log_hyperparams(params)
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text(tags.loader_settings_text(stage), f"```\n{text}\n```")
+        publish_plans(self._trainer_or_none(), stage, plans, self.verbose)
 
 
-@rank_zero_only
-def _print_on_rank_zero(text: str) -> None:
-    print(text, flush=True)
+class _TrainLoaderModule(TunedDataModule):
+    """:meth:`TunedDataModule.from_loaders` with a training loader only."""
+
+    def __init__(self, train: DataLoader, **options: Any) -> None:
+        super().__init__(**options)
+        self._train_arguments = loader_arguments(train)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(**self._train_arguments)
+
+
+class _TrainValLoaderModule(_TrainLoaderModule):
+    """:meth:`TunedDataModule.from_loaders` with a validation loader too."""
+
+    def __init__(self, train: DataLoader, val: DataLoader, **options: Any) -> None:
+        super().__init__(train, **options)
+        self._val_arguments = loader_arguments(val)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(**self._val_arguments)

@@ -10,6 +10,7 @@ import torch
 from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dataperf import OnlineTuning
 from lightning_dataperf.loader.policy import intra_op_threads
 
 
@@ -83,7 +84,7 @@ def sigint_kept():
     signal.signal(signal.SIGINT, handler)
 
 
-QUICK = {"precision": 10.0, "max_batches": 2, "max_cost": 10.0, "min_seconds": 0.0}
+QUICK = OnlineTuning(precision=10.0, max_batches=2, max_cost=10.0, min_seconds=0.0)
 
 
 @pytest.mark.parametrize(
@@ -96,9 +97,7 @@ def test_a_fit_that_fails_mid_trial_gives_the_threads_back(
     tmp_path, more_threads_than_cores, sigint_kept, error, raised, threads
 ):
     torch.set_num_threads(2)
-    data = IndexData(
-        length=160, workers=0, verbose=False, autotune="online", autotune_options=QUICK, intra_op_threads=threads
-    )
+    data = IndexData(length=160, workers=0, verbose=False, autotune=QUICK, intra_op_threads=threads)
     model = Fails(error, user=2)
     with pytest.raises(raised):
         pl.Trainer(max_epochs=1, **trainer_kwargs(tmp_path)).fit(model, datamodule=data)

@@ -13,11 +13,11 @@ import torch
 from helpers import RecordingModel, trainer_kwargs
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from lightning_dataperf import TunedDataModule
+from lightning_dataperf import OnlineTuning, TunedDataModule
 from lightning_dataperf.telemetry.processes import loader_worker_processes
 
 #: every trial ends at its first 8 counted batches: the first trial (the start, 2 workers) is under way at batch 3
-QUICK = {"precision": 10.0, "max_batches": 8, "max_cost": 10.0, "min_seconds": 0.0}
+QUICK = OnlineTuning(precision=10.0, max_batches=8, max_cost=10.0, min_seconds=0.0)
 FAULTY = 13  # in the fourth batch of four
 
 
@@ -52,7 +52,7 @@ DEAD_WORKER = r"DataLoader worker \(pid.*\) (is killed|exited unexpectedly)|Conn
 def test_a_worker_that_fails_mid_trial_stops_the_fit_clearly_and_leaves_nothing(tmp_path, fault, errors, words):
     threads = torch.get_num_threads()
     loader = DataLoader(Faulty(fault), batch_size=4, num_workers=2)
-    datamodule = TunedDataModule.from_loaders(loader, seed=5, verbose=False, autotune="online", autotune_options=QUICK)
+    datamodule = TunedDataModule.from_loaders(loader, seed=5, verbose=False, autotune=QUICK)
     trainer = pl.Trainer(max_epochs=1, **trainer_kwargs(tmp_path))
     with pytest.raises(errors, match=words) as raised:
         trainer.fit(RecordingModel(), datamodule=datamodule)
