@@ -107,6 +107,7 @@ def reinit_loader(loader: DataLoader, arguments: dict[str, Any]) -> None:
 
     Where Lightning recorded the first call, the record becomes this one (Lightning rebuilds loaders from it).
     """
+    # DataLoader.__setattr__ refuses a new sampler or batch size once __initialized is set.
     object.__setattr__(loader, "_DataLoader__initialized", False)
     DataLoader.__init__(loader, **arguments)
     if _inits_as_dataloader(type(loader)) and hasattr(loader, "__pl_saved_args"):
@@ -158,6 +159,7 @@ class ProcessDataloaderHook:
     _ours: Any = None
 
     def install(self, trainer: pl.Trainer) -> None:
+        # Installing twice would otherwise chain ours behind ours.
         self.uninstall()
         strategy = trainer.strategy
         original = strategy.process_dataloader
@@ -165,6 +167,7 @@ class ProcessDataloaderHook:
         def process_then_ours(dataloader: object) -> object:
             return self.after(original(dataloader), trainer.state.stage)
 
+        # An instance attribute shadows the method: uninstall deletes it and the class is untouched.
         strategy.process_dataloader = process_then_ours
         self._strategy, self._ours = strategy, process_then_ours
 
@@ -191,6 +194,7 @@ def queued_batches(iterator: Any) -> int:
     queue, the pin thread's queue and the reorder buffer (PyTorch's ``_worker_result_queue``, ``_data_queue``,
     ``_task_info``); 0 for an iterator without workers, or where a queue cannot say its size (macOS)."""
     names = ("_worker_result_queue", "_data_queue")
+    # Without pin_memory both names hold the same queue: counted once.
     queues = {id(queue): queue for name in names if (queue := getattr(iterator, name, None)) is not None}
     queued = 0
     for queue in queues.values():
@@ -233,6 +237,7 @@ def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
     fit_loop = trainer.fit_loop
     progress = fit_loop.epoch_progress.current
     epoch = int(progress.processed)
+    # Counters that disagree: an epoch was started and not finished.
     mid_epoch = progress.ready != progress.processed or progress.started != progress.processed
     if not (fit_loop.restarting and mid_epoch):
         return epoch, 0
@@ -289,6 +294,7 @@ class FetchHooks:
     _installed: list[tuple[Any, Stage]] = field(default_factory=list)
 
     def install(self, trainer: pl.Trainer) -> None:
+        # Fail at install with a clear message rather than time nothing.
         check_lightning_compatibility(trainer)
         self.uninstall()
         for stage, loop in fetching_loops(trainer):

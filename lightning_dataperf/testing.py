@@ -52,6 +52,7 @@ def loopback_ranks(
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if "lo" in {name for _, name in socket.if_nameindex()}:
+        # No host name to resolve: gloo talks over the loopback interface.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [
         sys.executable,
@@ -60,6 +61,7 @@ def loopback_ranks(
         "--nnodes=1",
         f"--nproc_per_node={ranks}",
         "--rdzv-backend=c10d",
+        # Port 0: the agent's store takes a free port itself, so there is no port to race for.
         "--rdzv-endpoint=127.0.0.1:0",
         f"--rdzv-id={uuid.uuid4().hex}",
         "--local-addr=127.0.0.1",
@@ -72,6 +74,7 @@ def loopback_ranks(
 
 def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) -> float:
     """Cycles of ``torch.cuda._sleep`` per millisecond, measured with CUDA events."""
+    # A first call loads the kernel: left out of the timed repeats.
     cuda_sleep(1_000_000)
     rates = []
     for _ in range(repeats):
@@ -81,6 +84,7 @@ def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) ->
         end.record()
         end.synchronize()
         rates.append(probe_ms_cycles / start.elapsed_time(end))
+    # The median ignores a repeat disturbed by other work on the GPU.
     return statistics.median(rates)
 
 

@@ -109,6 +109,7 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
     problems = []
     settings = LoaderFacts.of(loader)
     workers = settings.num_workers or 0
+    # 2 is DataLoader's own default with workers.
     prefetch = (settings.prefetch_factor or 2) if workers else 0
     in_flight = workers * prefetch
     if workers and hardware.shm_free_mb is not None:
@@ -124,7 +125,9 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
                 )
             )
     limit = open_file_limit()
+    # Only file_descriptor sharing holds a descriptor per tensor in flight.
     if workers and limit is not None and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+        # Doubled, plus 256, for margin: the process holds other files too.
         need = 2 * in_flight * max(1, footprint.tensors) + 256
         if need > limit:
             problems.append(
@@ -168,6 +171,7 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     dataset, batch_size = untimed(getattr(loader, "dataset", None)), getattr(loader, "batch_size", None)
     if dataset is None or not batch_size or isinstance(dataset, IterableDataset):
         return None
+    # Pre-flight never raises: a sample that fails to load leaves the check to the first real batch.
     try:
         # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
         with rng_restored():

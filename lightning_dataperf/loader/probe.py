@@ -150,6 +150,7 @@ class TimedDataset(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:  # set_epoch, attributes the user's code reads
+        # Looked up before __init__ has run (unpickling in a spawned worker), these would recurse forever.
         if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
@@ -302,9 +303,11 @@ def instrument(loader: Any) -> LoaderProbe:
     elif persistent_iterator_started(loader):
         probe.blind = "its persistent workers started before DataPerfCallback could look inside"
     else:
+        # A loader Lightning rebuilt from an instrumented one already holds our dataset and collate: not twice.
         replace_loader_dataset(loader, TimedDataset(untimed(loader.dataset)))
         collate = loader.collate_fn
         loader.collate_fn = TimedCollate(collate.collate_fn if isinstance(collate, TimedCollate) else collate)
+        # Innermost, so that outer wrappers (the look-ahead copy) see the batch, not a TimedBatch.
         add_iterator_wrapper(loader, probe.unwrap, inner=True)
         loader._dataperf_probe = probe  # type: ignore[attr-defined]
     return probe

@@ -38,6 +38,7 @@ class LoaderSettings:
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
         }
+        # DataLoader refuses a prefetch_factor without workers.
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = self.prefetch_factor
         return kwargs

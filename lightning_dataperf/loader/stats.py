@@ -82,6 +82,7 @@ class LoaderStats:
         by_worker: dict[tuple[int, int], list[Any]] = defaultdict(list)  # (pid, id): loaders' workers apart
         for record in records:
             by_worker[(getattr(record, "pid", 0), record.worker)].append(record)
+        # Worker -1 is the training process itself (num_workers=0), no worker to be busy.
         busy = [_busy_fraction(own) for (_, worker), own in by_worker.items() if worker >= 0]
         return cls(
             batches=count,
@@ -133,6 +134,7 @@ def _busy_fraction(records: list[Any]) -> float:
     """One worker's busy share between its first and last batch here (since its first fetch for one batch)."""
     records = sorted(records, key=lambda record: record.produced_at)
     first, last = records[0], records[-1]
+    # busy_s and alive_s run on from earlier windows (persistent workers): take the window's difference.
     if len(records) > 1 and last.alive_s > first.alive_s:
         return min(1.0, (last.busy_s - first.busy_s) / (last.alive_s - first.alive_s))
     return min(1.0, last.busy_s / last.alive_s) if last.alive_s > 0 else 1.0

@@ -111,6 +111,7 @@ class EpochOutputs:
             if isinstance(logger, TensorBoardLogger):
                 tag = Stage(summary.stage).prefix + tags.DIAGNOSIS_TEXT
                 logger.experiment.add_text(tag, f"```\n{text}\n```", trainer.global_step)
+        # As with Lightning's loggers, a fast_dev_run leaves no files behind.
         if self.write_json and not trainer.fast_dev_run:
             directory = log_dir(trainer)
             os.makedirs(directory, exist_ok=True)
@@ -120,6 +121,7 @@ class EpochOutputs:
                 "global_step": trainer.global_step,
             }
             path = os.path.join(directory, tags.SUMMARY_FILE)
+            # One line per record: a run killed mid-append loses at most its last one.
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, default=str) + "\n")
             if self.written_to != path:

@@ -110,6 +110,7 @@ def timeline(axes, run: DrawnRun) -> None:
     for key in run.stack:
         values = dict(run.series(key))
         if values:
+            # stackplot needs every layer at every step; a missing point draws as zero.
             layers.append([values.get(step, 0.0) * MS for step in steps])
             labels.append(LABELS[key])
             colours.append(COLOURS[key])
@@ -141,6 +142,7 @@ def _ranks_data_loading(axes, run: DrawnRun) -> None:
         xs, ys = [], []
         for begin, end, waits, _ in spans:
             if rank < len(waits):
+                # NaN breaks the line, so each epoch's mean is a segment of its own.
                 xs += [begin, end, math.nan]
                 ys += [waits[rank] * MS, waits[rank] * MS, math.nan]
         loud = rank == slowest
@@ -162,6 +164,7 @@ def stall_per_epoch(axes, run: DrawnRun) -> None:
     axes.set_title(f"Share of step time lost to input, per epoch ({where}{ranks})")
     axes.set_xlabel("epoch")
     axes.set_ylabel("share of step time (0-1)")
+    # Headroom above 1 for the label of a full bar.
     axes.set_ylim(0, 1.05)
     if not train:
         _no_data_note(axes, f"no epoch summaries ({SUMMARY_FILE}) with an input stall")
@@ -206,6 +209,7 @@ def device_panel(axes, run: DrawnRun) -> None:
         axes.set_ylabel("GPU utilisation (%)")
         axes.set_ylim(0, 105)
         if run.series("pcie_rx"):
+            # MB/s and % need axes of their own.
             handles = axes.twinx()
             _line(handles, run, "pcie_rx")
             handles.set_ylabel("PCIe bytes into the GPU (MB/s)")
@@ -213,6 +217,7 @@ def device_panel(axes, run: DrawnRun) -> None:
     else:
         handles = _cpu_panel(axes, run)
     lines, labels = axes.get_legend_handles_labels()
+    # A twin axes' lines are not in the main axes' legend.
     if handles is not axes:
         more, more_labels = handles.get_legend_handles_labels()
         lines, labels = lines + more, labels + more_labels

@@ -47,6 +47,7 @@ TAGS = {
 def current_tag(tag: str) -> str:
     """Today's name of a logged tag (``Time/samples_per_sec`` -> ``Time/SamplesPerSec``: :data:`tags.RENAMED`;
     ``System/gpu_util_percent`` -> ``Usage/gpu_util_percent``)."""
+    # Earlier versions logged telemetry as System/ with upper-case units.
     if tag.startswith("System/"):
         field = tag.removeprefix("System/")
         for old, new in (("_MBps", "_mbps"), ("_MB", "_mb"), ("_MHz", "_mhz"), ("_W", "_w")):
@@ -133,6 +134,7 @@ def find_runs(directory: str | Path) -> list[str]:
     def age(folder: Path) -> tuple[float, int, str]:
         newest = max(path.stat().st_mtime for path in _run_files(folder))
         version = re.fullmatch(r"version_(\d+)", folder.name)
+        # The version number breaks ties between equal modification times.
         return newest, int(version.group(1)) if version else -1, folder.as_posix()
 
     return [_run_name(root, folder) for folder in sorted(runs, key=age)]
@@ -177,6 +179,7 @@ def load_run(directory: str | Path, run: str | None = None) -> RunData:
         _read_summaries(summaries, data)
     if not {TAGS["compute"], TAGS["device_span"]} & set(data.scalars) and not data.epochs:
         raise FileNotFoundError(_no_data(folder))
+    # Several event files (a resumed run) interleave their steps.
     for points in data.scalars.values():
         points.sort()
     return data
@@ -217,9 +220,11 @@ def _read_events(folder: Path, data: RunData) -> None:
     files = sorted(folder.rglob(_EVENTS))
     if not files:
         return
+    # Imported here: only runs that wrote event files need tensorboard.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for events in files:
+        # 0 keeps every point; the default samples the scalars down.
         accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
@@ -239,6 +244,7 @@ def _read_csv(folder: Path, data: RunData) -> None:
                 if step is None:
                     continue
                 for tag, text in row.items():
+                    # CSVLogger leaves a cell empty where a metric was not logged at that step.
                     value = _number(text)
                     if tag not in ("step", "epoch") and tag not in have and value is not None:
                         found.setdefault(current_tag(tag), []).append((int(step), value))
@@ -259,6 +265,7 @@ def render_figure(run: RunData) -> Any:
     """The report as a matplotlib ``Figure`` (three panels and the verdict)."""
     import matplotlib
 
+    # Drawn to a file, so no display is needed (headless machines, CI).
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 

@@ -93,6 +93,7 @@ class SystemSampler:
         if self.running:
             return
         self._sources = [source for factory in self._factories if (source := self._open(factory)) is not None]
+        # The first interval must not include the wait between construction and start.
         self._last_read = time.monotonic()
         self._ticker.start()
 
@@ -100,6 +101,7 @@ class SystemSampler:
         """Stop and join the thread and close the sources. Safe to call twice."""
         self._ticker.stop()
         with self._read_lock:
+            # Wait out a read in progress (epoch_means on the training thread) before closing the sources.
             for source in self._sources:
                 source.close()
             self._sources = []
@@ -126,6 +128,7 @@ class SystemSampler:
 
     def _open(self, factory: SourceFactory) -> Source | None:
         try:
+            # Telemetry never stops training: a source that fails is dropped with one warning.
             return factory()
         except Exception as error:
             self._disable(getattr(factory, "name", getattr(factory, "__name__", "source")), error)
@@ -148,8 +151,10 @@ class SystemSampler:
         now = time.monotonic()
         elapsed, self._last_read = now - self._last_read, now
         values: dict[str, float] = {}
+        # A copy: a failing source is removed inside the loop.
         for source in list(self._sources):
             try:
+                # A source that fails mid-run is dropped the same way.
                 values.update(source.read(elapsed))
             except Exception as error:
                 self._sources.remove(source)

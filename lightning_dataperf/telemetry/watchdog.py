@@ -114,6 +114,7 @@ class HangWatchdog:
         self.batch_arrived()
 
     def check(self, now: float) -> HangReport | None:
+        # Read once: the training thread may clear it meanwhile.
         since = self._waiting_since
         if since is None:
             return None
@@ -132,6 +133,7 @@ def _worker_states(workers: list[psutil.Process]) -> list[WorkerState]:
     states = []
     for worker in workers:
         try:
+            # A first cpu_percent() without an interval is always 0.0.
             states.append(WorkerState(worker.pid, worker.status(), worker.cpu_percent(interval=0.05)))
         except psutil.Error:
             continue

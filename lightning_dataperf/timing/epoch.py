@@ -18,6 +18,7 @@ _QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
 def _quantiles(values: torch.Tensor) -> TimingSummary:
+    # Drops the one NaN sentinel per rank that summarize() adds.
     values = values[~torch.isnan(values)].double()
     if values.numel() == 0:
         nan = math.nan
@@ -50,6 +51,7 @@ class EpochAccumulator:
     """
 
     def __init__(self) -> None:
+        # NaN sentinels must survive the sync; _quantiles drops them.
         self._values = {name: CatMetric(nan_strategy="disable") for name in TIMINGS}
         self.reset()
 
@@ -92,6 +94,7 @@ class EpochAccumulator:
             values = steady_values(self._timings, TIMINGS[name])
             # one NaN sentinel per rank, so that no rank syncs an empty state
             metric.update(torch.tensor([*values, math.nan], dtype=torch.float64))
+            # The sync runs on the strategy's device (NCCL gathers CUDA tensors only).
             summary = _quantiles(metric.to(device).compute().cpu().reshape(-1))
             metric.reset()
             if summary.count:
@@ -140,4 +143,5 @@ def _straggler(rank_wait: list[float | None]) -> tuple[int | None, float | None]
         return None, None
     worst, slowest = max(known)
     best = min(value for value, _ in known)
+    # The floor keeps a rank that never waits from making the ratio infinite.
     return slowest, max(worst, _STRAGGLER_FLOOR_S) / max(best, _STRAGGLER_FLOOR_S)

@@ -124,8 +124,10 @@ class HostGapProbe:
     def step_started(self, step: int) -> None:
         if self.disabled is not None:
             return
+        # One step early, so CUPTI's set-up lands in an unrecorded warm-up step.
         if step == max(0, self.start_step - 1) and self._profiler is None and self._result is None:
             ident = threading.get_ident()
+            # A profiler may name the thread by its native id or by pthread_self, cut to its low 32 bits.
             self._threads = frozenset({threading.get_native_id(), ident, ident & 0xFFFFFFFF})
             self._start()
         if self._profiler is not None and step >= self.start_step:
@@ -170,6 +172,7 @@ class HostGapProbe:
         """The epoch ended inside the recorded steps (a short epoch): stop, keep no partial result."""
         if self._profiler is not None:
             self._stop()
+            # A partial result would describe fewer steps than asked for.
             self._windows, self._open = [], None
 
     def _stop(self) -> Any:
