@@ -116,6 +116,7 @@ def reinit_loader(loader: DataLoader, arguments: dict[str, Any]) -> None:
             for name, parameter in _DATALOADER_SIGNATURE.parameters.items()
             if name != "self" and name not in arguments
         }
+        # Lightning rebuilds loaders from this record, so it must describe the new call.
         for name, value in (("args", ()), ("kwargs", dict(arguments)), ("arg_names", ()), ("default_kwargs", defaults)):
             object.__setattr__(loader, f"__pl_saved_{name}", value)
 
@@ -242,6 +243,7 @@ def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
     if not (fit_loop.restarting and mid_epoch):
         return epoch, 0
     batches = fit_loop.epoch_loop.batch_progress
+    # Saved on the epoch's last batch: the resume starts the next epoch from zero.
     if batches.is_last_batch:
         return epoch + 1, 0
     return epoch, int(batches.current.processed)
@@ -307,6 +309,7 @@ class FetchHooks:
     def uninstall(self) -> None:
         for loop, _ in self._installed:
             for name in FETCH_HOOKS:
+                # Removing the instance attributes uncovers the loop's own methods again.
                 loop.__dict__.pop(name, None)
         self._installed.clear()
 

@@ -147,6 +147,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(f"drew run {run.directory}{where}")
     try:
+        # --out may name a folder that does not exist yet.
         png.parent.mkdir(parents=True, exist_ok=True)
         render_png(run, png)
         print(f"wrote {png}")
@@ -163,6 +164,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (cheap: imports nothing heavy)."""
+    # RawDescriptionHelpFormatter keeps DESCRIPTION's own line breaks and indentation.
     parser = argparse.ArgumentParser(
         prog="lightning-dataperf", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )

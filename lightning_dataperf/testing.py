@@ -50,6 +50,7 @@ def loopback_ranks(
     """
     paths = [path for path in (pythonpath, os.environ.get("PYTHONPATH", "")) if path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    # Each rank picks its own device by LOCAL_RANK, so it must see them all.
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if "lo" in {name for _, name in socket.if_nameindex()}:
         # No host name to resolve: gloo talks over the loopback interface.

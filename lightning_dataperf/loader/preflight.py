@@ -63,6 +63,7 @@ def _start_method(loader: Any) -> str:
     context = getattr(getattr(loader, "dataloader", loader), "multiprocessing_context", None)
     if context is None:
         return default_start_method()
+    # multiprocessing_context may be a name or a context object.
     return context if isinstance(context, str) else context.get_start_method()
 
 
@@ -112,6 +113,7 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
     # 2 is DataLoader's own default with workers.
     prefetch = (settings.prefetch_factor or 2) if workers else 0
     in_flight = workers * prefetch
+    # Only workers pass batches through /dev/shm.
     if workers and hardware.shm_free_mb is not None:
         need = footprint.bytes * in_flight / _MB
         if need > hardware.shm_free_mb:
@@ -230,6 +232,7 @@ class FitPreflight:
 
     def _warn(self, trainer: Any, problems: list[Problem]) -> None:
         self.problems.extend(problems)
+        # Every rank keeps its problems; rank zero alone warns, so each is said once.
         if trainer.is_global_zero:
             for problem in problems:
                 warnings.warn(f"DataPerf pre-flight [{problem.check}]: {problem.message}", stacklevel=2)

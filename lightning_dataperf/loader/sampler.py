@@ -137,6 +137,7 @@ class EpochPublishingSampler(_ResumeExact, Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        # The user's sampler may draw a new order per epoch too.
         if callable(inner := getattr(self.sampler, "set_epoch", None)):
             inner(epoch)
 

@@ -88,6 +88,7 @@ class LoaderFacts:
 
 def is_gpu_decode_loader(loader: Any) -> bool:
     """A :class:`~lightning_dataperf.decode.GpuDecodeLoader` (checked without importing the decode modules)."""
+    # By name: loader/ sits below decode/ in the layer order (docs/architecture.md).
     return type(loader).__name__ == "GpuDecodeLoader" and type(loader).__module__.startswith("lightning_dataperf.")
 
 

@@ -57,6 +57,7 @@ class LoaderStats:
 
         Lower than 1 also when computing workers time-share too few cores. ``None`` when not measured.
         """
+        # Zero CPU time means not measured (a record without it), not a worker that never computed.
         return self.work_cpu_s / self.work_s if self.work_s > 0 and self.work_cpu_s > 0 else None
 
     @property
@@ -134,7 +135,7 @@ def _busy_fraction(records: list[Any]) -> float:
     """One worker's busy share between its first and last batch here (since its first fetch for one batch)."""
     records = sorted(records, key=lambda record: record.produced_at)
     first, last = records[0], records[-1]
-    # busy_s and alive_s run on from earlier windows (persistent workers): take the window's difference.
+    # busy_s and alive_s count from the worker's first fetch: the window's share is their difference.
     if len(records) > 1 and last.alive_s > first.alive_s:
         return min(1.0, (last.busy_s - first.busy_s) / (last.alive_s - first.alive_s))
     return min(1.0, last.busy_s / last.alive_s) if last.alive_s > 0 else 1.0

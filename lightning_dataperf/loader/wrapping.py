@@ -96,6 +96,7 @@ def wrap_iterators(loader: DataLoader, wrap: WrapIterator, layer: Layer, replace
     if replace:
         wrappers.entries[:] = [entry for entry in wrappers.entries if entry[0] != layer]
     wrappers.entries.append((int(layer), next(_ORDER), wrap))
+    # By layer, then by age: the order is the same whichever was added first.
     wrappers.entries.sort(key=lambda entry: entry[:2])
 
 
@@ -121,7 +122,7 @@ def follow_fetches(dataset: Any, before: Callable[[Any, Any], None]) -> bool:
         dataset.__class__ = follower
         dataset._dataperf_before_fetch = before
     except (TypeError, AttributeError):
-        # The class swap took but the attribute did not (``__slots__``): undo the swap.
+        # The class swap took but the attribute was refused: undo the swap.
         if type(dataset) is follower:
             dataset.__class__ = base
         return False

@@ -98,10 +98,12 @@ class EpochOutputs:
     def write_layout(self, trainer: pl.Trainer) -> None:
         """The custom-scalars charts, once per run, into the first logger if it is TensorBoard's."""
         if isinstance(trainer.logger, TensorBoardLogger) and trainer.is_global_zero:
+            # No empty GPU charts for a run on another device.
             cuda = trainer.strategy.root_device.type == "cuda"
             trainer.logger.experiment.add_custom_scalars(custom_scalars(cuda))
 
     def publish(self, trainer: pl.Trainer, summary: EpochSummary, diagnosis: Diagnosis) -> None:
+        # One console text and one file record per epoch, not one per rank.
         if not trainer.is_global_zero:
             return
         text = f"{summary.format()}\n{diagnosis.format()}"

@@ -129,6 +129,7 @@ def find_runs(directory: str | Path) -> list[str]:
     then by version number; the last is the latest."""
     root = Path(directory)
     holders = {path.parent for path in _run_files(root)}
+    # Files in a run's own subfolders belong to that run, not to runs of their own.
     runs = [folder for folder in holders if not any(parent in holders for parent in folder.parents)]
 
     def age(folder: Path) -> tuple[float, int, str]:
@@ -145,6 +146,7 @@ def _pick(root: Path, runs: list[str], wanted: str | None) -> str:
         return runs[-1]
     if wanted in runs:
         return wanted
+    # A bare version_N also names a run one level down.
     matches = [name for name in runs if name.rsplit("/", 1)[-1] == wanted.strip("/")]
     if len(matches) == 1:
         return matches[0]
@@ -196,6 +198,7 @@ def _no_data(directory: Path) -> str:
 def _read_summaries(path: Path, data: RunData) -> None:
     """Each line of a summaries file is one epoch's record; a bad one is skipped and named in ``data.skipped``."""
     # a run killed mid-append leaves its last line cut off: the other records, and the event files, still hold
+    # A line cut mid-character must not stop the other records from loading.
     text = path.read_text(encoding="utf-8", errors="replace")
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -229,6 +232,7 @@ def _read_events(folder: Path, data: RunData) -> None:
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
             points = [(event.step, event.value) for event in accumulator.Scalars(tag)]
+            # Tags an older version logged join today's series.
             data.scalars.setdefault(current_tag(tag), []).extend(points)
     data.sources.append("TensorBoard events")
 

@@ -28,7 +28,6 @@ __all__ = [
     "usable_cpus",
 ]
 
-# Matched on the mount's type: a network share reads at the far end's pace whatever disk serves it.
 _NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "lustre", "gpfs", "beegfs", "ceph", "fuse.sshfs"}
 _NETWORK_FILESYSTEMS |= {"glusterfs", "fuse.glusterfs", "9p", "fuse.s3fs", "fuse.gcsfuse", "fuse.juicefs", "wekafs"}
 
@@ -57,6 +56,7 @@ class StorageInfo:
 
     @property
     def kind(self) -> str:
+        # A network share reads at the far end's pace whatever disk serves it.
         if self.network:
             return "network"
         if self.filesystem in {"tmpfs", "ramfs"}:
@@ -105,6 +105,7 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        # A property is no field: asdict leaves it out.
         data["cpus_per_rank"] = self.cpus_per_rank
         if self.storage is not None:
             data["storage"]["kind"] = self.storage.kind
@@ -121,7 +122,7 @@ def cgroup_cpu_limit(root: str | os.PathLike[str] = "/sys/fs/cgroup") -> float |
         if quota == "max" or not period:
             return None
         return int(quota) / int(period)
-    # cgroup v1 mounts the CPU controller under either name, or at the root inside a container.
+    # cgroup v1 mounts the CPU controller as cpu or cpu,cpuacct; root may be that mount itself.
     for folder in (root / "cpu", root / "cpu,cpuacct", root):
         quota_file, period_file = folder / "cpu.cfs_quota_us", folder / "cpu.cfs_period_us"
         if quota_file.is_file() and period_file.is_file():
@@ -216,6 +217,7 @@ def probe_gpus() -> tuple[GpuInfo, ...]:
     except Exception:
         return ()
     finally:
+        # Balances nvmlInit: NVML counts its initialisations.
         pynvml.nvmlShutdown()
 
 
@@ -251,6 +253,7 @@ def pcie_capacity_mbps(gpu: GpuInfo) -> float | None:
 
 def probe_storage(path: str | os.PathLike[str], mounts_file: str = "/proc/self/mounts") -> StorageInfo:
     """File system type and block device of ``path`` (rotational or not, NVMe, network)."""
+    # Resolved first, so that a linked dataset is classified by where it really lives.
     path = os.path.realpath(path)
     filesystem, source = _mount_of(path, mounts_file)
     device = block_device_of(path)

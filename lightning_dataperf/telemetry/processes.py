@@ -49,6 +49,7 @@ def child_pids(pid: int) -> list[int]:
     """Direct children of ``pid``: from ``/proc/<pid>/task/*/children`` (cheap), else psutil's full scan."""
     tasks = Path(f"/proc/{pid}/task")
     try:
+        # Each thread lists the children it forked, so every thread's file is read.
         files = list(tasks.glob("*/children"))
     except OSError:
         files = []
@@ -115,6 +116,7 @@ def _process(pid: int) -> psutil.Process:
     return process
 
 
+# The interpreter does not change for the life of the process.
 @functools.cache
 def _own_exe() -> str:
     try:

@@ -138,6 +138,7 @@ def _clock_event_reasons(nvml: Any, handle: Any) -> int:
 
 
 def _field_value(sample: Any) -> float:
+    # Raised so that _pcie falls back to NVML's own throughput sample.
     if getattr(sample, "nvmlReturn", 0) != 0:
         raise RuntimeError(f"NVML field {getattr(sample, 'fieldId', '?')} unsupported")
     value = sample.value
@@ -162,6 +163,7 @@ class CpuSource:
     name = "cpu"
 
     def __init__(self) -> None:
+        # A baseline, so that the first read already has a delta.
         self._last = psutil.cpu_times(percpu=True)
 
     def read(self, elapsed: float) -> dict[str, float]:
@@ -210,6 +212,8 @@ def _cpu_shares(before: Any, after: Any) -> dict[str, float] | None:
 
 
 # ---------------------------------------------------------------------------------------- memory
+
+
 class MemorySource:
     """Available RAM, swap, ``/dev/shm`` used and free, pinned host memory held by PyTorch."""
 
@@ -241,7 +245,6 @@ def pinned_host_mb() -> float | None:
     if read is None:
         return None
     stats = read()
-    # The stat names differ between torch releases.
     for key in ("reserved_bytes.current", "allocated_bytes.current", "segment.all.current"):
         if key in stats:
             return stats[key] / _MB
@@ -260,9 +263,10 @@ class DiskSource:
         if device is not None and device in counters:
             self.devices = [device]
         else:
-            # Loop, RAM, device-mapper and optical devices are virtual or stacked: they would count reads twice.
+            # Loop, RAM, device-mapper and optical devices are no dataset disk; stacked ones repeat its reads.
             self.devices = [name for name in counters if not name.startswith(("loop", "ram", "zram", "dm-", "sr"))]
         if not self.devices:
+            # Raised so that the sampler drops this source with one warning.
             raise RuntimeError("no block devices visible in /proc/diskstats")
         self._last = counters
 
@@ -280,7 +284,7 @@ class DiskSource:
             io_count += after.read_count - before.read_count + after.write_count - before.write_count
             io_ms += after.read_time - before.read_time + after.write_time - before.write_time
             if hasattr(after, "busy_time") and elapsed > 0:
-                # busy_time is in ms; the busiest disk bounds the dataset's reads, so the max, not the sum.
+                # busy_time is in ms; several disks' utilisations do not add up, so the busiest one's.
                 util = max(util, min(100.0, (after.busy_time - before.busy_time) / (10 * elapsed)))
         if elapsed <= 0:
             return {}

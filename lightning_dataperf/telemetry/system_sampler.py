@@ -109,11 +109,13 @@ class SystemSampler:
     def window_means(self) -> SystemStats:
         """Means of the readings since the last call (no reading of its own: cheap at every log point)."""
         with self._lock:
+            # Swapped under the lock, so that each reading lands in exactly one window.
             means, self._window = self._window.means(), _Means()
         return SystemStats.from_mapping(means)
 
     def epoch_means(self) -> SystemStats:
         """Means since :meth:`reset_epoch`, with one fresh reading first unless the last one is recent."""
+        # The read lock before the data lock, the order _sample keeps too, so that the two never deadlock.
         with self._read_lock:
             with self._lock:
                 stale = not self._epoch.counts or time.monotonic() - self._last_read >= 0.25 * self.interval

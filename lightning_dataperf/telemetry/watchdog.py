@@ -122,6 +122,7 @@ class HangWatchdog:
             self._wait_seen, self._next_report = since, since + self.timeout
         if now < self._next_report:
             return None
+        # Repeated every timeout while the wait lasts, not at every poll.
         self._next_report = now + self.timeout
         waited, last = now - since, self._last_batch_index
         report = HangReport(waited, last, tuple(_worker_states(self.workers())))

@@ -68,6 +68,7 @@ class EpochAccumulator:
         self.steps += len(timings)
 
     def _totals(self, stalls: list[Stall]) -> list[float]:
+        # Stalls are reported apart and left out of the steady-state figures.
         stalled = {stall.step for stall in stalls}
         timings = [timing for timing in self._timings if timing.step not in stalled]
         lost, base = stall_totals(timings)

@@ -64,6 +64,7 @@ def split_device_span(intervals: list[tuple[int, int]]) -> tuple[int, int]:
     ordered = sorted(intervals)
     busy, current_start, current_end = 0, ordered[0][0], ordered[0][1]
     for start, end in ordered[1:]:
+        # Kernels on several streams overlap: the union counts that time once.
         if start > current_end:
             busy += current_end - current_start
             current_start, current_end = start, end
@@ -250,6 +251,7 @@ def _stats(
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
     for correlation, start, end, _ in device:
         launched = launches_at.get(correlation)
+        # Device work whose launch was not recorded cannot be placed in a step.
         if launched is None:
             continue
         for index, (opened, closed) in enumerate(windows):

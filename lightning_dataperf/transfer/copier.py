@@ -291,6 +291,7 @@ class SideStreamCopier:
         if value.device.type != "cpu":
             return value
         source = self._pinned(value)
+        # Allocated while the compute stream is current: from its pool, where the step frees it.
         target = torch.empty_like(source, device=self.device)
         copies.append((target, source))
         return target

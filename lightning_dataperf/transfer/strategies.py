@@ -121,6 +121,7 @@ class SideStreamTransferMixin:
 
     @override
     def teardown(self) -> None:
+        # The copier, its stream and its events are per run: made again on first use.
         self._copier = None
         super().teardown()  # type: ignore[misc]
 
@@ -153,6 +154,7 @@ class SideStreamStrategy(SideStreamTransferMixin, SingleDeviceStrategy):
     strategy_name = "side_stream"
 
     def __init__(self, device: Any = None, **kwargs: Any) -> None:
+        # A placeholder: the accelerator connector assigns the real device (accept_connector_devices).
         super().__init__(device=device if device is not None else "cpu", **kwargs)
         self._device_given = device is not None
         accept_connector_devices(self)
