@@ -97,6 +97,7 @@ def recorded_loader_arguments(loader: DataLoader) -> dict[str, Any] | None:
     if not _inits_as_dataloader(type(loader)) or not hasattr(loader, "__pl_saved_args"):
         return None
     args, kwargs = getattr(loader, "__pl_saved_args"), getattr(loader, "__pl_saved_kwargs")
+    # Bound to names, so that positional and keyword calls read alike.
     bound = _DATALOADER_SIGNATURE.bind_partial(loader, *args, **kwargs).arguments
     return {name: value for name, value in bound.items() if name != "self"}
 

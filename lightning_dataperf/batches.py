@@ -116,6 +116,7 @@ def samples_in(batch: Any) -> int | None:
     ``None`` when the batch holds no tensor. This runs every step: the common ``(inputs, targets)``
     shape is looked at first, about 20x cheaper than ``extract_batch_size``.
     """
+    # The common (inputs, targets) shape first: this runs every step.
     first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
     if not isinstance(first, torch.Tensor):
         first = first_tensor(batch)

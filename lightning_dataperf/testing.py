@@ -125,9 +125,11 @@ class GpuSleepModel(pl.LightningModule):
     def __init__(self, gpu_ms: float, cycles_per_ms: float, features: int = 16) -> None:
         super().__init__()
         self.cycles = int(gpu_ms * cycles_per_ms)
+        # Something to train: automatic optimisation needs a loss that requires grad.
         self.layer = nn.Linear(features, 1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        # A known device time per step: the ground truth the timings are checked against.
         cuda_sleep(self.cycles)
         return self.layer(batch).pow(2).mean()
 

@@ -181,6 +181,7 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     except Exception:
         return None
     one = BatchFootprint.of(sample)
+    # A sample without tensors says nothing about a batch's bytes.
     return BatchFootprint(one.bytes * batch_size, one.tensors) if one.tensors else None
 
 

@@ -292,6 +292,7 @@ def instrument(loader: Any) -> LoaderProbe:
     from lightning_dataperf._lightning_hooks import persistent_iterator_started, replace_loader_dataset
     from lightning_dataperf.loader.wrapping import add_iterator_wrapper
 
+    # The Trainer may process one loader more than once: one probe per loader.
     existing = vars(loader).get("_dataperf_probe") if hasattr(loader, "__dict__") else None
     if isinstance(existing, LoaderProbe):
         return existing
@@ -300,6 +301,7 @@ def instrument(loader: Any) -> LoaderProbe:
         probe.blind = f"the loader is a {type(loader).__name__}, not a torch DataLoader"
     elif isinstance(loader.dataset, IterableDataset):
         probe.blind = "the dataset is an IterableDataset (it fetches inside its own iterator)"
+    # Its workers already hold the untimed dataset: a swap now would never reach them.
     elif persistent_iterator_started(loader):
         probe.blind = "its persistent workers started before DataPerfCallback could look inside"
     else:

@@ -78,4 +78,5 @@ def _sampling(loader: DataLoader) -> dict[str, Any]:
 
 
 def _is_default(value: Any, default: Any) -> bool:
+    # Type too: True == 1 and 0 == 0.0, yet they are different arguments.
     return default is not inspect.Parameter.empty and type(value) is type(default) and value == default

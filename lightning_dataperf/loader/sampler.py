@@ -160,6 +160,7 @@ class UnpaddedDistributedSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
         length = len(dataset)
         self.padded_samples_avoided = math.ceil(length / num_replicas) * num_replicas - length
+        # Ranks may get one sample fewer: nothing is repeated to even them out.
         self.num_samples = len(range(rank, length, num_replicas))
         # No padding: together the shards hold the dataset exactly once.
         self.total_size = length

@@ -94,6 +94,7 @@ def is_gpu_decode_loader(loader: Any) -> bool:
 
 def first_loader(loaders: Any) -> Any:
     """The first loader of what ``trainer.train_dataloader`` holds (a ``CombinedLoader`` or a loader)."""
+    # A CombinedLoader lists its loaders in ``flattened``.
     flattened = getattr(loaders, "flattened", None)
     if flattened:
         return flattened[0]

@@ -108,6 +108,7 @@ class LoaderStats:
             tags.WORKERS_COLLATE_S: self.collate_s,
             tags.WORKERS_PIN_S: self.pin_s,
         }
+        # Without workers there is no hand-over and no worker to be busy.
         if self.workers:
             metrics.update({tags.WORKERS_WAIT_S: self.worker_wait_s, tags.WORKERS_HANDOVER_S: self.handover_s})
             if self.busy_fraction is not None:

@@ -112,6 +112,7 @@ class EpochOutputs:
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 tag = Stage(summary.stage).prefix + tags.DIAGNOSIS_TEXT
+                # A code block: TensorBoard renders text as Markdown, which would reflow the table.
                 logger.experiment.add_text(tag, f"```\n{text}\n```", trainer.global_step)
         # As with Lightning's loggers, a fast_dev_run leaves no files behind.
         if self.write_json and not trainer.fast_dev_run:

@@ -92,6 +92,7 @@ def render_html(run: RunData, png: str | Path, path: str | Path) -> Path:
 
 
 def _e(text: object) -> str:
+    # quote=True: values also land inside attributes (the image's alt).
     return html.escape(str(text), quote=True)
 
 

@@ -120,6 +120,7 @@ def timeline(axes, run: DrawnRun) -> None:
         idle_ms = [idle.get(step, 0.0) * MS for step in steps]
         axes.plot(steps, idle_ms, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
     _ranks_data_loading(axes, run)
+    # Below the plot: a legend inside would hide part of the stack.
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
 
 
@@ -137,6 +138,7 @@ def _ranks_data_loading(axes, run: DrawnRun) -> None:
     if not spans:
         return
     ranks = max(len(waits) for _, _, waits, _ in spans)
+    # The last epoch's slowest rank is the one its verdict names.
     slowest = spans[-1][3]
     for rank in range(ranks):
         xs, ys = [], []
@@ -174,6 +176,7 @@ def stall_per_epoch(axes, run: DrawnRun) -> None:
     axes.bar(epochs, shares, color=COLOURS["input_stall"], label=LABELS["input_stall"])
     for epoch, share in zip(epochs, shares, strict=True):
         axes.text(epoch, share, f"{share:.2f}", ha="center", va="bottom", fontsize=9)
+    # Whole epochs only, no ticks between them.
     axes.set_xticks(epochs)
     axes.set_xlim(min(epochs) - 0.6, max(epochs) + 0.6)
 

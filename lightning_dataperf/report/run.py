@@ -273,6 +273,7 @@ def render_figure(run: RunData) -> Any:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    # A Figure, not pyplot: no global state to leak or close, safe in any thread.
     figure = Figure(figsize=(13, 10.5), dpi=110)
     grid = figure.add_gridspec(3, 2, height_ratios=[1.1, 1.0, 0.9], hspace=0.7, wspace=0.22)
     timeline(figure.add_subplot(grid[0, :]), run)

@@ -147,6 +147,7 @@ def slurm_cpu_limit(environ: dict[str, str] | os._Environ[str] | None = None) ->
 
 def affinity_cpus() -> int | None:
     """CPUs in this process's affinity mask (Linux), ``None`` where the OS cannot tell."""
+    # os has no affinity call on macOS or Windows.
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return None

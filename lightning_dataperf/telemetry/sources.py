@@ -83,6 +83,7 @@ class GpuSource:
             "gpu_memory_util_percent": float(utilization.memory),
             "gpu_memory_used_mb": memory.used / _MB,
             "gpu_sm_clock_mhz": float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            # NVML reports milliwatts.
             "gpu_power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
         }
         reasons = int(_clock_event_reasons(nvml, handle))

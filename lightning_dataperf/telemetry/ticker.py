@@ -37,6 +37,7 @@ class Ticker:
         """Start the thread (no-op if running)."""
         if self.running:
             return
+        # A stopped ticker may be started again.
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()

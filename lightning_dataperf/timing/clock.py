@@ -155,6 +155,7 @@ class StepClock:
             )
         )
         self._previous_end, self._previous_end_event = now, end_event
+        # Only the first step after an epoch start carries the start-up wait.
         self._first_of_epoch = False
         self._fetch_start = self._fetch_end = self._step_start = None
         self._ready_event = self._start_event = None

@@ -23,6 +23,7 @@ def _quantiles(values: torch.Tensor) -> TimingSummary:
     if values.numel() == 0:
         nan = math.nan
         return TimingSummary(nan, nan, nan, nan, nan, 0)
+    # quantile wants q in the input's dtype.
     quantiles = torch.quantile(values, torch.tensor(list(_QUANTILES.values()), dtype=values.dtype))
     return TimingSummary(
         mean=values.mean().item(),
@@ -101,6 +102,7 @@ class EpochAccumulator:
             if summary.count:
                 timings[name] = summary
         stalls = find_stalls(self._timings)
+        # All totals in one tensor: one all_gather per epoch, not one per figure.
         local = torch.tensor(self._totals(stalls), dtype=torch.float64, device=device)
         per_rank = local.unsqueeze(0) if all_gather is None or world_size == 1 else all_gather(local)
         per_rank = per_rank.reshape(-1, local.numel()).cpu()

@@ -160,7 +160,9 @@ class HostGapProbe:
         try:
             from torch.profiler import ProfilerActivity, profile
 
+            # CUDA activity only: what the split needs, at the least cost to the recorded steps.
             self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            # Entered by hand: the recorded steps span several hook calls, which no with block can.
             self._profiler.__enter__()
         except Exception as error:  # no CUPTI, another profiler running: say so once, never stop training
             self._profiler = None

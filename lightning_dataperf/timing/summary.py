@@ -112,6 +112,7 @@ class EpochSummary:
             if summary is not None:
                 metrics[tags.epoch_percentile(name, stage)] = getattr(summary, tags.EPOCH_PERCENTILE)
         optional = {tags.EPOCH_START: self.epoch_start}
+        # With one rank there is no straggler to name.
         if self.world_size > 1:
             optional[tags.EPOCH_STRAGGLER_RATIO] = self.straggler_ratio
             optional[tags.EPOCH_SLOWEST_RANK] = None if self.slowest_rank is None else float(self.slowest_rank)
