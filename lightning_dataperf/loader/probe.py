@@ -58,6 +58,7 @@ class BatchTiming:
     @property
     def worker_wait_s(self) -> float:
         """The part of the training process's wait during which the batch was still being made (or pinned)."""
+        # A batch ready before it was asked for cost no wait for the worker.
         return max(0.0, min(self.ready_at, self.received_at) - self.requested_at)
 
     @property

@@ -107,6 +107,7 @@ class GpuSource:
                 if previous is None or elapsed <= 0:
                     return {}
                 return {
+                    # A counter that wrapped or was reset reads as no traffic, never negative.
                     "gpu_pcie_rx_mbps": max(0.0, rx - previous[0]) / _MB / elapsed,
                     "gpu_pcie_tx_mbps": max(0.0, tx - previous[1]) / _MB / elapsed,
                 }

@@ -32,6 +32,7 @@ class HostGapStats:
 
     def with_span(self, span_s: float) -> HostGapStats:
         """The same busy time within the span of the steps the profiler did not slow down."""
+        # The unprofiled span may be shorter than the busy time measured under the profiler.
         gap = max(0.0, span_s - self.gpu_busy_s)
         return dataclasses.replace(self, span_s=span_s, host_gap_s=gap, profiled_span_s=self.span_s)
 
