@@ -97,6 +97,7 @@ def recorded_loader_arguments(loader: DataLoader) -> dict[str, Any] | None:
     if not _inits_as_dataloader(type(loader)) or not hasattr(loader, "__pl_saved_args"):
         return None
     args, kwargs = getattr(loader, "__pl_saved_args"), getattr(loader, "__pl_saved_kwargs")
+    # Bound to names, so that positional and keyword calls read alike.
     bound = _DATALOADER_SIGNATURE.bind_partial(loader, *args, **kwargs).arguments
     return {name: value for name, value in bound.items() if name != "self"}
 
@@ -107,6 +108,7 @@ def reinit_loader(loader: DataLoader, arguments: dict[str, Any]) -> None:
 
     Where Lightning recorded the first call, the record becomes this one (Lightning rebuilds loaders from it).
     """
+    # DataLoader.__setattr__ refuses a new sampler or batch size once __initialized is set.
     object.__setattr__(loader, "_DataLoader__initialized", False)
     DataLoader.__init__(loader, **arguments)
     if _inits_as_dataloader(type(loader)) and hasattr(loader, "__pl_saved_args"):
@@ -115,6 +117,7 @@ def reinit_loader(loader: DataLoader, arguments: dict[str, Any]) -> None:
             for name, parameter in _DATALOADER_SIGNATURE.parameters.items()
             if name != "self" and name not in arguments
         }
+        # Lightning rebuilds loaders from this record, so it must describe the new call.
         for name, value in (("args", ()), ("kwargs", dict(arguments)), ("arg_names", ()), ("default_kwargs", defaults)):
             object.__setattr__(loader, f"__pl_saved_{name}", value)
 
@@ -158,6 +161,7 @@ class ProcessDataloaderHook:
     _ours: Any = None
 
     def install(self, trainer: pl.Trainer) -> None:
+        # Installing twice would otherwise chain ours behind ours.
         self.uninstall()
         strategy = trainer.strategy
         original = strategy.process_dataloader
@@ -165,6 +169,7 @@ class ProcessDataloaderHook:
         def process_then_ours(dataloader: object) -> object:
             return self.after(original(dataloader), trainer.state.stage)
 
+        # An instance attribute shadows the method: uninstall deletes it and the class is untouched.
         strategy.process_dataloader = process_then_ours
         self._strategy, self._ours = strategy, process_then_ours
 
@@ -191,6 +196,7 @@ def queued_batches(iterator: Any) -> int:
     queue, the pin thread's queue and the reorder buffer (PyTorch's ``_worker_result_queue``, ``_data_queue``,
     ``_task_info``); 0 for an iterator without workers, or where a queue cannot say its size (macOS)."""
     names = ("_worker_result_queue", "_data_queue")
+    # Without pin_memory both names hold the same queue: counted once.
     queues = {id(queue): queue for name in names if (queue := getattr(iterator, name, None)) is not None}
     queued = 0
     for queue in queues.values():
@@ -233,10 +239,12 @@ def resume_position(trainer: pl.Trainer) -> tuple[int, int]:
     fit_loop = trainer.fit_loop
     progress = fit_loop.epoch_progress.current
     epoch = int(progress.processed)
+    # Counters that disagree: an epoch was started and not finished.
     mid_epoch = progress.ready != progress.processed or progress.started != progress.processed
     if not (fit_loop.restarting and mid_epoch):
         return epoch, 0
     batches = fit_loop.epoch_loop.batch_progress
+    # Saved on the epoch's last batch: the resume starts the next epoch from zero.
     if batches.is_last_batch:
         return epoch + 1, 0
     return epoch, int(batches.current.processed)
@@ -289,6 +297,7 @@ class FetchHooks:
     _installed: list[tuple[Any, Stage]] = field(default_factory=list)
 
     def install(self, trainer: pl.Trainer) -> None:
+        # Fail at install with a clear message rather than time nothing.
         check_lightning_compatibility(trainer)
         self.uninstall()
         for stage, loop in fetching_loops(trainer):
@@ -301,6 +310,7 @@ class FetchHooks:
     def uninstall(self) -> None:
         for loop, _ in self._installed:
             for name in FETCH_HOOKS:
+                # Removing the instance attributes uncovers the loop's own methods again.
                 loop.__dict__.pop(name, None)
         self._installed.clear()
 

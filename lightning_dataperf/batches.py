@@ -38,10 +38,12 @@ def map_tensors(batch: Any, function: Callable[[Any], Any]) -> Any:
     if isinstance(batch, Mapping):
         return _rebuild_mapping(batch, {key: map_tensors(value, function) for key, value in batch.items()})
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        # A namedtuple takes its fields as arguments, not as one iterable.
         return type(batch)(*(map_tensors(value, function) for value in batch))
     if isinstance(batch, (list, tuple)):
         return type(batch)(map_tensors(value, function) for value in batch)
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        # replace() refuses fields outside __init__.
         changes = {f.name: map_tensors(getattr(batch, f.name), function) for f in dataclasses.fields(batch) if f.init}
         return dataclasses.replace(batch, **changes)
     if _movable(batch):
@@ -114,6 +116,7 @@ def samples_in(batch: Any) -> int | None:
     ``None`` when the batch holds no tensor. This runs every step: the common ``(inputs, targets)``
     shape is looked at first, about 20x cheaper than ``extract_batch_size``.
     """
+    # The common (inputs, targets) shape first: this runs every step.
     first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
     if not isinstance(first, torch.Tensor):
         first = first_tensor(batch)

@@ -33,6 +33,7 @@ examples:
 
 
 def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # Imported here: nothing heavy loads before the arguments are parsed.
     from lightning_dataperf.telemetry.hardware import usable_cpus
 
     if args.data_path is not None and not os.path.exists(args.data_path):
@@ -52,6 +53,7 @@ def _probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"--local-world-size {args.local_world_size}: more ranks than the {cpus} CPU(s) this process may "
                 f"use ({source}); each rank needs at least one CPU. Pass at most {cpus}, or run with more CPUs."
             )
+        # probe_hardware reads the ranks per node from the environment, as under torchrun.
         os.environ["LOCAL_WORLD_SIZE"] = str(args.local_world_size)
     if args.epochs is not None and args.epochs < 1:
         parser.error(f"--epochs {args.epochs}: must be at least 1.")
@@ -95,6 +97,7 @@ REPORT_NAME = "dataperf_report.png"
 
 def _fail(message: str) -> int:
     print(f"lightning-dataperf report: error: {message}", file=sys.stderr)
+    # 2, as argparse exits on a usage error.
     return 2
 
 
@@ -121,6 +124,7 @@ def _report_paths(args: argparse.Namespace, run_directory: Path) -> tuple[Path, 
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    # Imported here: nothing heavy loads before the arguments are parsed.
     from lightning_dataperf.report.page import render_html
     from lightning_dataperf.report.run import load_run, render_png
 
@@ -143,6 +147,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     else:
         print(f"drew run {run.directory}{where}")
     try:
+        # --out may name a folder that does not exist yet.
         png.parent.mkdir(parents=True, exist_ok=True)
         render_png(run, png)
         print(f"wrote {png}")
@@ -159,6 +164,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (cheap: imports nothing heavy)."""
+    # RawDescriptionHelpFormatter keeps DESCRIPTION's own line breaks and indentation.
     parser = argparse.ArgumentParser(
         prog="lightning-dataperf", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -200,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write a self-contained HTML page next to the PNG (verdict, epoch table, figure)",
     )
     report.add_argument("--force", action="store_true", help="replace an earlier report at that path")
+    # Each command's own parser, so that its errors print its own usage.
     report.set_defaults(run_command=_report, command_parser=report)
     probe.set_defaults(run_command=_probe, command_parser=probe)
     return parser

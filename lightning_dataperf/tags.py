@@ -43,6 +43,7 @@ class Stage(str, Enum):
 
     @property
     def prefix(self) -> str:
+        # Lower-case prefixes sort the evaluation stages after training's groups in TensorBoard.
         return "" if self is Stage.TRAIN else f"{self.value}/"
 
     @classmethod

@@ -50,8 +50,10 @@ def loopback_ranks(
     """
     paths = [path for path in (pythonpath, os.environ.get("PYTHONPATH", "")) if path]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    # Each rank picks its own device by LOCAL_RANK, so it must see them all.
     env.pop("CUDA_VISIBLE_DEVICES", None)
     if "lo" in {name for _, name in socket.if_nameindex()}:
+        # No host name to resolve: gloo talks over the loopback interface.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     command = [
         sys.executable,
@@ -60,6 +62,7 @@ def loopback_ranks(
         "--nnodes=1",
         f"--nproc_per_node={ranks}",
         "--rdzv-backend=c10d",
+        # Port 0: the agent's store takes a free port itself, so there is no port to race for.
         "--rdzv-endpoint=127.0.0.1:0",
         f"--rdzv-id={uuid.uuid4().hex}",
         "--local-addr=127.0.0.1",
@@ -72,6 +75,7 @@ def loopback_ranks(
 
 def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) -> float:
     """Cycles of ``torch.cuda._sleep`` per millisecond, measured with CUDA events."""
+    # A first call loads the kernel: left out of the timed repeats.
     cuda_sleep(1_000_000)
     rates = []
     for _ in range(repeats):
@@ -81,6 +85,7 @@ def calibrate_cuda_sleep(probe_ms_cycles: int = 50_000_000, repeats: int = 5) ->
         end.record()
         end.synchronize()
         rates.append(probe_ms_cycles / start.elapsed_time(end))
+    # The median ignores a repeat disturbed by other work on the GPU.
     return statistics.median(rates)
 
 
@@ -120,9 +125,11 @@ class GpuSleepModel(pl.LightningModule):
     def __init__(self, gpu_ms: float, cycles_per_ms: float, features: int = 16) -> None:
         super().__init__()
         self.cycles = int(gpu_ms * cycles_per_ms)
+        # Something to train: automatic optimisation needs a loss that requires grad.
         self.layer = nn.Linear(features, 1)
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        # A known device time per step: the ground truth the timings are checked against.
         cuda_sleep(self.cycles)
         return self.layer(batch).pow(2).mean()
 

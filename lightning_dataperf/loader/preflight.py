@@ -63,6 +63,7 @@ def _start_method(loader: Any) -> str:
     context = getattr(getattr(loader, "dataloader", loader), "multiprocessing_context", None)
     if context is None:
         return default_start_method()
+    # multiprocessing_context may be a name or a context object.
     return context if isinstance(context, str) else context.get_start_method()
 
 
@@ -109,8 +110,10 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
     problems = []
     settings = LoaderFacts.of(loader)
     workers = settings.num_workers or 0
+    # 2 is DataLoader's own default with workers.
     prefetch = (settings.prefetch_factor or 2) if workers else 0
     in_flight = workers * prefetch
+    # Only workers pass batches through /dev/shm.
     if workers and hardware.shm_free_mb is not None:
         need = footprint.bytes * in_flight / _MB
         if need > hardware.shm_free_mb:
@@ -124,7 +127,9 @@ def check_batch(footprint: BatchFootprint, loader: Any, hardware: Hardware) -> l
                 )
             )
     limit = open_file_limit()
+    # Only file_descriptor sharing holds a descriptor per tensor in flight.
     if workers and limit is not None and torch.multiprocessing.get_sharing_strategy() == "file_descriptor":
+        # Doubled, plus 256, for margin: the process holds other files too.
         need = 2 * in_flight * max(1, footprint.tensors) + 256
         if need > limit:
             problems.append(
@@ -168,6 +173,7 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     dataset, batch_size = untimed(getattr(loader, "dataset", None)), getattr(loader, "batch_size", None)
     if dataset is None or not batch_size or isinstance(dataset, IterableDataset):
         return None
+    # Pre-flight never raises: a sample that fails to load leaves the check to the first real batch.
     try:
         # a shallow copy: a handle opened lazily by __getitem__ stays out of the original
         with rng_restored():
@@ -175,6 +181,7 @@ def estimate_footprint(loader: Any) -> BatchFootprint | None:
     except Exception:
         return None
     one = BatchFootprint.of(sample)
+    # A sample without tensors says nothing about a batch's bytes.
     return BatchFootprint(one.bytes * batch_size, one.tensors) if one.tensors else None
 
 
@@ -226,6 +233,7 @@ class FitPreflight:
 
     def _warn(self, trainer: Any, problems: list[Problem]) -> None:
         self.problems.extend(problems)
+        # Every rank keeps its problems; rank zero alone warns, so each is said once.
         if trainer.is_global_zero:
             for problem in problems:
                 warnings.warn(f"DataPerf pre-flight [{problem.check}]: {problem.message}", stacklevel=2)

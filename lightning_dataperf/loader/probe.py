@@ -58,6 +58,7 @@ class BatchTiming:
     @property
     def worker_wait_s(self) -> float:
         """The part of the training process's wait during which the batch was still being made (or pinned)."""
+        # A batch ready before it was asked for cost no wait for the worker.
         return max(0.0, min(self.ready_at, self.received_at) - self.requested_at)
 
     @property
@@ -150,6 +151,7 @@ class TimedDataset(Dataset):
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:  # set_epoch, attributes the user's code reads
+        # Looked up before __init__ has run (unpickling in a spawned worker), these would recurse forever.
         if name == "dataset" or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
@@ -291,6 +293,7 @@ def instrument(loader: Any) -> LoaderProbe:
     from lightning_dataperf._lightning_hooks import persistent_iterator_started, replace_loader_dataset
     from lightning_dataperf.loader.wrapping import add_iterator_wrapper
 
+    # The Trainer may process one loader more than once: one probe per loader.
     existing = vars(loader).get("_dataperf_probe") if hasattr(loader, "__dict__") else None
     if isinstance(existing, LoaderProbe):
         return existing
@@ -299,12 +302,15 @@ def instrument(loader: Any) -> LoaderProbe:
         probe.blind = f"the loader is a {type(loader).__name__}, not a torch DataLoader"
     elif isinstance(loader.dataset, IterableDataset):
         probe.blind = "the dataset is an IterableDataset (it fetches inside its own iterator)"
+    # Its workers already hold the untimed dataset: a swap now would never reach them.
     elif persistent_iterator_started(loader):
         probe.blind = "its persistent workers started before DataPerfCallback could look inside"
     else:
+        # A loader Lightning rebuilt from an instrumented one already holds our dataset and collate: not twice.
         replace_loader_dataset(loader, TimedDataset(untimed(loader.dataset)))
         collate = loader.collate_fn
         loader.collate_fn = TimedCollate(collate.collate_fn if isinstance(collate, TimedCollate) else collate)
+        # Innermost, so that outer wrappers (the look-ahead copy) see the batch, not a TimedBatch.
         add_iterator_wrapper(loader, probe.unwrap, inner=True)
         loader._dataperf_probe = probe  # type: ignore[attr-defined]
     return probe

@@ -45,6 +45,7 @@ def loader_arguments(loader: DataLoader) -> dict[str, Any]:
                 "TunedDataModule.train_dataloader instead (and report this torch version)"
             )
         value = getattr(loader, name)
+        # DataLoader refuses these without workers.
         if name in _WORKER_ONLY and not loader.num_workers:
             continue
         if name in _ALWAYS or name in _WORKER_ONLY or not _is_default(value, parameter.default):
@@ -62,6 +63,7 @@ def _sampling(loader: DataLoader) -> dict[str, Any]:
     if isinstance(loader.dataset, IterableDataset):
         return arguments
     sampler = loader.sampler
+    # The sampler DataLoader makes itself for shuffle=False: left for it to make again.
     if type(sampler) is SequentialSampler and sampler.data_source is loader.dataset:
         return arguments
     if (
@@ -76,4 +78,5 @@ def _sampling(loader: DataLoader) -> dict[str, Any]:
 
 
 def _is_default(value: Any, default: Any) -> bool:
+    # Type too: True == 1 and 0 == 0.0, yet they are different arguments.
     return default is not inspect.Parameter.empty and type(value) is type(default) and value == default

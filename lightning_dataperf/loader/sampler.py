@@ -45,6 +45,7 @@ class _ResumeExact:
         skip = self.started_batch = 0
         if self.position is not None:
             epoch, done_batches = self.position()
+            # Lightning's set_epoch comes after the first iterator of a fit, so the epoch is read here.
             self.set_epoch(epoch)  # type: ignore[attr-defined]
             skip, self.started_batch = done_batches * self.batch_size, done_batches
         for listener in self.on_epoch:
@@ -136,6 +137,7 @@ class EpochPublishingSampler(_ResumeExact, Sampler):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        # The user's sampler may draw a new order per epoch too.
         if callable(inner := getattr(self.sampler, "set_epoch", None)):
             inner(epoch)
 
@@ -158,7 +160,9 @@ class UnpaddedDistributedSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)  # type: ignore[arg-type]
         length = len(dataset)
         self.padded_samples_avoided = math.ceil(length / num_replicas) * num_replicas - length
+        # Ranks may get one sample fewer: nothing is repeated to even them out.
         self.num_samples = len(range(rank, length, num_replicas))
+        # No padding: together the shards hold the dataset exactly once.
         self.total_size = length
 
     def __iter__(self) -> Iterator[int]:
@@ -173,6 +177,7 @@ class LoaderResumeState:
     the order after the resume is then not the one the interrupted run would have had.
     """
 
+    # Saved with the state, so that a later layout can tell an old checkpoint's apart.
     FORMAT = 1
 
     def __init__(self, sampler: EpochAwareDistributedSampler, batch_size: int) -> None:
@@ -196,6 +201,7 @@ class LoaderResumeState:
         changed = [
             f"{name} {state_dict[name]!r} -> {value!r}"
             for name, value in current.items()
+            # A key an older checkpoint lacks is no change to warn about.
             if name != "format" and name in state_dict and state_dict[name] != value
         ]
         if changed:
@@ -212,6 +218,7 @@ def make_resumable(loader: Any, sampler: EpochAwareDistributedSampler) -> Loader
     They are set on this loader object only: a loader Lightning re-creates from its arguments (to
     replace the sampler) is not stateful, and Lightning warns for it as for any other.
     """
+    # A loader with a batch_sampler has batch_size None.
     state = LoaderResumeState(sampler, loader.batch_size or 1)
     loader.state_dict = state.state_dict
     loader.load_state_dict = state.load_state_dict

@@ -38,6 +38,7 @@ class LoaderSettings:
             "pin_memory": self.pin_memory,
             "persistent_workers": self.persistent_workers,
         }
+        # DataLoader refuses a prefetch_factor without workers.
         if self.num_workers > 0:
             kwargs["prefetch_factor"] = self.prefetch_factor
         return kwargs
@@ -87,11 +88,13 @@ class LoaderFacts:
 
 def is_gpu_decode_loader(loader: Any) -> bool:
     """A :class:`~lightning_dataperf.decode.GpuDecodeLoader` (checked without importing the decode modules)."""
+    # By name: loader/ sits below decode/ in the layer order (docs/architecture.md).
     return type(loader).__name__ == "GpuDecodeLoader" and type(loader).__module__.startswith("lightning_dataperf.")
 
 
 def first_loader(loaders: Any) -> Any:
     """The first loader of what ``trainer.train_dataloader`` holds (a ``CombinedLoader`` or a loader)."""
+    # A CombinedLoader lists its loaders in ``flattened``.
     flattened = getattr(loaders, "flattened", None)
     if flattened:
         return flattened[0]

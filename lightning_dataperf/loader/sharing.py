@@ -42,6 +42,7 @@ def start_shm_manager() -> None:
     """
     if _MANAGER_CLIENT:
         return
+    # Only the manager is wanted: this process's own strategy is put back.
     previous = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy(FAST_HANDOVER)
     try:
@@ -230,6 +231,7 @@ def _noted_pids(path: str, parent: int) -> tuple[int, ...]:
     except (OSError, ValueError):
         return ()
     ours = (int(pair[0]) for pair in pairs if len(pair) == 2 and pair[0].isdigit() and pair[1] == str(parent))
+    # A reused pid is noted twice; its files are reclaimed once.
     return tuple(dict.fromkeys(ours))
 
 

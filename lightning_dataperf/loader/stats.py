@@ -57,6 +57,7 @@ class LoaderStats:
 
         Lower than 1 also when computing workers time-share too few cores. ``None`` when not measured.
         """
+        # Zero CPU time means not measured (a record without it), not a worker that never computed.
         return self.work_cpu_s / self.work_s if self.work_s > 0 and self.work_cpu_s > 0 else None
 
     @property
@@ -82,6 +83,7 @@ class LoaderStats:
         by_worker: dict[tuple[int, int], list[Any]] = defaultdict(list)  # (pid, id): loaders' workers apart
         for record in records:
             by_worker[(getattr(record, "pid", 0), record.worker)].append(record)
+        # Worker -1 is the training process itself (num_workers=0), no worker to be busy.
         busy = [_busy_fraction(own) for (_, worker), own in by_worker.items() if worker >= 0]
         return cls(
             batches=count,
@@ -106,6 +108,7 @@ class LoaderStats:
             tags.WORKERS_COLLATE_S: self.collate_s,
             tags.WORKERS_PIN_S: self.pin_s,
         }
+        # Without workers there is no hand-over and no worker to be busy.
         if self.workers:
             metrics.update({tags.WORKERS_WAIT_S: self.worker_wait_s, tags.WORKERS_HANDOVER_S: self.handover_s})
             if self.busy_fraction is not None:
@@ -133,6 +136,7 @@ def _busy_fraction(records: list[Any]) -> float:
     """One worker's busy share between its first and last batch here (since its first fetch for one batch)."""
     records = sorted(records, key=lambda record: record.produced_at)
     first, last = records[0], records[-1]
+    # busy_s and alive_s count from the worker's first fetch: the window's share is their difference.
     if len(records) > 1 and last.alive_s > first.alive_s:
         return min(1.0, (last.busy_s - first.busy_s) / (last.alive_s - first.alive_s))
     return min(1.0, last.busy_s / last.alive_s) if last.alive_s > 0 else 1.0

@@ -62,6 +62,7 @@ def _wrapping_class(loader_class: type[DataLoader]) -> type[DataLoader]:
             return make()
 
         namespace = {"__iter__": __iter__, "__module__": loader_class.__module__}
+        # Same name and module, so that reprs and error messages still name the user's class.
         subclass = type(loader_class.__name__, (loader_class,), namespace)
         _WRAPPING_CLASSES[loader_class] = subclass
     return _WRAPPING_CLASSES[loader_class]
@@ -95,6 +96,7 @@ def wrap_iterators(loader: DataLoader, wrap: WrapIterator, layer: Layer, replace
     if replace:
         wrappers.entries[:] = [entry for entry in wrappers.entries if entry[0] != layer]
     wrappers.entries.append((int(layer), next(_ORDER), wrap))
+    # By layer, then by age: the order is the same whichever was added first.
     wrappers.entries.sort(key=lambda entry: entry[:2])
 
 
@@ -114,11 +116,13 @@ def follow_fetches(dataset: Any, before: Callable[[Any, Any], None]) -> bool:
     base = type(dataset)
     follower = _FOLLOWING.get(base)
     if follower is None:
+        # One follower class per dataset class, not one per worker or epoch.
         follower = _FOLLOWING[base] = _make_follower(base)
     try:
         dataset.__class__ = follower
         dataset._dataperf_before_fetch = before
     except (TypeError, AttributeError):
+        # The class swap took but the attribute was refused: undo the swap.
         if type(dataset) is follower:
             dataset.__class__ = base
         return False

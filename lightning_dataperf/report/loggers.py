@@ -24,6 +24,7 @@ def log_metrics(loggers: Iterable[Logger], metrics: Mapping[str, float], step: i
     if not metrics:
         return
     for logger in loggers:
+        # TensorBoard's log_metrics hands each scalar to its flush thread apart; one event is one hand-off.
         if not (isinstance(logger, TensorBoardLogger) and _write_one_event(logger, metrics, step)):
             logger.log_metrics(dict(metrics), step=step)
 

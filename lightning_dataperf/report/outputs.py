@@ -98,10 +98,12 @@ class EpochOutputs:
     def write_layout(self, trainer: pl.Trainer) -> None:
         """The custom-scalars charts, once per run, into the first logger if it is TensorBoard's."""
         if isinstance(trainer.logger, TensorBoardLogger) and trainer.is_global_zero:
+            # No empty GPU charts for a run on another device.
             cuda = trainer.strategy.root_device.type == "cuda"
             trainer.logger.experiment.add_custom_scalars(custom_scalars(cuda))
 
     def publish(self, trainer: pl.Trainer, summary: EpochSummary, diagnosis: Diagnosis) -> None:
+        # One console text and one file record per epoch, not one per rank.
         if not trainer.is_global_zero:
             return
         text = f"{summary.format()}\n{diagnosis.format()}"
@@ -110,7 +112,9 @@ class EpochOutputs:
         for logger in trainer.loggers:
             if isinstance(logger, TensorBoardLogger):
                 tag = Stage(summary.stage).prefix + tags.DIAGNOSIS_TEXT
+                # A code block: TensorBoard renders text as Markdown, which would reflow the table.
                 logger.experiment.add_text(tag, f"```\n{text}\n```", trainer.global_step)
+        # As with Lightning's loggers, a fast_dev_run leaves no files behind.
         if self.write_json and not trainer.fast_dev_run:
             directory = log_dir(trainer)
             os.makedirs(directory, exist_ok=True)
@@ -120,6 +124,7 @@ class EpochOutputs:
                 "global_step": trainer.global_step,
             }
             path = os.path.join(directory, tags.SUMMARY_FILE)
+            # One line per record: a run killed mid-append loses at most its last one.
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, default=str) + "\n")
             if self.written_to != path:

@@ -52,6 +52,7 @@ pre { background: #f7f7f7; padding: 0.6rem; overflow-x: auto; font-size: 0.85rem
 def render_html(run: RunData, png: str | Path, path: str | Path) -> Path:
     """Write the page for ``run`` to ``path``, with the report's PNG (``png``) inlined; nothing is fetched."""
     records = [(EpochSummary.from_dict(record["summary"]), record.get("diagnosis")) for record in run.epochs]
+    # Inlined, so that the page is one file that opens with no network.
     image = base64.b64encode(Path(png).read_bytes()).decode("ascii")
     title = f"DataPerf report: run {run.name}" if run.name != "." else "DataPerf report"
     parts = [
@@ -91,6 +92,7 @@ def render_html(run: RunData, png: str | Path, path: str | Path) -> Path:
 
 
 def _e(text: object) -> str:
+    # quote=True: values also land inside attributes (the image's alt).
     return html.escape(str(text), quote=True)
 
 
@@ -126,6 +128,7 @@ def _finding(finding: Finding, also: bool) -> str:
     advice = "".join(f"<li>{_e(line)}</li>" for line in finding.advice)
     lead = "also: " if also else ""
     ceiling = (
+        # A compute-bound run has no input bottleneck to remove.
         f" Ceiling speed-up if removed: {finding.ceiling_speedup:.2f}x." if finding.kind != "compute_bound" else ""
     )
     return (
@@ -145,6 +148,7 @@ def _ms(summary: EpochSummary, name: str) -> str:
 def _epoch_table(records: list[tuple[EpochSummary, object]]) -> str:
     if not records:
         return "<section><h2>Epochs</h2><p>No epoch summaries recorded.</p></section>"
+    # A column empty in every epoch (the device span off CUDA) would hold only dashes.
     shown = [(name, heading) for name, heading in COLUMNS if any(name in s.timings for s, _ in records)]
     head = "".join(f"<th>{_e(heading)}<br>ms/step</th>" for _, heading in shown)
     rows = []

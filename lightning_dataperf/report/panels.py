@@ -110,6 +110,7 @@ def timeline(axes, run: DrawnRun) -> None:
     for key in run.stack:
         values = dict(run.series(key))
         if values:
+            # stackplot needs every layer at every step; a missing point draws as zero.
             layers.append([values.get(step, 0.0) * MS for step in steps])
             labels.append(LABELS[key])
             colours.append(COLOURS[key])
@@ -119,6 +120,7 @@ def timeline(axes, run: DrawnRun) -> None:
         idle_ms = [idle.get(step, 0.0) * MS for step in steps]
         axes.plot(steps, idle_ms, "--", color=COLOURS["device_idle"], lw=1, label=LABELS["device_idle"])
     _ranks_data_loading(axes, run)
+    # Below the plot: a legend inside would hide part of the stack.
     axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, fontsize=9, frameon=False)
 
 
@@ -136,11 +138,13 @@ def _ranks_data_loading(axes, run: DrawnRun) -> None:
     if not spans:
         return
     ranks = max(len(waits) for _, _, waits, _ in spans)
+    # The last epoch's slowest rank is the one its verdict names.
     slowest = spans[-1][3]
     for rank in range(ranks):
         xs, ys = [], []
         for begin, end, waits, _ in spans:
             if rank < len(waits):
+                # NaN breaks the line, so each epoch's mean is a segment of its own.
                 xs += [begin, end, math.nan]
                 ys += [waits[rank] * MS, waits[rank] * MS, math.nan]
         loud = rank == slowest
@@ -162,6 +166,7 @@ def stall_per_epoch(axes, run: DrawnRun) -> None:
     axes.set_title(f"Share of step time lost to input, per epoch ({where}{ranks})")
     axes.set_xlabel("epoch")
     axes.set_ylabel("share of step time (0-1)")
+    # Headroom above 1 for the label of a full bar.
     axes.set_ylim(0, 1.05)
     if not train:
         _no_data_note(axes, f"no epoch summaries ({SUMMARY_FILE}) with an input stall")
@@ -171,6 +176,7 @@ def stall_per_epoch(axes, run: DrawnRun) -> None:
     axes.bar(epochs, shares, color=COLOURS["input_stall"], label=LABELS["input_stall"])
     for epoch, share in zip(epochs, shares, strict=True):
         axes.text(epoch, share, f"{share:.2f}", ha="center", va="bottom", fontsize=9)
+    # Whole epochs only, no ticks between them.
     axes.set_xticks(epochs)
     axes.set_xlim(min(epochs) - 0.6, max(epochs) + 0.6)
 
@@ -206,6 +212,7 @@ def device_panel(axes, run: DrawnRun) -> None:
         axes.set_ylabel("GPU utilisation (%)")
         axes.set_ylim(0, 105)
         if run.series("pcie_rx"):
+            # MB/s and % need axes of their own.
             handles = axes.twinx()
             _line(handles, run, "pcie_rx")
             handles.set_ylabel("PCIe bytes into the GPU (MB/s)")
@@ -213,6 +220,7 @@ def device_panel(axes, run: DrawnRun) -> None:
     else:
         handles = _cpu_panel(axes, run)
     lines, labels = axes.get_legend_handles_labels()
+    # A twin axes' lines are not in the main axes' legend.
     if handles is not axes:
         more, more_labels = handles.get_legend_handles_labels()
         lines, labels = lines + more, labels + more_labels

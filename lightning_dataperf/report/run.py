@@ -47,6 +47,7 @@ TAGS = {
 def current_tag(tag: str) -> str:
     """Today's name of a logged tag (``Time/samples_per_sec`` -> ``Time/SamplesPerSec``: :data:`tags.RENAMED`;
     ``System/gpu_util_percent`` -> ``Usage/gpu_util_percent``)."""
+    # Earlier versions logged telemetry as System/ with upper-case units.
     if tag.startswith("System/"):
         field = tag.removeprefix("System/")
         for old, new in (("_MBps", "_mbps"), ("_MB", "_mb"), ("_MHz", "_mhz"), ("_W", "_w")):
@@ -128,11 +129,13 @@ def find_runs(directory: str | Path) -> list[str]:
     then by version number; the last is the latest."""
     root = Path(directory)
     holders = {path.parent for path in _run_files(root)}
+    # Files in a run's own subfolders belong to that run, not to runs of their own.
     runs = [folder for folder in holders if not any(parent in holders for parent in folder.parents)]
 
     def age(folder: Path) -> tuple[float, int, str]:
         newest = max(path.stat().st_mtime for path in _run_files(folder))
         version = re.fullmatch(r"version_(\d+)", folder.name)
+        # The version number breaks ties between equal modification times.
         return newest, int(version.group(1)) if version else -1, folder.as_posix()
 
     return [_run_name(root, folder) for folder in sorted(runs, key=age)]
@@ -143,6 +146,7 @@ def _pick(root: Path, runs: list[str], wanted: str | None) -> str:
         return runs[-1]
     if wanted in runs:
         return wanted
+    # A bare version_N also names a run one level down.
     matches = [name for name in runs if name.rsplit("/", 1)[-1] == wanted.strip("/")]
     if len(matches) == 1:
         return matches[0]
@@ -177,6 +181,7 @@ def load_run(directory: str | Path, run: str | None = None) -> RunData:
         _read_summaries(summaries, data)
     if not {TAGS["compute"], TAGS["device_span"]} & set(data.scalars) and not data.epochs:
         raise FileNotFoundError(_no_data(folder))
+    # Several event files (a resumed run) interleave their steps.
     for points in data.scalars.values():
         points.sort()
     return data
@@ -193,6 +198,7 @@ def _no_data(directory: Path) -> str:
 def _read_summaries(path: Path, data: RunData) -> None:
     """Each line of a summaries file is one epoch's record; a bad one is skipped and named in ``data.skipped``."""
     # a run killed mid-append leaves its last line cut off: the other records, and the event files, still hold
+    # A line cut mid-character must not stop the other records from loading.
     text = path.read_text(encoding="utf-8", errors="replace")
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -217,13 +223,16 @@ def _read_events(folder: Path, data: RunData) -> None:
     files = sorted(folder.rglob(_EVENTS))
     if not files:
         return
+    # Imported here: only runs that wrote event files need tensorboard.
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     for events in files:
+        # 0 keeps every point; the default samples the scalars down.
         accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
         accumulator.Reload()
         for tag in accumulator.Tags().get("scalars", []):
             points = [(event.step, event.value) for event in accumulator.Scalars(tag)]
+            # Tags an older version logged join today's series.
             data.scalars.setdefault(current_tag(tag), []).extend(points)
     data.sources.append("TensorBoard events")
 
@@ -239,6 +248,7 @@ def _read_csv(folder: Path, data: RunData) -> None:
                 if step is None:
                     continue
                 for tag, text in row.items():
+                    # CSVLogger leaves a cell empty where a metric was not logged at that step.
                     value = _number(text)
                     if tag not in ("step", "epoch") and tag not in have and value is not None:
                         found.setdefault(current_tag(tag), []).append((int(step), value))
@@ -259,9 +269,11 @@ def render_figure(run: RunData) -> Any:
     """The report as a matplotlib ``Figure`` (three panels and the verdict)."""
     import matplotlib
 
+    # Drawn to a file, so no display is needed (headless machines, CI).
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    # A Figure, not pyplot: no global state to leak or close, safe in any thread.
     figure = Figure(figsize=(13, 10.5), dpi=110)
     grid = figure.add_gridspec(3, 2, height_ratios=[1.1, 1.0, 0.9], hspace=0.7, wspace=0.22)
     timeline(figure.add_subplot(grid[0, :]), run)

@@ -56,6 +56,7 @@ class StorageInfo:
 
     @property
     def kind(self) -> str:
+        # A network share reads at the far end's pace whatever disk serves it.
         if self.network:
             return "network"
         if self.filesystem in {"tmpfs", "ramfs"}:
@@ -104,6 +105,7 @@ class Hardware:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        # A property is no field: asdict leaves it out.
         data["cpus_per_rank"] = self.cpus_per_rank
         if self.storage is not None:
             data["storage"]["kind"] = self.storage.kind
@@ -116,13 +118,16 @@ def cgroup_cpu_limit(root: str | os.PathLike[str] = "/sys/fs/cgroup") -> float |
     v2 = root / "cpu.max"
     if v2.is_file():
         quota, _, period = v2.read_text().strip().partition(" ")
+        # cgroup v2 spells "no quota" as "max".
         if quota == "max" or not period:
             return None
         return int(quota) / int(period)
+    # cgroup v1 mounts the CPU controller as cpu or cpu,cpuacct; root may be that mount itself.
     for folder in (root / "cpu", root / "cpu,cpuacct", root):
         quota_file, period_file = folder / "cpu.cfs_quota_us", folder / "cpu.cfs_period_us"
         if quota_file.is_file() and period_file.is_file():
             quota, period = int(quota_file.read_text()), int(period_file.read_text())
+            # cgroup v1 spells "no quota" as -1.
             return None if quota <= 0 or period <= 0 else quota / period
     return None
 
@@ -134,6 +139,7 @@ def slurm_cpu_limit(environ: dict[str, str] | os._Environ[str] | None = None) ->
     if not value:
         return None
     try:
+        # A malformed variable means no known limit: telemetry never stops training.
         return max(1, int(value))
     except ValueError:
         return None
@@ -141,6 +147,7 @@ def slurm_cpu_limit(environ: dict[str, str] | os._Environ[str] | None = None) ->
 
 def affinity_cpus() -> int | None:
     """CPUs in this process's affinity mask (Linux), ``None`` where the OS cannot tell."""
+    # os has no affinity call on macOS or Windows.
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return None
@@ -152,6 +159,7 @@ def usable_cpus(cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup") -> tuple
     if (affinity := affinity_cpus()) is not None:
         candidates.append((float(affinity), "CPU affinity"))
     try:
+        # An unreadable cgroup file means no known quota, not an error.
         if (quota := cgroup_cpu_limit(cgroup_root)) is not None:
             candidates.append((quota, "cgroup CPU quota"))
     except (OSError, ValueError):
@@ -159,6 +167,7 @@ def usable_cpus(cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup") -> tuple
     if (slurm := slurm_cpu_limit()) is not None:
         candidates.append((float(slurm), "SLURM_CPUS_PER_TASK"))
     value, source = min(candidates, key=lambda candidate: candidate[0])
+    # A fractional quota (``--cpus=1.5``) cannot keep one more whole CPU busy.
     return max(1, math.floor(value)), source
 
 
@@ -178,6 +187,7 @@ def local_world_size(environ: dict[str, str] | os._Environ[str] | None = None, r
     environ = os.environ if environ is None else environ
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = environ.get(name, "")
+        # SLURM may add a repeat count, as in "2(x3)".
         if value.split("(")[0].isdigit():
             return max(1, int(value.split("(")[0]))
     return 1
@@ -199,6 +209,7 @@ def probe_gpus() -> tuple[GpuInfo, ...]:
     try:
         import pynvml
 
+        # Telemetry never stops training: without NVML or a driver there are simply no GPU figures.
         pynvml.nvmlInit()
     except Exception:
         return ()
@@ -207,12 +218,14 @@ def probe_gpus() -> tuple[GpuInfo, ...]:
     except Exception:
         return ()
     finally:
+        # Balances nvmlInit: NVML counts its initialisations.
         pynvml.nvmlShutdown()
 
 
 def _gpu_info(nvml: Any, index: int) -> GpuInfo:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     name = nvml.nvmlDeviceGetName(handle)
+    # Older pynvml releases return bytes.
     name = name.decode() if isinstance(name, bytes) else str(name)
     memory = _safe(lambda: nvml.nvmlDeviceGetMemoryInfo(handle).total / 2**20)
     generation = _safe(lambda: int(nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle)))
@@ -220,6 +233,7 @@ def _gpu_info(nvml: Any, index: int) -> GpuInfo:
     return GpuInfo(index, name, memory, generation, width)
 
 
+# Not every GPU or driver supports every query (NVML_ERROR_NOT_SUPPORTED).
 def _safe(read: Any) -> Any:
     try:
         return read()
@@ -240,6 +254,7 @@ def pcie_capacity_mbps(gpu: GpuInfo) -> float | None:
 
 def probe_storage(path: str | os.PathLike[str], mounts_file: str = "/proc/self/mounts") -> StorageInfo:
     """File system type and block device of ``path`` (rotational or not, NVMe, network)."""
+    # Resolved first, so that a linked dataset is classified by where it really lives.
     path = os.path.realpath(path)
     filesystem, source = _mount_of(path, mounts_file)
     device = block_device_of(path)
@@ -247,6 +262,7 @@ def probe_storage(path: str | os.PathLike[str], mounts_file: str = "/proc/self/m
     if device is not None:
         flag = Path("/sys/block", device, "queue", "rotational")
         rotational = flag.read_text().strip() == "1" if flag.is_file() else None
+    # An SMB share's source is //server/share whatever file-system type mounted it.
     network = filesystem in _NETWORK_FILESYSTEMS or (source or "").startswith("//")
     nvme = device is not None and device.startswith("nvme")
     return StorageInfo(path, filesystem, device, rotational, nvme, network)
@@ -262,8 +278,10 @@ def _mount_of(path: str, mounts_file: str) -> tuple[str | None, str | None]:
         parts = line.split()
         if len(parts) < 3:
             continue
+        # /proc/self/mounts escapes a space in a mount point as \040.
         source, mount_point, filesystem = parts[0], parts[1].replace("\\040", " "), parts[2]
         inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
+        # Mounts nest, so the deepest mount point that encloses the path holds it.
         if inside and len(mount_point) > best[0]:
             best = (len(mount_point), filesystem, source)
     return best[1], best[2]
@@ -279,6 +297,7 @@ def block_device_of(path: str | os.PathLike[str]) -> str | None:
     if not sysfs.exists():
         return None
     resolved = sysfs.resolve()
+    # queue/rotational lives on the whole disk, not on its partitions.
     if (resolved / "partition").is_file():
         resolved = resolved.parent
     return resolved.name

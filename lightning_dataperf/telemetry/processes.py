@@ -49,9 +49,11 @@ def child_pids(pid: int) -> list[int]:
     """Direct children of ``pid``: from ``/proc/<pid>/task/*/children`` (cheap), else psutil's full scan."""
     tasks = Path(f"/proc/{pid}/task")
     try:
+        # Each thread lists the children it forked, so every thread's file is read.
         files = list(tasks.glob("*/children"))
     except OSError:
         files = []
+    # The children files exist only in kernels built with CONFIG_PROC_CHILDREN.
     if not files:
         try:
             return [child.pid for child in psutil.Process(pid).children()]
@@ -60,6 +62,7 @@ def child_pids(pid: int) -> list[int]:
     children: list[int] = []
     for file in files:
         try:
+            # A thread that ended after the glob has no file left to read.
             children.extend(int(token) for token in file.read_text().split())
         except (OSError, ValueError):
             continue
@@ -77,6 +80,7 @@ def loader_worker_processes(main: psutil.Process | None = None) -> list[psutil.P
     workers: list[psutil.Process] = []
     for pid in child_pids(main.pid):
         try:
+            # A child can exit between the listing and the reading.
             child = _process(pid)
             if _local_rank(child) != own_rank or is_shm_manager(child) or _helper(child):
                 continue
@@ -93,6 +97,7 @@ _PROCESSES: dict[int, tuple[psutil.Process, str | None, bool]] = {}
 def _process(pid: int) -> psutil.Process:
     """A cached ``psutil.Process`` (so CPU-time deltas and pid-reuse checks work across readings)."""
     cached = _PROCESSES.get(pid)
+    # is_running() also catches a reused pid, whose cached rank and kind would be stale.
     if cached is not None and cached[0].is_running():
         return cached[0]
     process = psutil.Process(pid)
@@ -104,12 +109,14 @@ def _process(pid: int) -> psutil.Process:
         helper = not runs_this_interpreter(process) or any(_RESOURCE_TRACKER in part for part in process.cmdline())
     except psutil.Error:
         helper = False
+    # Bounded: the pids of exited workers would otherwise pile up over a long run.
     if len(_PROCESSES) > 4096:
         _PROCESSES.clear()
     _PROCESSES[pid] = (process, rank, helper)
     return process
 
 
+# The interpreter does not change for the life of the process.
 @functools.cache
 def _own_exe() -> str:
     try:
@@ -143,7 +150,9 @@ def major_faults(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
+    # The command name in parentheses may hold spaces or ")", so split after the last ")".
     fields = stat.rsplit(")", 1)[1].split()
+    # majflt is field 12 of proc(5); fields[0] is field 3 (state).
     return int(fields[9])
 
 
@@ -179,6 +188,7 @@ class ProcessSource:
         self._read_chars: dict[int, float] = {}
         self._runqueue: dict[int, float] = {}
         self._pss: dict[str, float] = {}
+        # So that the first reading reads PSS at once.
         self._pss_read_at = -float("inf")
 
     def read(self, elapsed: float) -> dict[str, float]:
@@ -189,6 +199,7 @@ class ProcessSource:
         alive: list[psutil.Process] = []
         for worker in workers:
             try:
+                # A worker can exit between the listing and its reading.
                 cpu, faults, read = self._deltas(worker)
                 worker_rss += worker.memory_info().rss / _MB
             except psutil.Error:
@@ -198,6 +209,7 @@ class ProcessSource:
             worker_faults += faults or 0.0
             if read is not None:
                 reads.append(read)
+        # A reused pid must not inherit an exited worker's baseline.
         self._forget_dead({self.main.pid, *(worker.pid for worker in alive)})
         values = {
             "loader_workers_alive": float(len(alive)),
@@ -229,6 +241,7 @@ class ProcessSource:
             main = pss_mb(self.main.pid)
             pss = [value for worker in workers if (value := pss_mb(worker.pid)) is not None]
             self._pss = {}
+            # Without smaps_rollup (before Linux 4.14), no PSS figure rather than a partial one.
             if main is not None:
                 self._pss["main_pss_mb"] = main
                 self._pss["workers_pss_mb"] = sum(pss)

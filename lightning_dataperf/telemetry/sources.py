@@ -83,6 +83,7 @@ class GpuSource:
             "gpu_memory_util_percent": float(utilization.memory),
             "gpu_memory_used_mb": memory.used / _MB,
             "gpu_sm_clock_mhz": float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+            # NVML reports milliwatts.
             "gpu_power_w": nvml.nvmlDeviceGetPowerUsage(handle) / 1e3,
         }
         reasons = int(_clock_event_reasons(nvml, handle))
@@ -98,12 +99,15 @@ class GpuSource:
                 samples = self.nvml.nvmlDeviceGetFieldValues(self.handle, self._pcie_fields)
                 rx, tx = (_field_value(sample) for sample in samples)
             except Exception:
+                # Platforms that do not maintain the counters fail every time, so stop asking.
                 self._pcie_counters = False
             else:
                 previous, self._last_pcie = self._last_pcie, (rx, tx)
+                # A rate needs two readings.
                 if previous is None or elapsed <= 0:
                     return {}
                 return {
+                    # A counter that wrapped or was reset reads as no traffic, never negative.
                     "gpu_pcie_rx_mbps": max(0.0, rx - previous[0]) / _MB / elapsed,
                     "gpu_pcie_tx_mbps": max(0.0, tx - previous[1]) / _MB / elapsed,
                 }
@@ -120,12 +124,15 @@ class GpuSource:
 def nvml_handle(nvml: Any, device: int) -> Any:
     try:
         uuid = str(torch.cuda.get_device_properties(device).uuid)
+        # torch may print the UUID without NVML's "GPU-" prefix.
         return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
     except Exception:
+        # Without a UUID the index is right unless CUDA_VISIBLE_DEVICES renumbers the GPUs.
         return nvml.nvmlDeviceGetHandleByIndex(device)
 
 
 def _clock_event_reasons(nvml: Any, handle: Any) -> int:
+    # NVML renamed throttle reasons to clock-event reasons; older bindings have only the old name.
     read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
     if read is None:
         read = nvml.nvmlDeviceGetCurrentClocksThrottleReasons
@@ -133,9 +140,11 @@ def _clock_event_reasons(nvml: Any, handle: Any) -> int:
 
 
 def _field_value(sample: Any) -> float:
+    # Raised so that _pcie falls back to NVML's own throughput sample.
     if getattr(sample, "nvmlReturn", 0) != 0:
         raise RuntimeError(f"NVML field {getattr(sample, 'fieldId', '?')} unsupported")
     value = sample.value
+    # The union member that holds the value depends on the field's type.
     for kind in ("ullVal", "ulVal", "uiVal", "sllVal", "dVal"):
         if hasattr(value, kind):
             return float(getattr(value, kind))
@@ -156,11 +165,13 @@ class CpuSource:
     name = "cpu"
 
     def __init__(self) -> None:
+        # A baseline, so that the first read already has a delta.
         self._last = psutil.cpu_times(percpu=True)
 
     def read(self, elapsed: float) -> dict[str, float]:
         now = psutil.cpu_times(percpu=True)
         previous, self._last = self._last, now
+        # A CPU can go offline or come online between two readings.
         per_core = [_cpu_shares(before, after) for before, after in zip(previous, now, strict=False)]
         per_core = [shares for shares in per_core if shares is not None]
         if not per_core:
@@ -189,18 +200,20 @@ def _runnable_tasks() -> float | None:
 
 def _cpu_shares(before: Any, after: Any) -> dict[str, float] | None:
     total = sum(after) - sum(before)
+    # Too short an interval: the core's tick counters have not moved yet.
     if total <= 0:
         return None
 
     def share(field: str) -> float:
         return 100.0 * max(0.0, getattr(after, field, 0.0) - getattr(before, field, 0.0)) / total
 
+    # A core in iowait is idle, waiting on I/O: not busy.
     idle = share("idle") + share("iowait")
     busy = min(100.0, max(0.0, 100.0 - idle))
     return {"user": share("user"), "system": share("system"), "iowait": share("iowait"), "busy": busy}
 
 
-# ---------------------------------------------------------------------------------------- processes
+# ---------------------------------------------------------------------------------------- memory
 
 
 class MemorySource:
@@ -226,8 +239,10 @@ class MemorySource:
 
 def pinned_host_mb() -> float | None:
     """Pinned host memory reserved by PyTorch's CachingHostAllocator (``None`` before CUDA is used)."""
+    # Reading the stats must not initialise CUDA in a process that never used it.
     if not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return None
+    # Older torch releases have no host_memory_stats.
     read = getattr(torch.cuda, "host_memory_stats", None)
     if read is None:
         return None
@@ -250,8 +265,10 @@ class DiskSource:
         if device is not None and device in counters:
             self.devices = [device]
         else:
+            # Loop, RAM, device-mapper and optical devices are no dataset disk; stacked ones repeat its reads.
             self.devices = [name for name in counters if not name.startswith(("loop", "ram", "zram", "dm-", "sr"))]
         if not self.devices:
+            # Raised so that the sampler drops this source with one warning.
             raise RuntimeError("no block devices visible in /proc/diskstats")
         self._last = counters
 
@@ -269,6 +286,7 @@ class DiskSource:
             io_count += after.read_count - before.read_count + after.write_count - before.write_count
             io_ms += after.read_time - before.read_time + after.write_time - before.write_time
             if hasattr(after, "busy_time") and elapsed > 0:
+                # busy_time is in ms; several disks' utilisations do not add up, so the busiest one's.
                 util = max(util, min(100.0, (after.busy_time - before.busy_time) / (10 * elapsed)))
         if elapsed <= 0:
             return {}

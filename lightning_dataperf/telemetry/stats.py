@@ -93,6 +93,7 @@ class SystemStats:
         """``Usage/<field>`` -> value for every known field (the per-worker mean only with two workers or more: with
         one it is ``workers_cpu_percent``)."""
         known = self.known()
+        # With one worker the per-worker mean only repeats workers_cpu_percent.
         if (self.loader_workers_alive or 0) < 2:
             known.pop("worker_cpu_percent_mean", None)
         return {SYSTEM_PREFIX + name: value for name, value in known.items()}

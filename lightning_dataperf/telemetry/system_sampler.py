@@ -93,6 +93,7 @@ class SystemSampler:
         if self.running:
             return
         self._sources = [source for factory in self._factories if (source := self._open(factory)) is not None]
+        # The first interval must not include the wait between construction and start.
         self._last_read = time.monotonic()
         self._ticker.start()
 
@@ -100,6 +101,7 @@ class SystemSampler:
         """Stop and join the thread and close the sources. Safe to call twice."""
         self._ticker.stop()
         with self._read_lock:
+            # Wait out a read in progress (epoch_means on the training thread) before closing the sources.
             for source in self._sources:
                 source.close()
             self._sources = []
@@ -107,11 +109,13 @@ class SystemSampler:
     def window_means(self) -> SystemStats:
         """Means of the readings since the last call (no reading of its own: cheap at every log point)."""
         with self._lock:
+            # Swapped under the lock, so that each reading lands in exactly one window.
             means, self._window = self._window.means(), _Means()
         return SystemStats.from_mapping(means)
 
     def epoch_means(self) -> SystemStats:
         """Means since :meth:`reset_epoch`, with one fresh reading first unless the last one is recent."""
+        # The read lock before the data lock, the order _sample keeps too, so that the two never deadlock.
         with self._read_lock:
             with self._lock:
                 stale = not self._epoch.counts or time.monotonic() - self._last_read >= 0.25 * self.interval
@@ -126,6 +130,7 @@ class SystemSampler:
 
     def _open(self, factory: SourceFactory) -> Source | None:
         try:
+            # Telemetry never stops training: a source that fails is dropped with one warning.
             return factory()
         except Exception as error:
             self._disable(getattr(factory, "name", getattr(factory, "__name__", "source")), error)
@@ -148,8 +153,10 @@ class SystemSampler:
         now = time.monotonic()
         elapsed, self._last_read = now - self._last_read, now
         values: dict[str, float] = {}
+        # A copy: a failing source is removed inside the loop.
         for source in list(self._sources):
             try:
+                # A source that fails mid-run is dropped the same way.
                 values.update(source.read(elapsed))
             except Exception as error:
                 self._sources.remove(source)

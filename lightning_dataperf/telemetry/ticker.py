@@ -37,6 +37,7 @@ class Ticker:
         """Start the thread (no-op if running)."""
         if self.running:
             return
+        # A stopped ticker may be started again.
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
@@ -45,12 +46,15 @@ class Ticker:
         """Stop and join the thread. Safe to call twice."""
         self._stop.set()
         if self._thread is not None:
+            # Bounded, so a tick stuck in a hung read cannot hang teardown.
             self._thread.join(timeout=max(5.0, 2 * self.interval))
             self._thread = None
 
     def _run(self) -> None:
+        # wait(), not sleep(), so that stop() wakes the thread at once.
         while not self._stop.wait(self.interval):
             try:
                 self.tick()
+            # One failed tick must neither end the thread nor reach training.
             except Exception:
                 log.exception("%s: tick failed", self.name)

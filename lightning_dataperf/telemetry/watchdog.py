@@ -114,6 +114,7 @@ class HangWatchdog:
         self.batch_arrived()
 
     def check(self, now: float) -> HangReport | None:
+        # Read once: the training thread may clear it meanwhile.
         since = self._waiting_since
         if since is None:
             return None
@@ -121,6 +122,7 @@ class HangWatchdog:
             self._wait_seen, self._next_report = since, since + self.timeout
         if now < self._next_report:
             return None
+        # Repeated every timeout while the wait lasts, not at every poll.
         self._next_report = now + self.timeout
         waited, last = now - since, self._last_batch_index
         report = HangReport(waited, last, tuple(_worker_states(self.workers())))
@@ -132,6 +134,7 @@ def _worker_states(workers: list[psutil.Process]) -> list[WorkerState]:
     states = []
     for worker in workers:
         try:
+            # A first cpu_percent() without an interval is always 0.0.
             states.append(WorkerState(worker.pid, worker.status(), worker.cpu_percent(interval=0.05)))
         except psutil.Error:
             continue

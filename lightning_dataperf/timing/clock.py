@@ -120,6 +120,7 @@ class StepClock:
     def fetch_finished(self) -> None:
         self._fetch_end = self._clock()
         if self.uses_cuda_events:
+            # Where the batch became ready on the compute stream: device idle is measured up to it.
             self._ready_event = self._record_event()
 
     def step_started(self) -> None:
@@ -133,6 +134,7 @@ class StepClock:
             return
         now = self._clock()
         end_event = self._record_event() if self.uses_cuda_events else None
+        # Without a timed fetch the step start stands in for it, so data wait and transfer read zero.
         fetched = self._fetch_start is not None and self._fetch_end is not None
         fetch_start = self._fetch_start if fetched else self._step_start
         fetch_end = self._fetch_end if fetched else self._step_start
@@ -153,6 +155,7 @@ class StepClock:
             )
         )
         self._previous_end, self._previous_end_event = now, end_event
+        # Only the first step after an epoch start carries the start-up wait.
         self._first_of_epoch = False
         self._fetch_start = self._fetch_end = self._step_start = None
         self._ready_event = self._start_event = None
@@ -180,6 +183,7 @@ class StepClock:
     def completed(self) -> list[StepTiming]:
         """Figures of the steps whose device work has finished, oldest first. Never blocks."""
         done: list[StepTiming] = []
+        # Steps finish in stream order, so stop at the first unfinished one: query() never blocks.
         while self._pending and self._is_finished(self._pending[0]):
             done.append(self._resolve(self._pending.popleft()))
         return done
@@ -187,6 +191,7 @@ class StepClock:
     def flush(self) -> list[StepTiming]:
         """All outstanding figures. Waits once for the last step's end event (use at epoch ends only)."""
         if self._pending and self._pending[-1].end is not None:
+            # The last end event done means every earlier one on the stream is done too.
             self._pending[-1].end.synchronize()
         return self.completed()
 
@@ -205,6 +210,7 @@ class StepClock:
     # -- internals ----------------------------------------------------------------------------
     def _record_event(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
+        # On the compute stream, so that the events are ordered with the step's kernels.
         event.record(torch.cuda.current_stream(self.device))
         return event
 
@@ -233,6 +239,7 @@ class StepClock:
             compute=pending.start.elapsed_time(pending.end) / _MS_PER_S,
             step_time=pending.step_time,
             device_step_time=None if previous_end is None else previous_end.elapsed_time(pending.end) / _MS_PER_S,
+            # Device idle, not host wait: when the host runs ahead of the GPU, waiting for data is free.
             device_idle=None if previous_end is None else previous_end.elapsed_time(pending.ready) / _MS_PER_S,
             samples=pending.samples,
             first_of_epoch=pending.first_of_epoch,

@@ -18,10 +18,12 @@ _QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
 
 def _quantiles(values: torch.Tensor) -> TimingSummary:
+    # Drops the one NaN sentinel per rank that summarize() adds.
     values = values[~torch.isnan(values)].double()
     if values.numel() == 0:
         nan = math.nan
         return TimingSummary(nan, nan, nan, nan, nan, 0)
+    # quantile wants q in the input's dtype.
     quantiles = torch.quantile(values, torch.tensor(list(_QUANTILES.values()), dtype=values.dtype))
     return TimingSummary(
         mean=values.mean().item(),
@@ -50,6 +52,7 @@ class EpochAccumulator:
     """
 
     def __init__(self) -> None:
+        # NaN sentinels must survive the sync; _quantiles drops them.
         self._values = {name: CatMetric(nan_strategy="disable") for name in TIMINGS}
         self.reset()
 
@@ -66,6 +69,7 @@ class EpochAccumulator:
         self.steps += len(timings)
 
     def _totals(self, stalls: list[Stall]) -> list[float]:
+        # Stalls are reported apart and left out of the steady-state figures.
         stalled = {stall.step for stall in stalls}
         timings = [timing for timing in self._timings if timing.step not in stalled]
         lost, base = stall_totals(timings)
@@ -92,11 +96,13 @@ class EpochAccumulator:
             values = steady_values(self._timings, TIMINGS[name])
             # one NaN sentinel per rank, so that no rank syncs an empty state
             metric.update(torch.tensor([*values, math.nan], dtype=torch.float64))
+            # The sync runs on the strategy's device (NCCL gathers CUDA tensors only).
             summary = _quantiles(metric.to(device).compute().cpu().reshape(-1))
             metric.reset()
             if summary.count:
                 timings[name] = summary
         stalls = find_stalls(self._timings)
+        # All totals in one tensor: one all_gather per epoch, not one per figure.
         local = torch.tensor(self._totals(stalls), dtype=torch.float64, device=device)
         per_rank = local.unsqueeze(0) if all_gather is None or world_size == 1 else all_gather(local)
         per_rank = per_rank.reshape(-1, local.numel()).cpu()
@@ -140,4 +146,5 @@ def _straggler(rank_wait: list[float | None]) -> tuple[int | None, float | None]
         return None, None
     worst, slowest = max(known)
     best = min(value for value, _ in known)
+    # The floor keeps a rank that never waits from making the ratio infinite.
     return slowest, max(worst, _STRAGGLER_FLOOR_S) / max(best, _STRAGGLER_FLOOR_S)

@@ -32,6 +32,7 @@ class HostGapStats:
 
     def with_span(self, span_s: float) -> HostGapStats:
         """The same busy time within the span of the steps the profiler did not slow down."""
+        # The unprofiled span may be shorter than the busy time measured under the profiler.
         gap = max(0.0, span_s - self.gpu_busy_s)
         return dataclasses.replace(self, span_s=span_s, host_gap_s=gap, profiled_span_s=self.span_s)
 
@@ -64,6 +65,7 @@ def split_device_span(intervals: list[tuple[int, int]]) -> tuple[int, int]:
     ordered = sorted(intervals)
     busy, current_start, current_end = 0, ordered[0][0], ordered[0][1]
     for start, end in ordered[1:]:
+        # Kernels on several streams overlap: the union counts that time once.
         if start > current_end:
             busy += current_end - current_start
             current_start, current_end = start, end
@@ -124,8 +126,10 @@ class HostGapProbe:
     def step_started(self, step: int) -> None:
         if self.disabled is not None:
             return
+        # One step early, so CUPTI's set-up lands in an unrecorded warm-up step.
         if step == max(0, self.start_step - 1) and self._profiler is None and self._result is None:
             ident = threading.get_ident()
+            # A profiler may name the thread by its native id or by pthread_self, cut to its low 32 bits.
             self._threads = frozenset({threading.get_native_id(), ident, ident & 0xFFFFFFFF})
             self._start()
         if self._profiler is not None and step >= self.start_step:
@@ -157,7 +161,9 @@ class HostGapProbe:
         try:
             from torch.profiler import ProfilerActivity, profile
 
+            # CUDA activity only: what the split needs, at the least cost to the recorded steps.
             self._profiler = profile(activities=[ProfilerActivity.CUDA])
+            # Entered by hand: the recorded steps span several hook calls, which no with block can.
             self._profiler.__enter__()
         except Exception as error:  # no CUPTI, another profiler running: say so once, never stop training
             self._profiler = None
@@ -170,6 +176,7 @@ class HostGapProbe:
         """The epoch ended inside the recorded steps (a short epoch): stop, keep no partial result."""
         if self._profiler is not None:
             self._stop()
+            # A partial result would describe fewer steps than asked for.
             self._windows, self._open = [], None
 
     def _stop(self) -> Any:
@@ -247,6 +254,7 @@ def _stats(
     per_step: list[list[tuple[int, int]]] = [[] for _ in windows]
     for correlation, start, end, _ in device:
         launched = launches_at.get(correlation)
+        # Device work whose launch was not recorded cannot be placed in a step.
         if launched is None:
             continue
         for index, (opened, closed) in enumerate(windows):

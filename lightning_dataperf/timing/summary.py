@@ -83,6 +83,7 @@ class EpochSummary:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> EpochSummary:
         """The inverse of :meth:`to_dict`; keys this version does not know are ignored."""
+        # Unknown keys dropped, so that a newer version's summaries file still loads.
         known = {name: raw[name] for name in cls.__dataclass_fields__ if name in raw}
         known["timings"] = {name: TimingSummary(**values) for name, values in raw.get("timings", {}).items()}
         if known.get("copies") is not None:
@@ -111,11 +112,13 @@ class EpochSummary:
             if summary is not None:
                 metrics[tags.epoch_percentile(name, stage)] = getattr(summary, tags.EPOCH_PERCENTILE)
         optional = {tags.EPOCH_START: self.epoch_start}
+        # With one rank there is no straggler to name.
         if self.world_size > 1:
             optional[tags.EPOCH_STRAGGLER_RATIO] = self.straggler_ratio
             optional[tags.EPOCH_SLOWEST_RANK] = None if self.slowest_rank is None else float(self.slowest_rank)
         metrics.update({stage.prefix + key: value for key, value in optional.items() if value is not None})
         if self.host_gap is not None:
+            # On CUDA only the host-gap probe measures the GPU's busy time.
             metrics[tags.time(tags.COMPUTE, stage)] = self.host_gap.gpu_busy_s
             metrics[tags.time(tags.HOST_GAP, stage)] = self.host_gap.host_gap_s
         return metrics
@@ -142,6 +145,7 @@ class EpochSummary:
             facts.append(f"epoch start {1e3 * self.epoch_start:.1f} ms")
         if self.input_stall_fraction is not None:
             facts.append(f"input stall {100 * self.input_stall_fraction:.1f}% of {where} step time")
+        # Off CUDA the data-wait share is the input stall itself, already shown.
         if self.data_wait_share is not None and self.on_device:
             facts.append(f"host data loading {100 * self.data_wait_share:.1f}%")
         if self.samples_per_sec is not None:

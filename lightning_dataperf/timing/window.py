@@ -67,6 +67,7 @@ STALL_MAX_SHARE = 0.05
 def find_stalls(timings: Sequence[StepTiming]) -> list[Stall]:
     """The rare steps whose data wait is far above the epoch's median (robust: one stall, not a trend)."""
     steady = [timing for timing in timings if not timing.first_of_epoch]
+    # Too few steps for a median to tell one stall from the steady state.
     if len(steady) < 5:
         return []
     waits = sorted(timing.data_wait for timing in steady)
@@ -76,6 +77,7 @@ def find_stalls(timings: Sequence[StepTiming]) -> list[Stall]:
     for timing in steady:
         if timing.data_wait > threshold:
             stalls.append(Stall(timing.step, timing.data_wait, elapsed))
+        # A step after a break has no step time; its parts stand in for it.
         elapsed += timing.step_time or (timing.data_wait + timing.compute)
     return stalls if len(stalls) <= max(2, STALL_MAX_SHARE * len(steady)) else []
 

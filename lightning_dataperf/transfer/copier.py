@@ -156,16 +156,19 @@ class SideStreamCopier:
         already queued (what ``lookahead=0`` relies on).
         """
         host_bytes = sum(tensor.nbytes for tensor in iter_tensors(batch) if tensor.device.type == "cpu")
+        # Below min_bytes the side stream's bookkeeping costs the host about what the copy costs the GPU.
         if host_bytes < self.min_bytes:
             return _InFlight(batch, None, host_bytes)
         compute = torch.cuda.current_stream(self._device_index)
         if self.regime is not None and self.regime.observe(compute_idle=compute.query()):
             # pinned now, as the side stream would; copied on the compute stream at hand-over
             return _InFlight(map_tensors(batch, self._pinned), None, host_bytes)
+        # Timing events and their read-back cost host time, so only one copy in timing_every pays it.
         timed = self._side_copies % self.timing_every == 0
         self._side_copies += 1
         start = self._events.take(timing=True) if timed else None
         copied = self._events.take(timing=True) if timed and self.device_transform is not None else None
+        # An event without timing is cheaper to record and wait on.
         done = self._events.take(timing=timed)
         on_compute = self.allocate_on_compute if allocate_on_compute is None else allocate_on_compute
         stream = self.stream
@@ -190,9 +193,11 @@ class SideStreamCopier:
         compute = torch.cuda.current_stream(self._device_index)
         if inflight.copy_start is None:
             compute.wait_event(inflight.copy_done)
+            # Reusable at once: the only wait on it is already enqueued.
             self._events.give(inflight.copy_done, timing=False)
         else:
             wait_start, wait_end = self._events.take(timing=True), self._events.take(timing=True)
+            # Events around the wait time how long compute was exposed to the copy.
             wait_start.record(compute)
             compute.wait_event(inflight.copy_done)
             wait_end.record(compute)
@@ -208,12 +213,14 @@ class SideStreamCopier:
     def completed(self) -> list[CopyTiming]:
         """Timings of the timed copies whose compute-side wait has finished. Never blocks."""
         done = []
+        # Hand-overs finish in compute-stream order, so the first unfinished one ends the scan.
         while self._handed_over and self._handed_over[0].wait_end.query():
             record = self._handed_over.popleft()
             copy_end = record.copy_end or record.copy_done
             copy = record.copy_start.elapsed_time(copy_end) / 1e3
             transform = 0.0 if record.copy_end is None else record.copy_end.elapsed_time(record.copy_done) / 1e3
             exposed = record.wait_start.elapsed_time(record.wait_end) / 1e3
+            # Elapsed times read: the events may be taken again.
             self._events.give(record.copy_start, record.copy_done, record.wait_start, record.wait_end, timing=True)
             if record.copy_end is not None:
                 self._events.give(record.copy_end, timing=True)
@@ -284,6 +291,7 @@ class SideStreamCopier:
         if value.device.type != "cpu":
             return value
         source = self._pinned(value)
+        # Allocated while the compute stream is current: from its pool, where the step frees it.
         target = torch.empty_like(source, device=self.device)
         copies.append((target, source))
         return target
@@ -307,6 +315,7 @@ class SideStreamCopier:
     def _pinned(self, value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.is_pinned():
             return value
+        # A non_blocking copy from pageable memory is staged by the driver and effectively synchronous.
         if not self.pin:
             self._warn_once(
                 "pageable",

@@ -26,6 +26,7 @@ class LookaheadIterator(Iterator):
         self._error: BaseException | None = None
 
     def __next__(self) -> Any:
+        # depth batches in flight besides the one handed over now.
         while not self._exhausted and self._error is None and len(self._queue) <= self._depth:
             try:
                 host_batch = next(self._iterator)
@@ -35,6 +36,7 @@ class LookaheadIterator(Iterator):
                 self._error = error
             else:
                 self._queue.append(self._copier.issue(host_batch))
+        # Queued batches go out before the end or the error: nothing is lost or reordered.
         if self._queue:
             return self._copier.hand_over(self._queue.popleft())
         if self._error is not None:
@@ -62,6 +64,7 @@ class _LookaheadIterable:
         return len(self._iterable)
 
     def __getattr__(self, name: str) -> Any:  # e.g. `sampler`, `dataset` of the wrapped iterable
+        # Looked up before __init__ has set them (copy, pickle), these would recurse forever.
         if name.startswith("__") or name in ("_iterable", "_make_iterator"):
             raise AttributeError(name)
         return getattr(self._iterable, name)
@@ -77,6 +80,7 @@ def with_lookahead(loader: Any, make_iterator: MakeIterator) -> Any:
             ...
     """
     if isinstance(loader, DataLoader):
+        # A subclass is swapped in, so isinstance checks and attributes still hold.
         add_iterator_wrapper(loader, make_iterator)
         return loader
     return _LookaheadIterable(loader, make_iterator)

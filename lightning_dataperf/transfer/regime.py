@@ -50,6 +50,7 @@ class CopyRegime:
         self._idle += bool(compute_idle)
         if self._seen >= self.window:
             share = self._idle / self._seen
+            # Two thresholds with a gap between them, so that a run on the edge does not switch every window.
             if not self.stock and share >= self.to_stock:
                 self.stock = True
                 self.switches += 1

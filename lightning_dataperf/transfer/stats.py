@@ -75,6 +75,7 @@ class CopyStats:
             exposed_s=exposed / count,
             transform_s=transform_time / count,
             hidden_fraction=1.0 if busy <= 0 else max(0.0, 1.0 - exposed / busy),
+            # Copy time alone: counting the transform would understate the link's bandwidth.
             gbps=sum(copy.bytes for copy in copies) / copy_time / 1e9 if copy_time > 0 else None,
         )
 

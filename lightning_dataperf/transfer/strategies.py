@@ -102,6 +102,7 @@ class SideStreamTransferMixin:
     @override
     def process_dataloader(self, dataloader: object) -> object:
         dataloader = super().process_dataloader(dataloader)  # type: ignore[misc]
+        # CPU and MPS runs keep Lightning's stock behaviour; lookahead=0 copies in batch_to_device.
         if not self.side_stream_active or self.lookahead == 0:
             return dataloader
         self._warn_about_hooks()
@@ -120,6 +121,7 @@ class SideStreamTransferMixin:
 
     @override
     def teardown(self) -> None:
+        # The copier, its stream and its events are per run: made again on first use.
         self._copier = None
         super().teardown()  # type: ignore[misc]
 
@@ -152,6 +154,7 @@ class SideStreamStrategy(SideStreamTransferMixin, SingleDeviceStrategy):
     strategy_name = "side_stream"
 
     def __init__(self, device: Any = None, **kwargs: Any) -> None:
+        # A placeholder: the accelerator connector assigns the real device (accept_connector_devices).
         super().__init__(device=device if device is not None else "cpu", **kwargs)
         self._device_given = device is not None
         accept_connector_devices(self)
@@ -176,9 +179,11 @@ def _register() -> None:
     """Register the classes (replacing the package's import-time factories, see ``lightning_dataperf.__init__``)."""
     for name, strategy, params in (
         ("side_stream", SideStreamStrategy, {}),
+        # As Lightning's own "ddp" entry: ranks started as subprocesses of the script.
         ("ddp_side_stream", SideStreamDDPStrategy, {"start_method": "popen"}),
     ):
         current = dict.get(StrategyRegistry, name)  # the entry itself (StrategyRegistry.get builds a strategy)
+        # Never replace a strategy that someone else registered under the same name.
         if current is None or getattr(current.get("strategy"), "_dataperf_deferred", False):
             StrategyRegistry.register(name, strategy, description=strategy.__doc__, override=True, **params)
 
