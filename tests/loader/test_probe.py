@@ -159,7 +159,8 @@ def test_the_loader_figures_add_up_to_the_measured_wait(tmp_path):
     assert summary.loader.wait_s == pytest.approx(wait, rel=0.1, abs=0.003)
     parts = summary.loader.worker_wait_s + summary.loader.handover_s
     assert parts == pytest.approx(summary.loader.wait_s, rel=1e-6)
-    assert summary.loader.collate_s == pytest.approx(wait, rel=0.1, abs=0.003)  # the wait is the collate's 30 ms
+    # the wait is the collate's: its 30 ms sleep at least (the ground truth), never more than the wait it is part of
+    assert 0.03 <= summary.loader.collate_s <= wait + 0.001
 
 
 class Batched(Dataset):
