@@ -341,8 +341,10 @@ def compiled_step(module: torch.nn.Module) -> StepCompilation | None:
     ``triton.cudagraphs`` (``mode="reduce-overhead"`` or ``"max-autotune"``), or a child's forward replaced by
     ``torch.cuda.make_graphed_callables``.
     """
-    from torch._dynamo.eval_frame import OptimizeContext
-
+    try:
+        from torch._dynamo.eval_frame import OptimizeContext
+    except ImportError:  # a torch without Dynamo: nothing here can be compiled by it
+        return None
     contexts, graphed = [], False
     for child in module.modules():
         contexts += [getattr(child, "dynamo_ctx", None), _wrapper_context(getattr(child, "_compiled_call_impl", None))]
@@ -371,8 +373,8 @@ def _compiles_cuda_graphs(context: Any) -> bool:
     """A dynamo context whose backend captures CUDA graphs: ``backend="cudagraphs"``, or Inductor's cudagraphs."""
     from torch._dynamo.eval_frame import innermost_backend
 
-    backend = innermost_backend(context.callback)
-    config = context.compiler_config
+    backend = innermost_backend(getattr(context, "callback", None))
+    config = getattr(context, "compiler_config", None)
     return getattr(backend, "compiler_name", None) == "cudagraphs" or (
         isinstance(config, dict) and bool(config.get("triton.cudagraphs"))
     )
