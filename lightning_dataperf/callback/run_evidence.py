@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning.pytorch as pl
@@ -135,11 +136,13 @@ def decode_placement_measured(result: Any) -> DecodePlacementMeasured | None:
     if result is None:
         return None
     measured = [trial for trial in result.trials if getattr(trial.setting, "gpu_share", None) is not None]
-    ends = {
-        share: max(at, key=lambda trial: trial.steps_per_sec)
-        for share in (0.0, 1.0)
-        if (at := [trial for trial in measured if trial.setting.gpu_share == share and trial.steps_per_sec > 0])
-    }
+    ends = {}
+    for share in (0.0, 1.0):
+        at = [trial for trial in measured if trial.setting.gpu_share == share and trial.steps_per_sec > 0]
+        # a trial cut before two rounds (error inf) stands for its end only where none was measured in full
+        at = [trial for trial in at if math.isfinite(trial.error)] or at
+        if at:
+            ends[share] = max(at, key=lambda trial: trial.steps_per_sec)
     if len(ends) < 2:
         return None
     kept = result.kept

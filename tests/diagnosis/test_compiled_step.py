@@ -170,12 +170,14 @@ def _trial(share: float | None, rate: float, workers: int = 4, error: float = 0.
 
 def test_the_online_loops_two_ends_are_read_from_its_trials():
     trials = [_trial(1.0, 39.0), _trial(0.0, 30.0, workers=4), _trial(0.0, 48.0, workers=8), _trial(0.5, 52.0)]
+    # cut before two rounds: its rate is no measurement to compare
+    trials.append(_trial(0.0, 60.0, workers=12, error=float("inf")))
     result = OnlineResult(start=trials[0], kept=trials[3], trials=trials)
     assert decode_placement_measured(result) == DecodePlacementMeasured(
         cpu_only=48.0, gpu_only=39.0, cpu_only_error=0.02, gpu_only_error=0.02, cpu_only_workers=8, kept_share=0.5,
         kept=52.0,
     )  # fmt: skip
-    one_end = OnlineResult(start=trials[0], kept=trials[0], trials=trials[:1] + trials[3:])
+    one_end = OnlineResult(start=trials[0], kept=trials[0], trials=trials[:1] + trials[3:4])
     assert decode_placement_measured(one_end) is None
     unsplit = [Measured(Setting(4, 2, True, 1), 40.0, 0.02, 40, 1.0)]
     assert decode_placement_measured(OnlineResult(start=unsplit[0], kept=unsplit[0], trials=unsplit)) is None
