@@ -133,8 +133,16 @@ def compiled_step_advice(evidence: Evidence) -> list[str]:
         return []
     occupants = sorted(_host_occupants(evidence), key=lambda occupant: occupant[0], reverse=True)
     if occupants:
+        largest, step = occupants[0][0], evidence.step_mean or 0.0
+        # a remedy for the largest only where it could account for a stage's worth of the step
+        remedy = (
+            occupants[0][2]
+            if largest >= SIGNIFICANT_SHARE * step
+            else "none of these takes a tenth of the step: what else holds the host was not measured (a profile "
+            "of a few steps with torch.profiler shows it)"
+        )
         measured = "; ".join(words for _, words, _ in occupants)
-        measured = f"measured on the host, largest first: {measured}; {occupants[0][2]}"
+        measured = f"measured on the host, largest first: {measured}; {remedy}"
     else:
         measured = (
             "what occupies the host was not measured this epoch (the host-gap probe's training-thread figures and "
