@@ -10,7 +10,7 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -23,8 +23,10 @@ __all__ = [
     "FETCH_HOOKS",
     "FetchHooks",
     "ProcessDataloaderHook",
+    "StepCompilation",
     "accept_connector_devices",
     "check_lightning_compatibility",
+    "compiled_step",
     "cuda_sleep",
     "fetching_loops",
     "forget_persistent_iterator",
@@ -330,3 +332,59 @@ class FetchHooks:
             original()
 
         return before_then_ours if ours_last else ours_then_after
+
+
+class StepCompilation(NamedTuple):
+    """How a LightningModule's step runs: compiled by ``torch.compile``, replaying CUDA graphs, or both."""
+
+    compiled: bool
+    cuda_graphs: bool
+
+
+def compiled_step(module: torch.nn.Module) -> StepCompilation | None:
+    """How ``module``'s training step runs, where it is not plain eager PyTorch (``None``: eager).
+
+    ``torch.compile`` is found where a Lightning user puts it: a compiled child (``self.net = torch.compile(net)``,
+    an ``OptimizedModule``), a child compiled in place (``net.compile()``), the LightningModule compiled whole
+    (``fit(torch.compile(module))``: Lightning's ``from_compiled`` keeps the compile in ``_compiler_ctx``), and
+    ``training_step`` wrapped by ``torch.compile``. CUDA graphs: the compile's ``cudagraphs`` backend, Inductor's
+    ``triton.cudagraphs`` (``mode="reduce-overhead"`` or ``"max-autotune"``), or a child's forward replaced by
+    ``torch.cuda.make_graphed_callables``.
+    """
+    try:
+        from torch._dynamo.eval_frame import OptimizeContext
+    except ImportError:  # a torch without Dynamo: nothing here can be compiled by it
+        return None
+    contexts, graphed = [], False
+    for child in module.modules():
+        contexts += [getattr(child, "dynamo_ctx", None), _wrapper_context(getattr(child, "_compiled_call_impl", None))]
+        forward = child.__dict__.get("forward")
+        # make_graphed_callables replaces the forward with a closure of its own
+        graphed |= "make_graphed_callables" in getattr(forward, "__qualname__", "")
+    compiler = getattr(module, "_compiler_ctx", None)
+    contexts += [compiler.get("dynamo_ctx") if isinstance(compiler, dict) else None]
+    contexts.append(_wrapper_context(getattr(module, "training_step", None)))
+    # torch.compiler.disable and torch._dynamo.run wrap the same way, without compiling
+    compiles = [context for context in contexts if isinstance(context, OptimizeContext)]
+    graphed |= any(_compiles_cuda_graphs(context) for context in compiles)
+    return StepCompilation(bool(compiles), graphed) if compiles or graphed else None
+
+
+def _wrapper_context(function: Any) -> Any:
+    """The dynamo context a ``torch.compile``d function was made by (its ``get_compiler_config`` closes over it)."""
+    from torch._dynamo.eval_frame import _TorchDynamoContext
+
+    getter = getattr(function, "get_compiler_config", None)
+    cells = getattr(getter, "__closure__", None) or ()
+    return next((cell.cell_contents for cell in cells if isinstance(cell.cell_contents, _TorchDynamoContext)), None)
+
+
+def _compiles_cuda_graphs(context: Any) -> bool:
+    """A dynamo context whose backend captures CUDA graphs: ``backend="cudagraphs"``, or Inductor's cudagraphs."""
+    from torch._dynamo.eval_frame import innermost_backend
+
+    backend = innermost_backend(getattr(context, "callback", None))
+    config = getattr(context, "compiler_config", None)
+    return getattr(backend, "compiler_name", None) == "cudagraphs" or (
+        isinstance(config, dict) and bool(config.get("triton.cudagraphs"))
+    )

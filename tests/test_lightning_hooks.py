@@ -20,7 +20,9 @@ from lightning_dataperf._lightning_hooks import (
     FETCH_HOOKS,
     FetchHooks,
     ProcessDataloaderHook,
+    StepCompilation,
     check_lightning_compatibility,
+    compiled_step,
     cuda_sleep,
     fetching_loops,
     forget_persistent_iterator,
@@ -229,3 +231,60 @@ def test_shared_storage_and_cuda_sleep_exist():
     if torch.cuda.is_available():
         cuda_sleep(1000)
         torch.cuda.synchronize()
+
+
+class Holder(pl.LightningModule):
+    """A LightningModule holding ``net`` as a child, as ``self.net = torch.compile(net)`` does."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+
+def test_torch_compile_is_found_where_a_lightning_user_puts_it():
+    # torch.compile wraps lazily: nothing here compiles, so the test needs no compiler
+    from lightning.pytorch.utilities.compile import from_compiled
+
+    net = torch.nn.Linear(2, 2)
+    eager, graphs = StepCompilation(True, False), StepCompilation(True, True)
+    assert compiled_step(Holder(net)) is None
+    assert compiled_step(Holder(torch.compile(net))) == eager
+    assert compiled_step(Holder(torch.compile(net, mode="reduce-overhead"))) == graphs
+    assert compiled_step(Holder(torch.compile(net, mode="max-autotune-no-cudagraphs"))) == eager
+    assert compiled_step(Holder(torch.compile(net, backend="cudagraphs"))) == graphs
+    assert compiled_step(Holder(torch.compile(net, options={"triton.cudagraphs": True}))) == graphs
+    assert compiled_step(Holder(torch.compiler.disable(net))) is None, "disabled is not compiled"
+    in_place = torch.nn.Linear(2, 2)
+    in_place.compile(mode="reduce-overhead")
+    assert compiled_step(Holder(in_place)) == graphs
+    # fit(torch.compile(module)): Lightning unwraps it with from_compiled and keeps the dynamo context
+    assert compiled_step(from_compiled(torch.compile(Holder(net)))) == eager
+    assert compiled_step(from_compiled(torch.compile(Holder(net), mode="reduce-overhead"))) == graphs
+
+    class CompiledStep(Holder):
+        @torch.compile(mode="reduce-overhead")
+        def training_step(self, batch, batch_idx):
+            return self.net(batch).sum()
+
+    assert compiled_step(CompiledStep(net)) == graphs
+
+
+def test_the_compile_internals_the_detection_reads():
+    from lightning.pytorch.utilities import compile as lightning_compile
+    from torch._dynamo.eval_frame import OptimizeContext, _TorchDynamoContext, innermost_backend
+    from torch.cuda import graphs
+
+    module = torch.compile(torch.nn.Linear(2, 2), mode="reduce-overhead")
+    assert isinstance(module.dynamo_ctx, OptimizeContext) and module.dynamo_ctx.compiler_config["triton.cudagraphs"]
+    assert (
+        innermost_backend(torch.compile(torch.nn.Linear(2, 2), backend="cudagraphs").dynamo_ctx.callback).compiler_name
+        == "cudagraphs"
+    )
+    function = torch.compile(lambda x: x + 1)
+    cells = [cell.cell_contents for cell in function.get_compiler_config.__closure__]
+    assert any(isinstance(cell, _TorchDynamoContext) for cell in cells), "get_compiler_config closes over its context"
+    assert '"dynamo_ctx": model.dynamo_ctx' in inspect.getsource(lightning_compile.from_compiled)
+    assert torch.nn.Linear(2, 2)._compiled_call_impl is None
+    # make_graphed_callables gives a module's forward a closure of its own (its qualified name names it)
+    source = inspect.getsource(graphs.make_graphed_callables)
+    assert "def new_fwd" in source and "func.forward = make_graphed_forward(" in source

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
+from lightning_dataperf._lightning_hooks import compiled_step
 from lightning_dataperf.autotune.trial import rated
-from lightning_dataperf.diagnosis.evidence import Evidence, MoreWorkersMeasured
+from lightning_dataperf.diagnosis.evidence import (
+    STEP_COMPILED,
+    STEP_COMPILED_CUDA_GRAPHS,
+    STEP_CUDA_GRAPHS,
+    DecodePlacementMeasured,
+    Evidence,
+    MoreWorkersMeasured,
+)
 from lightning_dataperf.loader.settings import LoaderFacts, first_loader
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.telemetry.hardware import Hardware, pcie_capacity_of_device
@@ -16,7 +25,15 @@ from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.timing.summary import EpochSummary
 from lightning_dataperf.transfer.strategies import SideStreamTransferMixin
 
-__all__ = ["autotune_seconds", "autotune_words", "gather_evidence", "more_workers_measured", "online_words"]
+__all__ = [
+    "autotune_seconds",
+    "autotune_words",
+    "decode_placement_measured",
+    "gather_evidence",
+    "more_workers_measured",
+    "online_words",
+    "step_compiled_words",
+]
 
 
 def gather_evidence(
@@ -50,6 +67,8 @@ def gather_evidence(
         loader_blind=loader_blind,
         measured_online=online_words(online) if stage is Stage.TRAIN else None,
         intra_op_threads=torch.get_num_threads(),
+        step_compiled=step_compiled_words(trainer.lightning_module),
+        decode_placement=decode_placement_measured(online) if stage is Stage.TRAIN else None,
     )
 
 
@@ -89,3 +108,51 @@ def more_workers_measured(result: Any) -> MoreWorkersMeasured | None:
 def autotune_seconds(result: Any) -> float:
     """What the autotune call cost this run: probe + search, or the cache lookup (``AutotuneResult.elapsed_s``)."""
     return float(result.elapsed_s)
+
+
+def step_compiled_words(module: torch.nn.Module | None) -> str | None:
+    """How the LightningModule's step runs, in the verdict's words (``None``: eager, or no module).
+
+    Example::
+
+        # a LightningModule holding self.net = torch.compile(net, mode="reduce-overhead")
+        step_compiled_words(model)   # "torch.compile (CUDA graphs)"
+    """
+    how = None if module is None else compiled_step(module)
+    if how is None:
+        return None
+    if how.compiled:
+        return STEP_COMPILED_CUDA_GRAPHS if how.cuda_graphs else STEP_COMPILED
+    return STEP_CUDA_GRAPHS
+
+
+def decode_placement_measured(result: Any) -> DecodePlacementMeasured | None:
+    """The online loop's fastest trial at ``gpu_share=0`` and at ``gpu_share=1`` (``None``: not both measured).
+
+    Example::
+
+        decode_placement_measured(datamodule.online_result)   # DecodePlacementMeasured(cpu_only=48.0, ...)
+    """
+    if result is None:
+        return None
+    measured = [trial for trial in result.trials if getattr(trial.setting, "gpu_share", None) is not None]
+    ends = {}
+    for share in (0.0, 1.0):
+        at = [trial for trial in measured if trial.setting.gpu_share == share and trial.steps_per_sec > 0]
+        # a trial cut before two rounds (error inf) stands for its end only where none was measured in full
+        at = [trial for trial in at if math.isfinite(trial.error)] or at
+        if at:
+            ends[share] = max(at, key=lambda trial: trial.steps_per_sec)
+    if len(ends) < 2:
+        return None
+    kept = result.kept
+    kept_share = None if kept is None else getattr(kept.setting, "gpu_share", None)
+    return DecodePlacementMeasured(
+        cpu_only=ends[0.0].steps_per_sec,
+        gpu_only=ends[1.0].steps_per_sec,
+        cpu_only_error=ends[0.0].error,
+        gpu_only_error=ends[1.0].error,
+        cpu_only_workers=ends[0.0].setting.num_workers,
+        kept_share=kept_share,
+        kept=None if kept_share is None else kept.steps_per_sec,
+    )

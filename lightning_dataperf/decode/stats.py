@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from lightning_dataperf.tags import DECODE_GROUP
 
-__all__ = ["DecodeStats"]
+__all__ = ["GPU_BACKENDS", "DecodeStats"]
+
+#: The decode libraries that decode on the GPU (``DecodeStats.backend``); ``"pil"`` is the CPU path.
+GPU_BACKENDS = ("torchvision", "nvjpeg", "nvimgcodec")
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,12 @@ class DecodeStats:
 
     def format(self) -> str:
         engine = "" if self.jpeg_util_percent is None else f", JPEG engine {self.jpeg_util_percent:.0f}% busy"
+        # PIL is the path without CUDA; a custom backend's place is not recorded, so none is claimed for it
+        where = " on the CPU" if self.backend == "pil" else " on the GPU" if self.backend in GPU_BACKENDS else ""
+        split = f", {self.cpu_share} of {self.images} images by the CPU workers" if self.cpu_share else ""
         return (
-            f"decode path ({self.backend or 'backend unknown'}): {self.batches} batches, per batch "
-            f"{1e3 * self.per_batch(self.decode_seconds):.2f} ms on the GPU, decode thread "
+            f"decode path ({self.backend or 'backend unknown'}): {self.batches} batches{split}, per batch "
+            f"{1e3 * self.per_batch(self.decode_seconds):.2f} ms{where} from decode to augment, decode thread "
             f"{1e3 * self.per_batch(self.submit_seconds):.2f} ms ({1e3 * self.per_batch(self.submit_cpu_seconds):.2f}"
             f" ms CPU; host barrier {1e3 * self.per_batch(self.barrier_seconds):.2f} ms), preparing "
             f"{1e3 * self.per_batch(self.prepare_seconds):.2f} ms; the step waited {1e3 * self.wait_per_take:.2f} ms "

@@ -9,10 +9,23 @@ from lightning_dataperf.loader.settings import LoaderFacts
 from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.timing.summary import EpochSummary
 
-__all__ = ["STRAGGLER_RATIO", "Evidence", "MoreWorkersMeasured"]
+__all__ = [
+    "STEP_COMPILED",
+    "STEP_COMPILED_CUDA_GRAPHS",
+    "STEP_CUDA_GRAPHS",
+    "STRAGGLER_RATIO",
+    "DecodePlacementMeasured",
+    "Evidence",
+    "MoreWorkersMeasured",
+]
 
 #: One rank waiting for data at least this many times longer than the fastest is a straggler.
 STRAGGLER_RATIO = 1.5
+
+#: How the training step runs where it is not eager (``Evidence.step_compiled``), in the verdict's words.
+STEP_COMPILED = "torch.compile"
+STEP_COMPILED_CUDA_GRAPHS = "torch.compile (CUDA graphs)"
+STEP_CUDA_GRAPHS = "CUDA graphs (torch.cuda.make_graphed_callables)"
 
 
 @dataclass(frozen=True)
@@ -27,6 +40,25 @@ class MoreWorkersMeasured:
     pick: int
     workers: int
     change: float  # its rate against the pick's, relative (-0.13: 13% slower)
+
+
+@dataclass(frozen=True)
+class DecodePlacementMeasured:
+    """The online loop's fastest measured step rate at each end of the split decode, on this run's steps.
+
+    Example::
+
+        DecodePlacementMeasured(cpu_only=48.0, gpu_only=39.0, cpu_only_error=0.02, gpu_only_error=0.03,
+                                cpu_only_workers=8, kept_share=0.5, kept=52.0)
+    """
+
+    cpu_only: float  # steps/s at gpu_share=0: the loader's workers decode every image
+    gpu_only: float  # steps/s at gpu_share=1: the GPU path decodes every image
+    cpu_only_error: float  # relative standard errors of the two rates
+    gpu_only_error: float
+    cpu_only_workers: int  # the workers of the fastest CPU-only trial
+    kept_share: float | None = None  # the gpu_share the loop kept, and its rate (None: none kept yet)
+    kept: float | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +85,13 @@ class Evidence:
     loader_blind: str | None = None  # why the loader's inside was not measured, when it was not
     measured_online: str | None = None  # what the online loop measured on this run's steps, when it ran
     intra_op_threads: int | None = None  # torch.get_num_threads() of the training process
+    step_compiled: str | None = None  # how the step runs where not eager: STEP_COMPILED, ... (None: eager)
+    decode_placement: DecodePlacementMeasured | None = None  # the online loop's split-decode ends, when measured
+
+    @property
+    def step_graphed(self) -> bool:
+        """The step replays CUDA graphs: one launch per step, almost no CPU work in the training thread."""
+        return self.step_compiled in (STEP_COMPILED_CUDA_GRAPHS, STEP_CUDA_GRAPHS)
 
     def timing(self, name: str, statistic: str = "mean") -> float | None:
         summary = self.summary.timings.get(name)

@@ -25,7 +25,9 @@ def compute_bound(evidence: Evidence) -> Finding | None:
         return None
     share = compute / step if step else 1.0
     if evidence.summary.on_device:
-        advice = ["profile the model (torch.profiler), use mixed precision, torch.compile, larger batches"]
+        # a compiled step is not sent to torch.compile again
+        compile_it = "" if evidence.step_compiled else " torch.compile,"
+        advice = [f"profile the model (torch.profiler), use mixed precision,{compile_it} larger batches"]
     else:
         # bf16 and torch.compile measured slower or no faster for small models on the CPU (issue 37)
         advice = ["profile the model (torch.profiler); on the CPU try larger batches and the intra-op threads"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from lightning_dataperf.decode.stats import DecodeStats
+import math
+
+from lightning_dataperf.decode.stats import GPU_BACKENDS, DecodeStats
 from lightning_dataperf.diagnosis.evidence import Evidence
 
-__all__ = ["GPU_BACKENDS", "compile_prediction", "decoded_on", "gpu_decode_cause"]
-
-#: The decode libraries that decode on the GPU (``DecodeStats.backend``); ``"pil"`` is the CPU path.
-GPU_BACKENDS = ("torchvision", "nvjpeg", "nvimgcodec")
+__all__ = ["GPU_BACKENDS", "compile_prediction", "decoded_on", "gpu_decode_cause", "placement_words"]
 
 #: The JPEG engines busier than this (NVML's share of time with an engine at work) are the decode path's limit:
 #: past it a batch's images queue behind the previous batch's, as a CPU past its cores does.
@@ -28,7 +27,7 @@ COMPILE_RECIPE = (
 
 def compile_prediction(evidence: Evidence, decode: DecodeStats) -> str | None:
     """What compiling the step would give on an eager GPU-decode run, from the measured host gap: ``None``
-    where the host-gap probe did not run or found the step's gap small.
+    where the step is already compiled, or the host-gap probe did not run or found the step's gap small.
 
     Compiled with CUDA graphs, the step's host gap goes (the GPU no longer waits for the training thread's
     launches) and the training thread leaves the GIL to the decode threads, so the step is bound by the GPU's
@@ -39,6 +38,8 @@ def compile_prediction(evidence: Evidence, decode: DecodeStats) -> str | None:
     """
     gap = evidence.summary.host_gap
     step = evidence.step_mean
+    if evidence.step_compiled is not None:
+        return None
     if gap is None or not step or gap.gpu_busy_s <= 0 or gap.gap_share < HOST_GAP_SHARE:
         return None
     pace = max(
@@ -72,17 +73,61 @@ def gpu_decode_cause(evidence: Evidence, decode: DecodeStats) -> tuple[str, str,
     wall, cpu = decode.per_batch(decode.submit_seconds), decode.per_batch(decode.submit_cpu_seconds)
     gpu, engine = decode.per_batch(decode.decode_seconds), decode.jpeg_util_percent
     where = decoded_on(evidence, decode)
+    split = (
+        f", {100 * decode.cpu_share / decode.images:.0f}% of the images by the CPU workers" if decode.cpu_share else ""
+    )
     facts = (
         f"the step waited {1e3 * decode.wait_per_take:.1f} ms per batch for decoded images, with "
-        f"{decode.lookahead_mean:.1f} of them ready on average ({decode.backend or where} decode)"
+        f"{decode.lookahead_mean:.1f} of them ready on average ({decode.backend or where} decode{split})"
     )
     if where == "CPU":
         return _on_cpu(decode, facts, wall)
     kind, words, advice = _cause(evidence, decode, facts, wall, cpu, gpu, engine, step)
-    compiled = compile_prediction(evidence, decode)
-    if compiled is not None:
-        advice = [*advice, compiled]
-    return kind, words, advice
+    extra = [compile_prediction(evidence, decode), placement_words(evidence)]
+    return kind, words, [*advice, *(line for line in extra if line is not None)]
+
+
+#: Two step rates closer than this many of their combined standard errors are not called faster or slower.
+PLACEMENT_NOISE = 2.0
+
+
+def placement_words(evidence: Evidence) -> str | None:
+    """Where the decode measured faster on this run's steps: the online loop's CPU-workers-only and GPU-only
+    ends of the split decode, with their rates (``None``: the loop did not measure both).
+
+    Example::
+
+        placement_words(evidence)
+        # "measured by the online loop on this run's steps: the CPU workers alone (gpu_share=0, 8 workers) 48.0
+        #  steps/s (6144 images/s), the GPU decode alone (gpu_share=1) 39.0 steps/s (4992 images/s): ..."
+    """
+    placed = evidence.decode_placement
+    if placed is None:
+        return None
+    decode = evidence.summary.decode
+    per_batch = decode.images / decode.batches if decode is not None and decode.batches else None
+
+    def rate(steps: float) -> str:
+        return f"{steps:.1f} steps/s" + (f" ({steps * per_batch:.0f} images/s)" if per_batch else "")
+
+    cpu, gpu = placed.cpu_only, placed.gpu_only
+    noise = PLACEMENT_NOISE * math.hypot(cpu * placed.cpu_only_error, gpu * placed.gpu_only_error)
+    if abs(cpu - gpu) <= noise:
+        verdict = "the two ends measured the same within their noise"
+    elif cpu > gpu:
+        verdict = f"the CPU workers decode faster here, {cpu / gpu:.2f}x the GPU decode's rate"
+    else:
+        verdict = f"the GPU decode is faster here, {gpu / cpu:.2f}x the CPU workers' rate"
+    kept = (
+        f"; the loop kept gpu_share={placed.kept_share:g} at {rate(placed.kept)}"
+        if placed.kept_share is not None and placed.kept is not None
+        else ""
+    )
+    return (
+        f"measured by the online loop on this run's steps: the CPU workers alone (gpu_share=0, "
+        f"{placed.cpu_only_workers} workers) {rate(cpu)}, the GPU decode alone (gpu_share=1) {rate(gpu)}: "
+        f"{verdict}{kept}"
+    )
 
 
 def decoded_on(evidence: Evidence, decode: DecodeStats) -> str:
@@ -152,9 +197,8 @@ def _cause(
                 f"{facts}; the decode thread needs {1e3 * wall:.1f} ms per batch ({1e3 * cpu:.1f} ms of its own CPU, "
                 f"the rest waiting for the GIL or a core) for a {1e3 * step:.1f} ms step, and the JPEG engines are "
                 + ("not measured" if engine is None else f"only {engine:.0f}% busy")
-                + ": the submission binds, not the decoder; fewer Python calls in the training step (torch.compile, "
-                "CUDA graphs) leave the decode thread more of the GIL, and graph_augment=True keeps the augment "
-                "to one launch"
+                + ": the submission binds, not the decoder; "
+                + _fewer_python_calls(evidence)
             ],
         )
     if gpu >= DECODE_PACE_SHARE * step:
@@ -200,4 +244,19 @@ def _call_advice(facts: str, call: float, step: float, engine: float | None) -> 
         "on the GPU, which wait behind the step's work, so beside a step that keeps the GPU busy a batch decodes "
         "at a fraction of its idle rate, with every decode library tried; store the images smaller (fewer pixels "
         "to decode), or spread the decode over more GPUs"
+    )
+
+
+def _fewer_python_calls(evidence: Evidence) -> str:
+    """How the training thread can leave the decode thread more of the GIL: compiling, unless it is compiled."""
+    if evidence.step_compiled is None:
+        return (
+            "fewer Python calls in the training step (torch.compile, CUDA graphs) leave the decode thread more of "
+            "the GIL, and graph_augment=True keeps the augment to one launch"
+        )
+    return (
+        f"the step is already compiled ({evidence.step_compiled}): the training thread's remaining Python (per-step "
+        "logging, host syncs such as .item()) and a lower gpu_share (the loader's workers decode the rest, "
+        "GpuDecodeLoader(gpu_share=...)) leave the decode thread more of the GIL; graph_augment=True keeps the "
+        "augment to one launch"
     )

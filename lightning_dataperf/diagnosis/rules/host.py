@@ -5,9 +5,10 @@ from __future__ import annotations
 from lightning_dataperf import tags
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.findings import Finding
+from lightning_dataperf.diagnosis.rules.decode import placement_words
 from lightning_dataperf.diagnosis.rules.thresholds import SIGNIFICANT_SHARE
 
-__all__ = ["HOST_OVERHEAD_SHARE", "host_bound", "host_gap"]
+__all__ = ["HOST_OVERHEAD_SHARE", "compiled_step_advice", "host_bound", "host_gap"]
 
 #: CPU runs: per-step overhead (hooks, callbacks, logging) below this share of the step is not named. Higher
 #: than SIGNIFICANT_SHARE because it is a remainder (step less compute, wait and copy): it also holds the
@@ -45,7 +46,8 @@ def _device_starved_by_host(evidence: Evidence) -> Finding | None:
         headline=f"host-bound: the GPU idles {100 * share:.0f}% of the step though the host is not waiting for data",
         share=share,
         evidence={"device_idle_ms": 1e3 * idle, "device_span_ms": 1e3 * compute, "data_loading_ms": 1e3 * wait},
-        advice=[
+        advice=compiled_step_advice(evidence)
+        or [
             "Python or kernel-launch overhead dominates: use a larger batch, torch.compile or CUDA graphs, "
             "and avoid per-step host syncs (.item(), .cpu(), printing tensors)",
         ],
@@ -101,14 +103,99 @@ def host_gap(evidence: Evidence) -> Finding | None:
             f"{1e3 * (step - gap.host_gap_s):.1f} ms instead of {1e3 * step:.1f} ms without the gap",
         ]
     else:
-        headline = f"host-bound: inside each step the GPU waits {100 * share:.0f}% of the time for kernel launches"
         without = step - gap.host_gap_s
-        advice = [
-            "Python or kernel-launch overhead inside the step: torch.compile or CUDA graphs, a larger batch, and no "
-            f"per-step host syncs (.item(), .cpu()); without the gap a step would take {1e3 * without:.1f} ms "
-            f"instead of {1e3 * step:.1f} ms",
-        ]
+        headline = f"host-bound: inside each step the GPU waits {100 * share:.0f}% of the time for kernel launches"
+        if advice := compiled_step_advice(evidence):
+            headline = (
+                f"host-bound: inside each compiled step the GPU waits {100 * share:.0f}% of the time for the host"
+            )
+            advice[0] += f"; without the gap a step would take {1e3 * without:.1f} ms instead of {1e3 * step:.1f} ms"
+        else:
+            advice = [
+                "Python or kernel-launch overhead inside the step: torch.compile or CUDA graphs, a larger batch, and "
+                f"no per-step host syncs (.item(), .cpu()); without the gap a step would take {1e3 * without:.1f} ms "
+                f"instead of {1e3 * step:.1f} ms",
+            ]
     return Finding(kind="host_bound", headline=headline, share=share, evidence=numbers, advice=advice)
+
+
+def compiled_step_advice(evidence: Evidence) -> list[str]:
+    """A compiled step kept waiting by its host: what the host was measured doing, largest first, and what
+    shortens the largest; ``[]`` where the step is not compiled (the rules then advise compiling it).
+
+    Example::
+
+        compiled_step_advice(evidence)[0]
+        # "the step is already compiled (torch.compile (CUDA graphs)): compiling again does not remove this wait;
+        #  measured on the host, largest first: the training thread ran 8.0 ms on a CPU per 20.0-ms profiled ..."
+    """
+    if evidence.step_compiled is None:
+        return []
+    occupants = sorted(_host_occupants(evidence), key=lambda occupant: occupant[0], reverse=True)
+    if occupants:
+        largest, step = occupants[0][0], evidence.step_mean or 0.0
+        # a remedy for the largest only where it could account for a stage's worth of the step
+        remedy = (
+            occupants[0][2]
+            if largest >= SIGNIFICANT_SHARE * step
+            else "none of these takes a tenth of the step: what else holds the host was not measured (a profile "
+            "of a few steps with torch.profiler shows it)"
+        )
+        measured = "; ".join(words for _, words, _ in occupants)
+        measured = f"measured on the host, largest first: {measured}; {remedy}"
+    else:
+        measured = (
+            "what occupies the host was not measured this epoch (the host-gap probe's training-thread figures and "
+            "the decode path's come from CUDA runs: DataPerfCallback(host_gap_probe=...), GpuDecodeLoader)"
+        )
+    compiled = f"the step is already compiled ({evidence.step_compiled}): compiling again does not remove this wait"
+    advice = [f"{compiled}; {measured}"]
+    if (placement := placement_words(evidence)) is not None:
+        advice.append(placement)
+    return advice
+
+
+#: What shortens each thing the host was measured doing (``_host_occupants``), said for the largest.
+TRAINING_THREAD_REMEDY = (
+    "to shorten the training thread's part: no per-step host syncs (.item(), .cpu(), printing tensors) in "
+    "training_step, log less often (log_every_n_steps), or a larger batch (fewer steps for the same images)"
+)
+DECODE_THREADS_REMEDY = (
+    "the decode path's threads run in this process beside the training thread: a lower gpu_share moves part of "
+    "each batch to the loader's workers (GpuDecodeLoader(gpu_share=...), docs/gpu_decode.md)"
+)
+HANDOVER_REMEDY = "the batches arrive late: the input-bound finding, where the wait makes one, says why"
+
+
+def _host_occupants(evidence: Evidence) -> list[tuple[float, str, str]]:
+    """``(seconds per step, words, remedy)`` for each thing measured on the host: the training thread, the decode
+    path's threads in this process, the batch's hand-over from the loader."""
+    found: list[tuple[float, str, str]] = []
+    if (gap := evidence.summary.host_gap) is not None and gap.main_cpu_fraction is not None:
+        span = gap.profiled_span_s or gap.span_s
+        queued = "" if gap.main_runqueue_s is None else f", and waited {1e3 * gap.main_runqueue_s:.1f} ms for a core"
+        words = (
+            f"the training thread ran {1e3 * gap.main_cpu_fraction * span:.1f} ms on a CPU per {1e3 * span:.1f}-ms "
+            f"profiled step (Python in training_step, the optimizer, Lightning's loop, the launches){queued}"
+        )
+        found.append((gap.main_cpu_fraction * span, words, TRAINING_THREAD_REMEDY))
+    if (decode := evidence.summary.decode) is not None and decode.batches:
+        call, submit = decode.per_batch(decode.call_seconds), decode.per_batch(decode.submit_seconds)
+        prepare, own = decode.per_batch(decode.prepare_seconds), decode.per_batch(decode.submit_cpu_seconds)
+        threads = [
+            (call, f"the decode library's call {1e3 * call:.1f} ms per batch (a thread of its own)"),
+            (submit, f"the decode thread {1e3 * submit:.1f} ms per batch ({1e3 * own:.1f} ms its own CPU)"),
+            (prepare, f"preparing each batch {1e3 * prepare:.1f} ms (a thread of its own)"),
+        ]
+        found += [(seconds, words, DECODE_THREADS_REMEDY) for seconds, words in threads if seconds]
+        if decode.takes:
+            wait = decode.wait_per_take
+            words = f"the hand-over: the step waited {1e3 * wait:.1f} ms per batch for decoded images"
+            found.append((wait, words, HANDOVER_REMEDY))
+    elif (fetch := evidence.timing(tags.DATA_LOADING)) is not None:
+        words = f"the hand-over: the host waited {1e3 * fetch:.1f} ms per step in the loader's next()"
+        found.append((fetch, words, HANDOVER_REMEDY))
+    return found
 
 
 def _loop_overhead(evidence: Evidence) -> Finding | None:
