@@ -358,3 +358,31 @@ def decode_backends(names=("nvimgcodec", "nvjpeg", "torchvision")) -> list:
             missing = True
         params.append(pytest.param(name, marks=pytest.mark.skipif(missing, reason=f"{name} not importable")))
     return params
+
+
+class FakeClock:
+    """A host clock that only moves when the test says so (patched in for ``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def recorded_evidence(monkeypatch) -> list:
+    """Every ``Evidence`` the callback gathers during the test, in order."""
+    from lightning_dataperf.callback import callback as callback_module
+
+    gathered: list = []
+    gather = callback_module.gather_evidence
+
+    def recording(*args, **kwargs):
+        gathered.append(gather(*args, **kwargs))
+        return gathered[-1]
+
+    monkeypatch.setattr(callback_module, "gather_evidence", recording)
+    return gathered

@@ -7,7 +7,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import SleepyModel, scalar_tags, sleepy_loader, trainer_kwargs
+from helpers import FakeClock, SleepyModel, scalar_tags, sleepy_loader, trainer_kwargs
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from torch.utils.data import DataLoader
 
@@ -217,19 +217,6 @@ def test_tensorboard_logger_explicit(tmp_path):
     )
     trainer.fit(SleepyModel(), sleepy_loader(16, 4, 0.0))
     assert "Time/Compute" in scalar_tags(trainer.logger.log_dir).Tags()["scalars"]
-
-
-class FakeClock:
-    """A host clock that only moves when the dataset or the model says so (patched perf_counter)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class ClockedDataset(torch.utils.data.Dataset):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import SleepyModel, trainer_kwargs
+from helpers import FakeClock, SleepyModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, Dataset
 
@@ -15,17 +15,6 @@ from lightning_dataperf import DataPerfCallback
 BATCH = 4
 # of every four batches: 0 is trained on, 1 and 2 the step skips (returns None), 3 the loader yields as None
 REAL, NONE_BATCH = 0, 3
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Samples(Dataset):

@@ -9,10 +9,9 @@ import dataclasses
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers import SleepyModel, sleepy_loader, trainer_kwargs
+from helpers import SleepyModel, recorded_evidence, sleepy_loader, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
-from lightning_dataperf.callback import callback as callback_module
 from lightning_dataperf.decode.stats import DecodeStats
 from lightning_dataperf.diagnosis.evidence import (
     STEP_COMPILED,
@@ -106,14 +105,7 @@ def test_the_decode_figures_say_where_the_decode_ran():
 
 @pytest.mark.cuda
 def test_a_reduce_overhead_model_is_a_cuda_graph_step_and_not_told_to_compile(tmp_path, monkeypatch):
-    gathered: list[Evidence] = []
-    gather = callback_module.gather_evidence
-
-    def recording(*args, **kwargs):
-        gathered.append(gather(*args, **kwargs))
-        return gathered[-1]
-
-    monkeypatch.setattr(callback_module, "gather_evidence", recording)
+    gathered: list[Evidence] = recorded_evidence(monkeypatch)
     model = SleepyModel()
     model.layer = torch.compile(model.layer, mode="reduce-overhead")
     perf = DataPerfCallback(print_summary=False)

@@ -9,11 +9,10 @@ import dataclasses
 import lightning.pytorch as pl
 import torch
 from evidence_fakes import summary
-from helpers import SleepyModel, sleepy_loader, trainer_kwargs
+from helpers import SleepyModel, recorded_evidence, sleepy_loader, trainer_kwargs
 
 from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting
-from lightning_dataperf.callback import callback as callback_module
 from lightning_dataperf.callback.run_evidence import decode_placement_measured, step_compiled_words
 from lightning_dataperf.decode.stats import DecodeStats
 from lightning_dataperf.diagnosis.diagnose import diagnose
@@ -187,14 +186,7 @@ def test_the_online_loops_two_ends_are_read_from_its_trials():
 
 
 def test_a_fit_with_a_compiled_model_gives_the_verdict_a_compiled_step(tmp_path, monkeypatch):
-    gathered: list[Evidence] = []
-    gather = callback_module.gather_evidence
-
-    def recording(*args, **kwargs):
-        gathered.append(gather(*args, **kwargs))
-        return gathered[-1]
-
-    monkeypatch.setattr(callback_module, "gather_evidence", recording)
+    gathered: list[Evidence] = recorded_evidence(monkeypatch)
     model = SleepyModel()
     # backend="eager": Dynamo traces the step, no C++ compile; found the same way as Inductor's
     model.layer = torch.compile(model.layer, backend="eager")
