@@ -29,7 +29,7 @@ from lightning_dataperf.autotune.online import (
     refusal,
 )
 from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey
-from lightning_dataperf.datamodule.online_ddp import SYNC_EVERY, WATCH_EVERY, Decision, DistributedResult, RankSync
+from lightning_dataperf.datamodule.online_ddp import WATCH_EVERY, Decision, DistributedResult, RankSync, sync_every
 from lightning_dataperf.datamodule.online_start import loader_words, saved_setting, saver
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.loader.wrapping import Layer, wrap_iterators
@@ -157,7 +157,7 @@ class OnlineTuner:
         decision = None
         if sync.rank == 0:
             phase = loop.phase
-            every = WATCH_EVERY if phase is Phase.WATCHING else SYNC_EVERY
+            every = sync.every * (WATCH_EVERY if phase is Phase.WATCHING else 1)
             decision = Decision(self.held, phase is not Phase.DONE, every, loop.result)
         received = sync.exchange(decision, self.current)
         self.held = None
@@ -323,7 +323,8 @@ def attach_online(
     saved, said = saved_setting(trainer, key)
     start = saved or user
     ranks = trainer.world_size > 1
-    sync = RankSync(trainer.strategy, local_ranks=max(1, int(trainer.num_devices))) if ranks else None
+    every = sync_every(int((options or {}).get("max_batches", 200)))
+    sync = RankSync(trainer.strategy, max(1, int(trainer.num_devices)), every) if ranks else None
     tuner = OnlineTuner(
         trainer,
         start,
@@ -351,7 +352,7 @@ def attach_online(
     if ranks:
         notes.append(
             f"online tuning under DDP: rank zero decides for all {trainer.world_size} ranks, each switching at the"
-            f" same batch (sync points every {SYNC_EVERY} batches while it searches); each rank's data wait gathered"
+            f" same batch (sync points every {every} batches while it searches); each rank's data wait gathered"
         )
     if said:
         notes.append(f"online tuning: {said}" + (f" ({saved.describe()})" if saved is not None else ""))

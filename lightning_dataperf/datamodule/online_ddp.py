@@ -10,13 +10,20 @@ import torch
 
 from lightning_dataperf.autotune.online import OnlineResult, Setting
 
-__all__ = ["SYNC_EVERY", "WATCH_EVERY", "Decision", "DistributedResult", "RankSync", "RankWaits"]
+__all__ = ["SYNC_EVERY", "WATCH_EVERY", "Decision", "DistributedResult", "RankSync", "RankWaits", "sync_every"]
 
-#: Training batches between two sync points while the search runs: a decision waits at most this long, and the
-#: collectives (a CUDA synchronization on NCCL) come this rarely.
+#: Training batches between two sync points while the search runs, at most: a decision waits that long, and the
+#: collectives (a CUDA synchronization on NCCL) come that rarely.
 SYNC_EVERY = 16
-#: Between two sync points while the kept setting is watched for drift (a look again is rare; the sync is not free).
-WATCH_EVERY = 8 * SYNC_EVERY
+#: Sync points while the kept setting is watched for drift are this many times further apart (a look again is rare).
+WATCH_EVERY = 8
+
+
+def sync_every(max_batches: int) -> int:
+    """Batches between sync points for trials of ``max_batches`` at most: an eighth of a trial (a held decision
+    wastes little of one), from 4 (the collectives' cost spread) to :data:`SYNC_EVERY`."""
+    return max(4, min(SYNC_EVERY, max_batches // 8))
+
 
 #: A rank waits this many times the median rank's wait per batch (and 1 ms more) under a setting: a straggler.
 STRAGGLER = 2.0
@@ -106,7 +113,7 @@ class RankSync:
 
         sync = RankSync(trainer.strategy, local_ranks=trainer.num_devices)
         if sync.due(has_batch=True):
-            decision = sync.exchange(held, active=True, every=SYNC_EVERY, result=loop.result, in_use=setting)
+            decision = sync.exchange(Decision(held, True, sync.every, loop.result), in_use=setting)
     """
 
     def __init__(self, strategy: Any, local_ranks: int, every: int = SYNC_EVERY) -> None:
@@ -115,7 +122,7 @@ class RankSync:
         self.node = self.rank // max(1, local_ranks)
         self.batches = 0
         """Batches fetched on this rank in this fit (the same count on every rank at each fetch)."""
-        self.next_at = every
+        self.every = self.next_at = every
         self.active = True
         self.wait_s, self.waited = 0.0, 0
 
