@@ -29,7 +29,7 @@ from gpu_decode import PilDataset, make_set
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_dataperf import TunedDataModule, probe_hardware, recommend_loader_settings
+from lightning_dataperf import OnlineTuning, TunedDataModule, probe_hardware, recommend_loader_settings
 
 ROOT_DIR = tempfile.mkdtemp(prefix="dataperf_online_jpeg_")
 BATCH = 128
@@ -130,7 +130,7 @@ def main() -> None:
     best = max(median, key=median.get)
     top = ceiling(samples, args.seconds, args.smoke)
 
-    module = Jpegs(samples, args.start, autotune="online")
+    module = Jpegs(samples, args.start, autotune=OnlineTuning())
     clock = StepClock(args.online_seconds, skip=0)
     started = time.perf_counter()
     fit(Classifier(args.smoke), module, [clock], epochs=400)

@@ -102,10 +102,14 @@ def _report_paths(args: argparse.Namespace, run_directory: Path) -> tuple[Path, 
     """Where the PNG (and the page) go: ``--out`` (a file, or a folder), else the run's own folder; an error's
     text instead where the suffix is not ``.png`` or an earlier report would be replaced without ``--force``."""
     png = Path(args.out) if args.out else run_directory / REPORT_NAME
-    if png.is_dir():
+    # "DIR/", an existing folder or a name without a suffix means a folder (made if missing), not a file
+    if png.is_dir() or (args.out and (args.out.endswith(("/", os.sep)) or not png.suffix)):
         png = png / REPORT_NAME
     if png.suffix.lower() != ".png":
-        return f"--out {args.out}: the report is a PNG; pass a path ending in .png (the page goes next to it)."
+        return (
+            f"--out {args.out}: the report is a PNG; pass a path ending in .png (the page goes next to it), "
+            f"or a folder to write {REPORT_NAME} into."
+        )
     page = png.with_suffix(".html") if args.html else None
     existing = [str(path) for path in (png, page) if path is not None and path.exists()]
     if existing and not args.force:
@@ -124,6 +128,8 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         run = load_run(args.logdir, run=args.run)
     except (FileNotFoundError, LookupError) as error:
         return _fail(str(error))
+    for skipped in run.skipped:
+        print(f"lightning-dataperf report: warning: {skipped}", file=sys.stderr)
     paths = _report_paths(args, run.directory)
     if isinstance(paths, str):
         return _fail(paths)
@@ -185,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--out",
         metavar="PATH",
-        help=f"PNG path, or a folder for {REPORT_NAME} (default: {REPORT_NAME} in the folder of the run drawn)",
+        help=f"PNG path, or a folder for {REPORT_NAME}, made if missing (default: {REPORT_NAME} in the folder of "
+        "the run drawn)",
     )
     report.add_argument(
         "--html",

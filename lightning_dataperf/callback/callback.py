@@ -14,24 +14,22 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import FetchHooks, ProcessDataloaderHook, global_step_reader
 from lightning_dataperf.batches import BatchSizer
 from lightning_dataperf.callback.evaluation_hooks import install_evaluation_hooks
 from lightning_dataperf.callback.run_evidence import autotune_seconds, gather_evidence
-from lightning_dataperf.callback.stage_timer import StageTimer
+from lightning_dataperf.callback.several import OnePerStage
+from lightning_dataperf.callback.stage_timer import StageTimer, look_inside
 from lightning_dataperf.diagnosis.diagnose import diagnose
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.findings import Diagnosis
 from lightning_dataperf.loader.preflight import FitPreflight, Problem
-from lightning_dataperf.loader.probe import instrument, uninstrument
-from lightning_dataperf.loader.settings import is_gpu_decode_loader
 from lightning_dataperf.report.loggers import log_metrics
 from lightning_dataperf.report.outputs import EpochOutputs
 from lightning_dataperf.tags import Stage
-from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
+from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware, trainer_ranks
 from lightning_dataperf.telemetry.stats import SystemStats
 from lightning_dataperf.telemetry.system_sampler import SystemSampler
 from lightning_dataperf.telemetry.watchdog import HangReport, HangWatchdog
@@ -44,7 +42,7 @@ __all__ = ["DataPerfCallback"]
 _SEQUENCES = (list, tuple)
 
 
-class DataPerfCallback(Callback):
+class DataPerfCallback(OnePerStage):
     r"""Time every batch fetch, host-to-device transfer and step, and say what binds.
 
     Logged through every attached logger, keyed by global step, at ``log_every_n_steps`` (means over
@@ -69,7 +67,8 @@ class DataPerfCallback(Callback):
         log_every_n_steps: overrides the Trainer's ``log_every_n_steps``.
         print_summary: print the epoch table and verdict on rank zero.
         write_json: append each epoch's summary and verdict to ``<log_dir>/dataperf_summaries.jsonl``.
-        stages: which loops to time: one name (``"train"``) or several (``("train", "val")``).
+        stages: which loops to time: one name (``"train"``) or several (``("train", "val")``). Several callbacks
+            in one Trainer each time their own stages (``stages="train"`` and ``stages="val"``), never the same.
         telemetry: run the system sampler thread.
         telemetry_interval: seconds between system readings.
         data_path: where the dataset lives, so disk metrics watch that device (else all disks).
@@ -146,6 +145,7 @@ class DataPerfCallback(Callback):
         self._train_epochs_started, self._logged_step, self._logged_batches = 0, -1, 0
         self._batch_size = BatchSizer(batch_size_fn)
         self._host_gap_option = host_gap_probe
+        self._automatic = True  # the module's automatic_optimization, read per epoch (skipped steps)
 
     @property
     def last_summary(self) -> EpochSummary | None:
@@ -160,6 +160,7 @@ class DataPerfCallback(Callback):
     # ------------------------------------------------------------------ lifecycle
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.check_stages_apart(trainer)
         device = trainer.strategy.root_device
         self._timers = {name: StageTimer(StepClock(device, self._clock), name) for name in self.stages}
         self._hooks.install(trainer)
@@ -173,7 +174,7 @@ class DataPerfCallback(Callback):
         self._train_epochs_started = 0
         self._preflight.batch_checked = False
         self._logged_step, self._logged_batches = -1, 0
-        self.hardware = probe_hardware(self.data_path, accelerator=device.type)
+        self.hardware = probe_hardware(self.data_path, accelerator=device.type, local_ranks=trainer_ranks(trainer))
         if self.telemetry:
             cuda_device = device.index if device.type == "cuda" else None
             self.sampler = SystemSampler(self.telemetry_interval, cuda_device, self.data_path)
@@ -208,15 +209,7 @@ class DataPerfCallback(Callback):
 
     def _on_loader(self, loader: Any, running_stage: Any) -> Any:
         """Every loader Lightning sets up passes here (before its iterator exists): look inside training's."""
-        timer = self._timers.get(Stage.TRAIN)
-        if timer is not None and running_stage == "train":  # RunningStage.TRAINING
-            timer.probes += [probe] if (probe := instrument(loader)) not in timer.probes else []
-            if is_gpu_decode_loader(loader):
-                timer.watch_decode(loader)
-        else:
-            # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches
-            uninstrument(loader)
-        return loader
+        return look_inside(self._timers.get(Stage.TRAIN), loader, running_stage)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -323,6 +316,7 @@ class DataPerfCallback(Callback):
         self._log_every = every = self.log_every_n_steps or trainer.log_every_n_steps or 1  # per optimizer step
         self._stuck_after = 4 * every * max(1, trainer.accumulate_grad_batches)
         self._global_step = global_step_reader(trainer)
+        self._automatic = pl_module.automatic_optimization
         self._epoch_started(trainer, Stage.TRAIN, anchor)
         if self.sampler is not None:
             self.sampler.reset_epoch()
@@ -350,6 +344,10 @@ class DataPerfCallback(Callback):
         timer = self._train
         if timer is None or not timer.active:
             return
+        # Lightning's skipped batch: a None batch gives outputs None; a training_step returning None gives {}
+        # under automatic optimization (manual optimization returns {} for every step that returns nothing)
+        if outputs is None or (self._automatic and type(outputs) is dict and not outputs):
+            return timer.skip_batch()
         # samples_in's answer for the common (tensor, ...) batch, without its calls (the hot path is cache-cold)
         first = batch[0] if type(batch) in _SEQUENCES and batch and self.batch_size_fn is None else None
         if type(first) is torch.Tensor:

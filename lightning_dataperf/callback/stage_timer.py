@@ -8,7 +8,8 @@ from typing import Any
 
 from lightning_dataperf import tags
 from lightning_dataperf.decode.stats import DecodeStats
-from lightning_dataperf.loader.probe import BatchTiming, LoaderProbe
+from lightning_dataperf.loader.probe import BatchTiming, LoaderProbe, instrument, uninstrument
+from lightning_dataperf.loader.settings import is_gpu_decode_loader
 from lightning_dataperf.loader.stats import LoaderStats
 from lightning_dataperf.tags import Stage
 from lightning_dataperf.timing.clock import StepClock, StepTiming
@@ -18,7 +19,7 @@ from lightning_dataperf.timing.summary import EpochSummary
 from lightning_dataperf.timing.window import window_metrics
 from lightning_dataperf.transfer.stats import CopyStats, CopyTiming
 
-__all__ = ["EVAL_COLLECT_EVERY", "StageTimer"]
+__all__ = ["EVAL_COLLECT_EVERY", "StageTimer", "look_inside"]
 
 #: Evaluation loops read finished steps back every this many batches (training: at each log point).
 EVAL_COLLECT_EVERY = 64
@@ -47,6 +48,7 @@ class StageTimer:
     active: bool = False
     anchor: float | None = None
     batches: int = 0
+    skipped: int = 0  # this epoch's batches Lightning skipped (not steps: no timing, no samples)
     dataloader_idx: int = 0
     copies: list[CopyTiming] = field(default_factory=list)
     epoch_copies: list[CopyTiming] = field(default_factory=list)
@@ -84,6 +86,13 @@ class StageTimer:
         self.batches += 1
         if self.batches % EVAL_COLLECT_EVERY == 0:
             self.collect()  # evaluation has no log points, only a queue to keep bounded
+
+    def skip_batch(self) -> None:
+        """Lightning skipped the batch begun (a ``None`` batch or step output): no step, counted apart."""
+        self.clock.step_skipped()
+        if self.host_gap is not None:
+            self.host_gap.step_skipped()
+        self.skipped += 1
 
     def collect(self) -> None:
         """Take the steps the device has finished (never blocks) and the loader's batch timings."""
@@ -129,7 +138,7 @@ class StageTimer:
         if self.host_gap is not None:
             self.host_gap.reset_epoch()
         self.batches_window.clear()
-        self.active, self.anchor, self.batches, self.dataloader_idx = True, anchor, 0, 0
+        self.active, self.anchor, self.batches, self.dataloader_idx, self.skipped = True, anchor, 0, 0, 0
 
     def window_metrics(self) -> dict[str, float]:
         """Metrics of the steps (and side-stream copies) since the last call; clears the window."""
@@ -176,7 +185,15 @@ class StageTimer:
             self.decode_epoch, self.decode_window, self.engine_readings = now, now, []
         copies = CopyStats.of(self.epoch_copies)
         rank = int(getattr(strategy, "global_rank", 0))  # the figures above are this rank's own
-        return dataclasses.replace(summary, copies=copies, loader=loader, host_gap=host_gap, decode=decode, rank=rank)
+        return dataclasses.replace(
+            summary,
+            copies=copies,
+            loader=loader,
+            host_gap=host_gap,
+            decode=decode,
+            rank=rank,
+            skipped_batches=self.skipped,
+        )
 
     def release(self) -> None:
         """Drop all state (teardown, exceptions)."""
@@ -186,3 +203,17 @@ class StageTimer:
         self.window.clear()
         self.active = False
         self.decode = self.decode_window = self.decode_epoch = None  # let the GPU-decode loader go
+
+
+def look_inside(train: StageTimer | None, loader: Any, running_stage: Any) -> Any:
+    """A loader Lightning sets up (before its iterator exists): training's is instrumented for ``train``, the
+    timer of the training stage (``None`` where this callback does not time it); another stage's is not."""
+    if train is not None and running_stage == "train":  # RunningStage.TRAINING
+        train.probes += [probe] if (probe := instrument(loader)) not in train.probes else []
+        if is_gpu_decode_loader(loader):
+            train.watch_decode(loader)
+    elif running_stage != "train":
+        # a copy Lightning rebuilt from an instrumented training loader must not yield timed batches; a training
+        # loader is left to the callback that times training (several callbacks: one per stage)
+        uninstrument(loader)
+    return loader

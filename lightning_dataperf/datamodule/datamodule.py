@@ -9,17 +9,16 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
-from lightning_dataperf import tags
 from lightning_dataperf._lightning_hooks import resume_position
 from lightning_dataperf._records import changed, keywords
 from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
 from lightning_dataperf.datamodule._options import Tuning, decode_options, tuning_mode
+from lightning_dataperf.datamodule._reporting import publish_plans
 from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.datamodule.online_start import machine_words, online_off
@@ -27,7 +26,7 @@ from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
-from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings
+from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings, seeded_over_generator
 from lightning_dataperf.loader.rebuild import loader_arguments
 from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
@@ -39,7 +38,7 @@ from lightning_dataperf.loader.sampler import (
 from lightning_dataperf.loader.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
 from lightning_dataperf.loader.settings import POLICY_FIELDS, LoaderPlan, LoaderSettings
 from lightning_dataperf.loader.sharing import ShareBy, with_strategy
-from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
+from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware, trainer_ranks
 
 __all__ = ["LoaderPlan", "TunedDataModule"]
 
@@ -130,12 +129,21 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
         nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
         leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
-        self.reclaim_sharing()
-        if self._online is not None and stage == "fit":
-            # reached on every rank at a normal end only (an exception skips teardown hooks): safe to sync
+        if stage == "fit" and self._online is not None:
+            # reached on every rank at a normal end only (a failed fit gets on_exception instead): safe to sync
             self._online.finish()
+        self._give_back(fit=stage == "fit")
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """A fit that fails or is interrupted gets no ``teardown``: the same given back here."""
+        self._give_back(fit=True)
+
+    def _give_back(self, fit: bool) -> None:
+        self.reclaim_sharing()
+        if fit and self._online is not None:
             self._online.close()
-        if stage == "fit":
+        if fit:
             self._threads.restore()
 
     def reclaim_sharing(self) -> None:
@@ -167,7 +175,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
     def hardware(self) -> Hardware:
         """The hardware probe (taken once)."""
         if self._hardware is None:
-            self._hardware = probe_hardware(self.data_path, accelerator=self._accelerator())
+            self._hardware = probe_hardware(self.data_path, self._accelerator(), trainer_ranks(self.trainer))
         return self._hardware
 
     @property
@@ -301,7 +309,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         order = "new order each epoch" if shuffle else "the same order every epoch (shuffle=False)"
         plan.sampler = (
             f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
-            f"drop_last={self.shard_drop_last}): {order}, same order after a resume"
+            f"drop_last={self.shard_drop_last}): {order}, same order after a resume{seeded_over_generator(explicit)}"
         )
         plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
         return {"sampler": sampler, "shuffle": None}
@@ -311,7 +319,8 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         ``state_dict`` protocol) and, with ``num_workers=0``, fetches every batch seeded."""
         sampler = loader.sampler
         if stage == "train" and self._accelerator() == "cpu":
-            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan)
+            online = isinstance(self.autotune, OnlineTuning)
+            self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan, online)
         ours = type(sampler) is EpochAwareDistributedSampler
         if stage == "train" and isinstance(self.autotune, OnlineTuning) and not ours:
             self._online_off = online_off(loader, plan.notes)
@@ -364,23 +373,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         if stage in self._reported or not plans:
             return
         self._reported.add(stage)
-        text = "\n".join(plan.format() for plan in plans)
-        if self.verbose:
-            _print_on_rank_zero(text)
-        trainer = self._trainer_or_none()
-        if trainer is None or not trainer.is_global_zero:
-            return
-        params = {f"dataperf/{stage}/{name}": value for plan in plans for name, value in plan.chosen.items()}
-        for logger in trainer.loggers:
-            if params:
-                logger.log_hyperparams(params)
-            if isinstance(logger, TensorBoardLogger):
-                logger.experiment.add_text(tags.loader_settings_text(stage), f"```\n{text}\n```")
-
-
-@rank_zero_only
-def _print_on_rank_zero(text: str) -> None:
-    print(text, flush=True)
+        publish_plans(self._trainer_or_none(), stage, plans, self.verbose)
 
 
 class _TrainLoaderModule(TunedDataModule):

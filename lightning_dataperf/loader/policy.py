@@ -18,6 +18,7 @@ __all__ = [
     "check_loader_kwargs",
     "intra_op_threads",
     "recommend_loader_settings",
+    "seeded_over_generator",
 ]
 
 #: Share of free ``/dev/shm`` (and of available RAM) that batches in flight may take.
@@ -134,6 +135,18 @@ def article_settings(cpu_cores: int, batch_size: int, ddp: bool = False, epochs:
     persistent = epochs > 100
     prefetch = 2 if workers <= 4 else 3 if workers < 8 else 4  # the article lists 8 under both "5~8" and ">=8"
     return LoaderSettings(workers, pin, persistent, prefetch, {"all": "the article's decision tree"})
+
+
+def seeded_over_generator(explicit: Mapping[str, Any]) -> str:
+    """The words a plan adds where its seeded sampler and worker seeds take the place of your ``generator=``.
+
+    Example::
+
+        seeded_over_generator({"generator": torch.Generator()})   # "; your generator= stays on the loader, ..."
+    """
+    if explicit.get("generator") is None:
+        return ""
+    return "; your generator= stays on the loader, but this seed orders the samples and seeds the workers (seed=)"
 
 
 def check_loader_kwargs(explicit: Mapping[str, Any], hardware: Hardware, accelerator: str | None = None) -> None:

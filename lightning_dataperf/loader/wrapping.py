@@ -25,7 +25,7 @@ class Layer(enum.IntEnum):
 
     #: ``num_workers=0``: each batch fetched seeded (loader/seeding.py); one at most.
     SEEDING = 0
-    #: ``autotune="online"``: the loop that rebuilds the iterator beneath it (datamodule/online.py); one at most.
+    #: ``autotune=OnlineTuning()``: the loop that rebuilds the iterator beneath it (datamodule/online.py); one at most.
     ONLINE = 1
     #: the probe's unwrapping of timed batches (loader/probe.py).
     PROBE = 2

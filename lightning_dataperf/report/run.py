@@ -71,8 +71,9 @@ class RunData:
     """Scalars (tag -> [(step, value)]) and the epoch records of one run directory.
 
     ``name`` is the run's path relative to the folder that was asked for (``"."`` when it is the run),
-    ``other_runs`` the names of the runs in that folder that were not loaded, and ``sources`` the
-    files the scalars came from (``"TensorBoard events"``, ``"metrics.csv"``).
+    ``other_runs`` the names of the runs in that folder that were not loaded, ``sources`` the
+    files the scalars came from (``"TensorBoard events"``, ``"metrics.csv"``), and ``skipped`` one line per
+    record of a summaries file that could not be read (file, line number, what was wrong).
     """
 
     directory: Path
@@ -81,6 +82,7 @@ class RunData:
     name: str = "."
     other_runs: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def on_gpu(self) -> bool:
@@ -172,7 +174,7 @@ def load_run(directory: str | Path, run: str | None = None) -> RunData:
     _read_events(folder, data)
     _read_csv(folder, data)
     for summaries in sorted(folder.rglob(SUMMARY_FILE)):
-        data.epochs.extend(json.loads(line) for line in summaries.read_text().splitlines() if line.strip())
+        _read_summaries(summaries, data)
     if not {TAGS["compute"], TAGS["device_span"]} & set(data.scalars) and not data.epochs:
         raise FileNotFoundError(_no_data(folder))
     for points in data.scalars.values():
@@ -186,6 +188,29 @@ def _no_data(directory: Path) -> str:
         f"{_CSV}, no {SUMMARY_FILE}). Train with Trainer(callbacks=[DataPerfCallback()]) and a TensorBoard "
         "or CSV logger, then point this at its log directory."
     )
+
+
+def _read_summaries(path: Path, data: RunData) -> None:
+    """Each line of a summaries file is one epoch's record; a bad one is skipped and named in ``data.skipped``."""
+    # a run killed mid-append leaves its last line cut off: the other records, and the event files, still hold
+    text = path.read_text(encoding="utf-8", errors="replace")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            data.skipped.append(f"{path}:{number}: not a JSON record ({error.msg} at column {error.colno}); skipped")
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("summary"), dict):
+            data.skipped.append(f"{path}:{number}: not an epoch record (no 'summary' object); skipped")
+            continue
+        try:
+            EpochSummary.from_dict(record["summary"])
+        except (KeyError, TypeError, ValueError) as error:
+            data.skipped.append(f"{path}:{number}: an epoch record this version cannot read ({error!r}); skipped")
+            continue
+        data.epochs.append(record)
 
 
 def _read_events(folder: Path, data: RunData) -> None:

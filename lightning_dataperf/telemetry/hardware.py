@@ -21,8 +21,10 @@ __all__ = [
     "StorageInfo",
     "block_device_of",
     "default_start_method",
+    "local_world_size",
     "pcie_capacity_mbps",
     "probe_hardware",
+    "trainer_ranks",
     "usable_cpus",
 ]
 
@@ -160,14 +162,36 @@ def usable_cpus(cgroup_root: str | os.PathLike[str] = "/sys/fs/cgroup") -> tuple
     return max(1, math.floor(value)), source
 
 
-def local_world_size(environ: dict[str, str] | os._Environ[str] | None = None) -> int:
-    """Ranks on this node, from torchrun / SLURM / Lightning environment variables (1 if none)."""
+def local_world_size(environ: dict[str, str] | os._Environ[str] | None = None, ranks: int | None = None) -> int:
+    """Ranks on this node: ``ranks`` where the caller knows them (a Trainer's ``num_devices``), else torchrun's or
+    SLURM's environment variables (1 if none).
+
+    Lightning's own launcher (``Trainer(devices=2, strategy="ddp")`` started as ``python train.py``) sets neither
+    variable, so only the trainer knows its ranks.
+
+    Example::
+
+        local_world_size(ranks=trainer.num_devices)   # 2 under devices=2, whatever the environment says
+    """
+    if ranks is not None:
+        return max(1, int(ranks))
     environ = os.environ if environ is None else environ
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = environ.get(name, "")
         if value.split("(")[0].isdigit():
             return max(1, int(value.split("(")[0]))
     return 1
+
+
+def trainer_ranks(trainer: Any) -> int | None:
+    """The ranks per node a Lightning ``Trainer`` runs (its ``num_devices``); ``None`` without a trainer.
+
+    Example::
+
+        probe_hardware(local_ranks=trainer_ranks(trainer))
+    """
+    ranks = getattr(trainer, "num_devices", None)
+    return ranks if isinstance(ranks, int) else None
 
 
 def probe_gpus() -> tuple[GpuInfo, ...]:
@@ -269,12 +293,16 @@ def shm_usage(path: str = "/dev/shm") -> tuple[float, float] | None:
     return usage.total / 2**20, usage.free / 2**20
 
 
-def probe_hardware(data_path: str | os.PathLike[str] | None = None, accelerator: str | None = None) -> Hardware:
+def probe_hardware(
+    data_path: str | os.PathLike[str] | None = None, accelerator: str | None = None, local_ranks: int | None = None
+) -> Hardware:
     """Read the resources this process may use now.
 
     Args:
         data_path: where the dataset lives, to classify its storage (local NVMe, HDD, network).
         accelerator: ``"cuda"``, ``"mps"`` or ``"cpu"``; detected when ``None``.
+        local_ranks: the training ranks on this node, where known (a Trainer's ``num_devices``); else
+            ``LOCAL_WORLD_SIZE`` / ``SLURM_NTASKS_PER_NODE`` (:func:`local_world_size`).
     """
     cpus, source = usable_cpus()
     memory = psutil.virtual_memory()
@@ -288,7 +316,7 @@ def probe_hardware(data_path: str | os.PathLike[str] | None = None, accelerator:
         physical_cpus=psutil.cpu_count(logical=False),
         usable_cpus=cpus,
         usable_cpus_source=source,
-        local_world_size=local_world_size(),
+        local_world_size=local_world_size(ranks=local_ranks),
         gpus=gpus,
         accelerator=accelerator or _detect_accelerator(gpus),
         ram_total_mb=memory.total / 2**20,

@@ -157,6 +157,15 @@ class StepClock:
         self._fetch_start = self._fetch_end = self._step_start = None
         self._ready_event = self._start_event = None
 
+    def step_skipped(self) -> None:
+        """The batch begun is no step (Lightning skipped it: a ``None`` batch, or ``training_step`` returned
+        ``None``): its fetch and start are forgotten, and the next step is timed from now, without it."""
+        self._previous_end = self._clock()
+        if self.uses_cuda_events:
+            self._previous_end_event = self._record_event()
+        self._fetch_start = self._fetch_end = self._step_start = None
+        self._ready_event = self._start_event = None
+
     def break_continuity(self, new_epoch: bool = False) -> None:
         """Forget the previous step, e.g. after a validation run or at an epoch start.
 

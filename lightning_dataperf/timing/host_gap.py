@@ -131,6 +131,10 @@ class HostGapProbe:
         if self._profiler is not None and step >= self.start_step:
             self._open, self._open_cpu, self._open_runqueue = time.time_ns(), time.thread_time(), _runqueue_wait()
 
+    def step_skipped(self) -> None:
+        """The step begun was skipped (no step): its window is not recorded."""
+        self._open = None
+
     def step_finished(self, step: int) -> bool:
         """Close the step; ``True`` when this ended the probe (the profiler stopped, waiting for the GPU)."""
         if self._profiler is None or self._open is None:

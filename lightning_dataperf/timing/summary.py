@@ -47,7 +47,8 @@ class EpochSummary:
     (the min floored at 1 ms so that a rank that never waits does not make the ratio infinite).
     ``loader`` (the loader's inside), ``copies``, ``stalls``, ``host_gap`` and ``decode`` (a GPU-decode loader's
     telemetry) are the figures of rank ``rank`` (:meth:`format` labels them so with several ranks); the rest is
-    reduced over all ranks.
+    reduced over all ranks. ``skipped_batches`` (rank ``rank``'s) are batches Lightning skipped (a ``None`` batch,
+    or ``training_step`` returned ``None``): not steps, so in neither ``steps`` nor any timing or throughput.
     """
 
     stage: str
@@ -69,6 +70,7 @@ class EpochSummary:
     host_gap: HostGapStats | None = None
     decode: DecodeStats | None = None
     rank: int = 0
+    skipped_batches: int = 0
 
     @property
     def own_data_wait(self) -> float | None:
@@ -146,6 +148,11 @@ class EpochSummary:
             facts.append(f"{self.samples_per_sec:,.1f} samples/s")
         if facts:
             lines.append("  " + " | ".join(facts))
+        if self.skipped_batches:
+            lines.append(
+                f"  {self.skipped_batches} batch(es) skipped (None batch or training_step returned None): not steps,"
+                " left out of every figure"
+            )
         own = f"  [rank {self.rank}] " if self.world_size > 1 else "  "  # this rank's own figures, not reduced
         for part in (self.copies, self.loader, self.host_gap, self.decode):
             if part is not None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+
 import lightning.pytorch as pl
 import pytest
 import torch
 from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 
+from lightning_dataperf import OnlineTuning
 from lightning_dataperf.loader.policy import intra_op_threads
 
 
@@ -56,3 +59,47 @@ def test_intra_op_threads_none_leaves_them_alone_and_a_count_is_set(tmp_path, mo
     assert fit(tmp_path, intra_op_threads=3)[1] == 3 and torch.get_num_threads() == cpus + 1
     with pytest.raises(ValueError, match="'auto', None or a positive int"):
         IndexData(intra_op_threads=0)
+
+
+class Fails(RecordingModel):
+    """Raises ``error`` mid-run, in the first step from the fourth on that runs with other intra-op threads than
+    ``user``'s (``intra_op_threads=1``, or the online loop's trial), else in its 36th."""
+
+    def __init__(self, error: BaseException, user: int) -> None:
+        super().__init__()
+        self.error, self.user, self.threads_then = error, user, None
+
+    def training_step(self, batch, batch_idx):
+        if (batch_idx >= 3 and torch.get_num_threads() != self.user) or batch_idx == 35:
+            self.threads_then = torch.get_num_threads()
+            raise self.error
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.fixture
+def sigint_kept():
+    """Lightning ignores SIGINT from a KeyboardInterrupt on (a second Ctrl+C must not cut its shutdown)."""
+    handler = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, handler)
+
+
+QUICK = OnlineTuning(precision=10.0, max_batches=2, max_cost=10.0, min_seconds=0.0)
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [(RuntimeError("boom"), RuntimeError), (KeyboardInterrupt(), SystemExit)],
+    ids=["raise", "ctrl-c"],
+)
+@pytest.mark.parametrize("threads", [1, None], ids=["intra_op_threads=1", "the-loop's-threads"])
+def test_a_fit_that_fails_mid_trial_gives_the_threads_back(
+    tmp_path, more_threads_than_cores, sigint_kept, error, raised, threads
+):
+    torch.set_num_threads(2)
+    data = IndexData(length=160, workers=0, verbose=False, autotune=QUICK, intra_op_threads=threads)
+    model = Fails(error, user=2)
+    with pytest.raises(raised):
+        pl.Trainer(max_epochs=1, **trainer_kwargs(tmp_path)).fit(model, datamodule=data)
+    assert model.threads_then == 1, "the fit (or its loop) had changed the threads when it failed"
+    assert torch.get_num_threads() == 2, "the user's count, not the fit's"
