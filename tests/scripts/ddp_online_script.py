@@ -1,7 +1,8 @@
 """Run under ``torch.distributed.run --nproc_per_node=2``: the online loop on two gloo ranks.
 
 Usage: ddp_online_script.py OUT_DIR MODE [ROOT] [CKPT]. MODE: ``untuned`` (no loop, no workers), ``online`` (the loop, a
-checkpoint at step 20), ``resume`` (the loop, from CKPT), ``again`` (the loop where a setting was saved),
+checkpoint at step 20), ``resume`` (the loop, from CKPT), ``saving`` (a search that ends early: its setting
+saved), ``again`` (the loop where a setting was saved),
 ``changed`` (another batch size, ``limit_train_batches`` and a stop by ``max_steps`` mid-trial), ``fail`` (rank one
 raises in its first switch). ROOT: the trainer's ``default_root_dir`` (where the kept setting is saved).
 """
@@ -22,7 +23,9 @@ from lightning_dataperf.datamodule import online
 
 #: every trial ends at its first 8 counted batches, so the loop decides whatever the machine's speed
 QUICK = {"precision": 10.0, "max_batches": 8, "max_cost": 10.0, "min_seconds": 0.0}
-LENGTH, SEED = 240, 5
+#: a search soon over its cost cap: it ends, and its setting is saved, within a run of any speed
+CAPPED = {**QUICK, "max_cost": 1e-6}
+LENGTH, SEED, EPOCHS = 240, 5, 3
 
 
 class Processes(Callback):
@@ -57,7 +60,7 @@ def record_switches(rank: int, mode: str) -> list:
 def main(out_dir: str, mode: str, root: str = "", ckpt: str = "") -> None:
     rank = int(os.environ["RANK"])
     switches = record_switches(rank, mode)
-    tuning = {} if mode == "untuned" else {"autotune": OnlineTuning(**QUICK)}
+    tuning = {} if mode == "untuned" else {"autotune": OnlineTuning(**(CAPPED if mode == "saving" else QUICK))}
     batch_size = 6 if mode == "changed" else 4
     # the untuned run in the training process: each batch's draws keyed by its number, as the loop's are
     workers = 0 if mode == "untuned" else 1
@@ -68,7 +71,7 @@ def main(out_dir: str, mode: str, root: str = "", ckpt: str = "") -> None:
         callbacks.append(ModelCheckpoint(os.path.join(out_dir, "ckpt"), every_n_train_steps=20, save_top_k=-1))
     limits = {"limit_train_batches": 10, "max_steps": 25} if mode == "changed" else {}
     options = ddp_kwargs(root or out_dir, enable_checkpointing=mode == "online", **limits)
-    trainer = pl.Trainer(max_epochs=3, callbacks=callbacks, logger=False, **options)
+    trainer = pl.Trainer(max_epochs=2 if mode == "saving" else EPOCHS, callbacks=callbacks, logger=False, **options)
     trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt or None)
     result = datamodule.online_result
     (plan,) = datamodule.loader_plans["train"]
