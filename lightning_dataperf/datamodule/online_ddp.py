@@ -25,7 +25,7 @@ def sync_every(max_batches: int) -> int:
     return max(4, min(SYNC_EVERY, max_batches // 8))
 
 
-#: A rank waits this many times the median rank's wait per batch (and 1 ms more) under a setting: a straggler.
+#: A rank waits this many times the other ranks' median wait per batch (and 1 ms more) under a setting: a straggler.
 STRAGGLER = 2.0
 
 
@@ -43,10 +43,9 @@ class RankWaits:
         return [wait / count if count else 0.0 for wait, count in zip(self.wait_s, self.batches, strict=True)]
 
     def stragglers(self) -> list[int]:
-        """Ranks whose wait per batch is :data:`STRAGGLER` times the median rank's, and 1 ms more."""
+        """Ranks whose wait per batch is :data:`STRAGGLER` times the other ranks' median, and 1 ms more."""
         waits = self.per_batch()
-        median = statistics.median(waits) if waits else 0.0
-        return [rank for rank, wait in enumerate(waits) if wait > STRAGGLER * median and wait > median + 1e-3]
+        return [rank for rank, wait in enumerate(waits) if wait > STRAGGLER * _others(waits, rank) + 1e-3]
 
     def describe(self) -> str:
         """The stragglers in words (``""``: none); of several nodes, one whose every rank straggles is named."""
@@ -54,7 +53,11 @@ class RankWaits:
         if not ranks:
             return ""
         waits = self.per_batch()
-        median = statistics.median(waits)
+        others = (
+            statistics.median(wait for rank, wait in enumerate(waits) if rank not in ranks)
+            if len(ranks) < len(waits)
+            else 0.0
+        )
         nodes = set(self.nodes)
         whole = (
             {node for node in nodes if all(rank in ranks for rank in self._ranks_of(node))} if len(nodes) > 1 else set()
@@ -64,7 +67,7 @@ class RankWaits:
         slowest = max(waits[r] for r in ranks)
         return (
             f"under {self.setting.describe()}, {', '.join(named)} waited for data up to {slowest * 1e3:.1f} ms per"
-            f" batch against the median rank's {median * 1e3:.1f} ms: a straggler the other ranks wait for"
+            f" batch against the other ranks' {others * 1e3:.1f} ms: a straggler the other ranks wait for"
         )
 
     def _ranks_of(self, node: int) -> list[int]:
@@ -83,14 +86,13 @@ class DistributedResult(OnlineResult):
         return [words for waits in self.waits if (words := waits.describe())]
 
     def summary(self) -> str:
-        words = super().summary()
         kept = self.kept.setting if self.kept is not None else None
-        kept_words = [waits.describe() for waits in self.waits if waits.setting == kept and waits.describe()]
-        others = len(self.stragglers()) - len(kept_words)
-        ranks = f"; one decision for all {self.world_size} ranks"
-        straggle = f"; {kept_words[0]}" if kept_words else ""
-        tried = f"; a rank straggled under {others} other settings tried" if others > 0 else ""
-        return words + ranks + straggle + tried
+        # the kept setting's stragglers first; else the first setting tried that had one
+        named = sorted(self.waits, key=lambda waits: waits.setting != kept)
+        words = [text for waits in named if (text := waits.describe())]
+        others = f"; a rank straggled under {len(words) - 1} other settings tried" if len(words) > 1 else ""
+        first = f"; {words[0]}" if words else ""
+        return f"{super().summary()}; one decision for all {self.world_size} ranks{first}{others}"
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,12 @@ class RankSync:
     def finish(self, result: OnlineResult) -> OnlineResult:
         """At the fit's end (every rank, none after an exception): rank zero's result on every rank."""
         return self.strategy.broadcast(result, src=0)
+
+
+def _others(waits: list[float], rank: int) -> float:
+    """The median wait per batch of the ranks other than ``rank`` (0 on one rank alone)."""
+    rest = waits[:rank] + waits[rank + 1 :]
+    return statistics.median(rest) if rest else 0.0
 
 
 def _add_waits(result: OnlineResult, in_use: Setting, gathered: list[list[float]]) -> None:

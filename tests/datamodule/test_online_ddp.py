@@ -88,6 +88,7 @@ def test_a_stop_by_max_steps_mid_trial_ends_every_rank(runs):
     changed = load(runs, "changed")
     for rank in (0, 1):
         assert len(changed[rank]["rows"]) == 25 * 6, "25 steps of 6 samples, then the fit ends on both ranks"
+        assert "rank 1 (node 0) waited for data" in changed[rank]["summary"], "the straggler named on both ranks"
 
 
 @pytest.mark.slow

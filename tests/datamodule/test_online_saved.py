@@ -134,5 +134,7 @@ def test_a_straggling_rank_and_a_whole_straggling_node_are_named():
     node = RankWaits(setting, (0, 0, 1, 1, 2, 2), [0.01, 0.01, 0.5, 0.6, 0.01, 0.01], [100] * 6)
     assert node.stragglers() == [2, 3]
     assert "node 1 waited" in node.describe() and "rank 2" not in node.describe(), "the node, not its ranks"
+    two = RankWaits(setting, (0, 0), [0.0, 1.0], [100, 100])
+    assert two.stragglers() == [1], "of two ranks, the one that waits while the other does not"
     even = RankWaits(setting, (0, 0), [0.01, 0.012], [100, 100])
     assert even.describe() == ""

@@ -3,20 +3,23 @@
 Usage: ddp_online_script.py OUT_DIR MODE [ROOT] [CKPT]. MODE: ``untuned`` (no loop, no workers), ``online`` (the loop, a
 checkpoint at step 20), ``resume`` (the loop, from CKPT), ``saving`` (a search that ends early: its setting
 saved), ``again`` (the loop where a setting was saved),
-``changed`` (another batch size, ``limit_train_batches`` and a stop by ``max_steps`` mid-trial), ``fail`` (rank one
+``changed`` (another batch size, rank one slow to load, ``limit_train_batches`` and a stop by
+``max_steps`` mid-trial), ``fail`` (rank one
 raises in its first switch). ROOT: the trainer's ``default_root_dir`` (where the kept setting is saved).
 """
 
 import json
 import os
 import sys
+import time
 
 import lightning.pytorch as pl
 import psutil
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for helpers
-from helpers import IndexData, RecordingModel, ddp_kwargs
+from helpers import IndexData, IndexedDataset, RecordingModel, ddp_kwargs
+from torch.utils.data import DataLoader
 
 from lightning_dataperf import OnlineTuning
 from lightning_dataperf.datamodule import online
@@ -42,6 +45,20 @@ class Processes(Callback):
                 json.dump(pids, handle)
 
 
+class SlowOnRankOne(IndexedDataset):
+    """Rank one's samples take 4 ms each to load: that rank waits for its data, rank zero does not."""
+
+    def __getitem__(self, index):
+        if os.environ["RANK"] == "1":
+            time.sleep(0.004)
+        return super().__getitem__(index)
+
+
+class Straggling(IndexData):
+    def train_dataloader(self):
+        return DataLoader(SlowOnRankOne(self.length), batch_size=self.batch_size, shuffle=True, num_workers=1)
+
+
 def record_switches(rank: int, mode: str) -> list:
     """Each switch as (batches fetched on this rank, the setting): patched into the iterator's switch."""
     switches = []
@@ -64,7 +81,9 @@ def main(out_dir: str, mode: str, root: str = "", ckpt: str = "") -> None:
     batch_size = 6 if mode == "changed" else 4
     # the untuned run in the training process: each batch's draws keyed by its number, as the loop's are
     workers = 0 if mode == "untuned" else 1
-    datamodule = IndexData(length=LENGTH, batch_size=batch_size, workers=workers, seed=SEED, verbose=False, **tuning)
+    # the changed loader: another batch size, and a dataset that makes rank one a straggler
+    module = Straggling if mode == "changed" else IndexData
+    datamodule = module(length=LENGTH, batch_size=batch_size, workers=workers, seed=SEED, verbose=False, **tuning)
     model = RecordingModel()
     callbacks = [Processes(os.path.join(out_dir, f"{mode}_pids{rank}.json"))]
     if mode == "online":
