@@ -101,6 +101,7 @@ def main(out_dir: str, mode: str, root: str = "", ckpt: str = "") -> None:
         "start": None if result is None or result.start is None else result.start.setting.describe(),
         "kept": None if result is None or result.kept is None else result.kept.setting.describe(),
         "trials": 0 if result is None else len(result.trials),
+        "tried": [] if result is None else sorted({trial.setting.describe() for trial in result.trials}),
         "summary": None if result is None else result.summary(),
         "waits": [] if result is None else [waits.batches for waits in getattr(result, "waits", [])],
     }
