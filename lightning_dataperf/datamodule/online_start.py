@@ -56,7 +56,10 @@ def online_off(loader: DataLoader, notes: list[str]) -> OnlineResult:
     the result's ``stop_reason`` (not a silent ``None``)."""
     if isinstance(loader.dataset, IterableDataset):
         what = "an IterableDataset has no batch positions to restart at"
-    elif loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+    # a DataLoader given batch_size builds a plain BatchSampler over its own sampler; one given batch_sampler does not
+    elif (batches := loader.batch_sampler) is not None and (
+        type(batches) is not BatchSampler or getattr(batches, "sampler", None) is not loader.sampler
+    ):
         what = "your batch_sampler cannot be restarted at a batch"
     else:
         what = "your sampler cannot be restarted at a batch with its order kept"

@@ -113,6 +113,10 @@ class EveryOther(Sampler):
             lambda: DataLoader(IndexedDataset(32), batch_sampler=_Batches(SequentialSampler(range(32)), 4, False)),
             "your batch_sampler",
         ),
+        (
+            lambda: DataLoader(IndexedDataset(32), batch_sampler=BatchSampler(SequentialSampler(range(32)), 4, False)),
+            "your batch_sampler",
+        ),
         (lambda: DataLoader(IndexedDataset(32), batch_size=4, sampler=EveryOther(32)), "your sampler"),
     ],
 )
