@@ -93,13 +93,14 @@ def test_a_stop_by_max_steps_mid_trial_ends_every_rank(runs):
 
 
 @pytest.mark.slow
-def test_a_rank_failing_mid_switch_ends_both_ranks_with_its_error_and_no_worker_left(tmp_path):
+@pytest.mark.parametrize("failing", [0, 1])
+def test_a_rank_failing_mid_switch_ends_both_ranks_with_its_error_and_no_worker_left(tmp_path, failing):
     script = str(HERE / "scripts" / "ddp_online_script.py")
-    command, env = loopback_ranks(script, str(tmp_path), "fail", pythonpath=str(ROOT))
+    command, env = loopback_ranks(script, str(tmp_path), f"fail{failing}", pythonpath=str(ROOT))
     run = subprocess.run(command, check=False, env=env, capture_output=True, text=True, timeout=180)
     assert run.returncode != 0
-    assert "rank 1 failed mid-switch" in run.stdout + run.stderr
-    pids = [pid for rank in (0, 1) for pid in json.loads((tmp_path / f"fail_pids{rank}.json").read_text())]
+    assert f"rank {failing} failed mid-switch" in run.stdout + run.stderr
+    pids = [pid for rank in (0, 1) for pid in json.loads((tmp_path / f"fail{failing}_pids{rank}.json").read_text())]
     # a worker notices its parent is gone within the DataLoader's 5-s status check
     deadline = time.monotonic() + 30
     while (alive := [pid for pid in pids if _running(pid)]) and time.monotonic() < deadline:

@@ -1,11 +1,10 @@
 """Run under ``torch.distributed.run --nproc_per_node=2``: the online loop on two gloo ranks.
 
-Usage: ddp_online_script.py OUT_DIR MODE [ROOT] [CKPT]. MODE: ``untuned`` (no loop, no workers), ``online`` (the loop, a
-checkpoint at step 20), ``resume`` (the loop, from CKPT), ``saving`` (a search that ends early: its setting
-saved), ``again`` (the loop where a setting was saved),
-``changed`` (another batch size, rank one slow to load, ``limit_train_batches`` and a stop by
-``max_steps`` mid-trial), ``fail`` (rank one
-raises in its first switch). ROOT: the trainer's ``default_root_dir`` (where the kept setting is saved).
+Usage: ddp_online_script.py OUT_DIR MODE [ROOT] [CKPT]. MODE: ``untuned`` (no loop, no workers), ``online`` (the
+loop, a checkpoint at step 20), ``resume`` (the loop, from CKPT), ``saving`` (a search that ends early: its setting
+saved), ``again`` (the loop where a setting was saved), ``changed`` (another batch size, rank one slow to load,
+``limit_train_batches`` and a stop by ``max_steps`` mid-trial), ``fail0`` or ``fail1`` (that rank raises in its
+first switch). ROOT: the trainer's ``default_root_dir`` (where the kept setting is saved).
 """
 
 import json
@@ -66,8 +65,8 @@ def record_switches(rank: int, mode: str) -> list:
 
     def recording(self, setting):
         switches.append([self.tuner.sync.batches, setting.describe()])
-        if mode == "fail" and rank == 1:
-            raise RuntimeError("rank 1 failed mid-switch")
+        if mode == f"fail{rank}":
+            raise RuntimeError(f"rank {rank} failed mid-switch")
         return switch(self, setting)
 
     online.OnlineIterator._switch = recording
