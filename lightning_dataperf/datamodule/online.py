@@ -62,8 +62,6 @@ class OnlineTuner:
         max_cost: float = 0.05,
         min_seconds: float = 1.0,
         max_seconds: float = 10.0,
-        sync: RankSync | None = None,
-        on_decided: Callable[[Setting], None] | None = None,
     ) -> None:
         self.trainer, self._position = trainer, position
         self.loop = OnlineLoop(
@@ -78,14 +76,20 @@ class OnlineTuner:
         )
         self.override: tuple[int, int] | None = None
         self.user_threads = torch.get_num_threads()
-        self.sync, self.on_decided = sync, on_decided
+        self.sync: RankSync | None = None
+        """Under DDP (:meth:`distribute`): the sync points where rank zero's decisions reach every rank."""
+        self.on_decided: Callable[[Setting], None] | None = None
+        """Called with the kept setting when the search ends (rank zero saves it for the next run)."""
         self.current = start
         """The setting in use on this rank."""
         self.held: Setting | None = None
         """Under DDP, rank zero's decision waiting for the next sync point (the loop is not fed meanwhile: those
         steps belong to neither setting)."""
-        if sync is not None:
-            self.loop.result = DistributedResult(world_size=sync.world_size)
+
+    def distribute(self, sync: RankSync) -> None:
+        """Under DDP, before the first step: rank zero's loop decides for every rank at ``sync``'s points."""
+        self.sync = sync
+        self.loop.result = DistributedResult(world_size=sync.world_size)
 
     @property
     def result(self) -> OnlineResult:
@@ -325,15 +329,12 @@ def attach_online(
     ranks = trainer.world_size > 1
     every = sync_every(int((options or {}).get("max_batches", 200)))
     sync = RankSync(trainer.strategy, max(1, int(trainer.num_devices)), every) if ranks else None
-    tuner = OnlineTuner(
-        trainer,
-        start,
-        space if saved is None else ConfirmSpace.around(space, user),
-        position=sampler.position,
-        sync=sync,
-        on_decided=None if key is None or trainer.global_rank else saver(trainer.default_root_dir, key),
-        **(options or {}),
-    )
+    space = space if saved is None else ConfirmSpace.around(space, user)
+    tuner = OnlineTuner(trainer, start, space, position=sampler.position, **(options or {}))
+    if sync is not None:
+        tuner.distribute(sync)
+    if key is not None and trainer.global_rank == 0:
+        tuner.on_decided = saver(trainer.default_root_dir, key)
     if saved is not None:
         # the loader starts at the saved setting: its first iterator is made after this
         loader.num_workers, loader.prefetch_factor = saved.num_workers, saved.prefetch_factor
