@@ -30,7 +30,7 @@ from lightning_dataperf.autotune.online import (
 )
 from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey
 from lightning_dataperf.datamodule.online_ddp import WATCH_EVERY, Decision, DistributedResult, RankSync, sync_every
-from lightning_dataperf.datamodule.online_start import loader_words, saved_setting, saver
+from lightning_dataperf.datamodule.online_start import loader_words, saved_root, saved_setting, saver
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.loader.wrapping import Layer, wrap_iterators
 
@@ -334,7 +334,7 @@ def attach_online(
     if sync is not None:
         tuner.distribute(sync)
     if key is not None and trainer.global_rank == 0:
-        tuner.on_decided = saver(trainer.default_root_dir, key)
+        tuner.on_decided = saver(saved_root(trainer), key)
     if saved is not None:
         # the loader starts at the saved setting: its first iterator is made after this
         loader.num_workers, loader.prefetch_factor = saved.num_workers, saved.prefetch_factor

@@ -13,14 +13,22 @@ from lightning_dataperf.autotune.online import OnlineResult, Setting
 from lightning_dataperf.autotune.online.saved import SavedKey, load_saved, save_setting
 from lightning_dataperf.telemetry.hardware import Hardware
 
-__all__ = ["loader_words", "machine_words", "online_off", "saved_setting", "saver"]
+__all__ = ["loader_words", "machine_words", "online_off", "saved_root", "saved_setting", "saver"]
+
+
+def saved_root(trainer: Any) -> str:
+    """Where the kept setting is saved: the logger's folder of all versions (the log dir moves to a new version each
+    run), else the trainer's ``default_root_dir``."""
+    logger = trainer.logger
+    root = getattr(logger, "root_dir", None) if logger is not None else None
+    return str(root or trainer.default_root_dir)
 
 
 def saved_setting(trainer: Any, key: SavedKey | None) -> tuple[Setting | None, str]:
     """The setting saved for ``key`` beside the run and the note, read on rank zero and sent to every rank."""
     found: tuple[Setting | None, str] = (None, "")
     if key is not None and trainer.global_rank == 0:
-        found = load_saved(trainer.default_root_dir, key)
+        found = load_saved(saved_root(trainer), key)
     return trainer.strategy.broadcast(found, src=0) if trainer.world_size > 1 else found
 
 

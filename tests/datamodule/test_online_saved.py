@@ -70,11 +70,13 @@ def online_data(**kwargs):
 
 def test_the_next_run_starts_from_the_kept_setting_and_a_corrupt_file_starts_afresh(tmp_path):
     fit(tmp_path, online_data(), epochs=5)  # 300 steps: the search of 8-batch trials ends
-    (saved,) = json.loads((tmp_path / SAVED_FILE).read_text())["entries"].values()
+    # beside the logger's versions, which every run shares
+    path = tmp_path / "lightning_logs" / SAVED_FILE
+    (saved,) = json.loads(path.read_text())["entries"].values()
     again = fit(tmp_path, online_data())
     assert again.online_result.start.setting == Setting(**saved)
     assert any("started from the setting a previous run kept" in note for note in again.loader_plans["train"][0].notes)
-    (tmp_path / SAVED_FILE).write_text('{"version": 1, "entr')
+    path.write_text('{"version": 1, "entr')
     afresh = fit(tmp_path, online_data())
     assert afresh.online_result.start.setting.num_workers == 1, "the loader's own setting"
     assert any("could not be read" in note for note in afresh.loader_plans["train"][0].notes)

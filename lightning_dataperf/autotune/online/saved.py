@@ -13,7 +13,8 @@ from lightning_dataperf.autotune.online.records import Setting, SettingSpace
 
 __all__ = ["SAVED_FILE", "ConfirmSpace", "SavedKey", "load_saved", "save_setting"]
 
-#: The file in the run's ``default_root_dir`` (the log dir moves to a new version each run; the root stays).
+#: The file in the logger's folder of all versions, or the trainer's ``default_root_dir`` (not the log dir: that
+#: moves to a new version each run).
 SAVED_FILE = "dataperf_online_setting.json"
 
 
