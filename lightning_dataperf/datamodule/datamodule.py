@@ -21,6 +21,7 @@ from lightning_dataperf.datamodule._options import Tuning, decode_options, tunin
 from lightning_dataperf.datamodule._reporting import publish_plans
 from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
+from lightning_dataperf.datamodule.online_start import machine_words, online_off
 from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
@@ -116,6 +117,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         self.loader_plans: dict[str, list[LoaderPlan]] = {}
         self.autotune_result: Any = None
         self._online: OnlineTuner | None = None
+        self._online_off: OnlineResult | None = None
         self._hardware: Hardware | None = None
         self._settings: LoaderSettings | None = None
         self._reported: set[str] = set()
@@ -127,6 +129,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
         nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
         leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
+        if stage == "fit" and self._online is not None:
+            # reached on every rank at a normal end only (a failed fit gets on_exception instead): safe to sync
+            self._online.finish()
         self._give_back(fit=stage == "fit")
 
     @override
@@ -163,7 +168,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
     @property
     def online_result(self) -> OnlineResult | None:
         """With ``autotune=OnlineTuning(...)``: what the loop measured on this run's steps and what it kept."""
-        return None if self._online is None else self._online.result
+        return self._online_off if self._online is None else self._online.result
 
     # ------------------------------------------------------------------ settings
     @property
@@ -316,7 +321,10 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         if stage == "train" and self._accelerator() == "cpu":
             online = isinstance(self.autotune, OnlineTuning)
             self._threads.apply(loader.num_workers, self.hardware.cpus_per_rank, plan, online)
-        if stage != "train" or type(sampler) is not EpochAwareDistributedSampler or sampler.position is None:
+        ours = type(sampler) is EpochAwareDistributedSampler
+        if stage == "train" and isinstance(self.autotune, OnlineTuning) and not ours:
+            self._online_off = online_off(loader, plan.notes)
+        if stage != "train" or not ours or sampler.position is None:
             return
         make_resumable(loader, sampler)
         if loader.num_workers == 0:
@@ -328,7 +336,8 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         trainer = self._trainer_or_none()
         if isinstance(self.autotune, OnlineTuning) and trainer is not None:
             seeding, options = (self._seed(), self._ranks()[0]), keywords(self.autotune)
-            self._online = attach_online(loader, trainer, self.hardware.cpus_per_rank, plan.notes, seeding, options)
+            cpus, machine = self.hardware.cpus_per_rank, machine_words(self.hardware)
+            self._online = attach_online(loader, trainer, cpus, plan.notes, seeding, options, machine=machine)
 
     def decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
         """``gpu_decode``: a hook's loader over encoded JPEGs comes back wrapped in a ``GpuDecodeLoader``."""

@@ -28,6 +28,9 @@ from lightning_dataperf.autotune.online import (
     planned_batches,
     refusal,
 )
+from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey
+from lightning_dataperf.datamodule.online_ddp import WATCH_EVERY, Decision, DistributedResult, RankSync, sync_every
+from lightning_dataperf.datamodule.online_start import loader_words, saved_root, saved_setting, saver
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.loader.wrapping import Layer, wrap_iterators
 
@@ -73,6 +76,20 @@ class OnlineTuner:
         )
         self.override: tuple[int, int] | None = None
         self.user_threads = torch.get_num_threads()
+        self.sync: RankSync | None = None
+        """Under DDP (:meth:`distribute`): the sync points where rank zero's decisions reach every rank."""
+        self.on_decided: Callable[[Setting], None] | None = None
+        """Called with the kept setting when the search ends (rank zero saves it for the next run)."""
+        self.current = start
+        """The setting in use on this rank."""
+        self.held: Setting | None = None
+        """Under DDP, rank zero's decision waiting for the next sync point (the loop is not fed meanwhile: those
+        steps belong to neither setting)."""
+
+    def distribute(self, sync: RankSync) -> None:
+        """Under DDP, before the first step: rank zero's loop decides for every rank at ``sync``'s points."""
+        self.sync = sync
+        self.loop.result = DistributedResult(world_size=sync.world_size)
 
     @property
     def result(self) -> OnlineResult:
@@ -108,8 +125,22 @@ class OnlineTuner:
         """A new iterator (an epoch's, or a switch's): the next ``burst`` periods are its start-up."""
         self.loop.restart(burst)
 
-    def step(self, now: float) -> Setting | None:
-        """Called before each batch is fetched: feeds the loop the step that ended; the setting to switch to."""
+    def step(self, now: float, has_batch: bool = True) -> Setting | None:
+        """Called before each batch is fetched: feeds the loop the step that ended; the setting to switch to.
+
+        Under DDP the setting comes only at a sync point, the same on every rank; ``has_batch``: a batch follows
+        in this epoch on every rank (a sync point waits for one).
+        """
+        sync = self.sync
+        if sync is None:
+            return self._feed(now)
+        if sync.rank == 0 and self.held is None:
+            self.held = self._feed(now)
+        if not sync.due(has_batch):
+            return None
+        return self._exchange()
+
+    def _feed(self, now: float) -> Setting | None:
         loop = self.loop
         if loop.phase is Phase.DONE:
             return None
@@ -119,7 +150,28 @@ class OnlineTuner:
         setting = loop.step(now, mark)
         if loop.result.done and not done:
             rank_zero_info(loop.result.summary())
+            if self.on_decided is not None and loop.result.kept is not None:
+                self.on_decided(loop.result.kept.setting)
         return setting
+
+    def _exchange(self) -> Setting | None:
+        """A sync point: rank zero's held decision and its result to every rank, each rank's wait to rank zero."""
+        sync, loop = self.sync, self.loop
+        assert sync is not None
+        decision = None
+        if sync.rank == 0:
+            phase = loop.phase
+            every = sync.every * (WATCH_EVERY if phase is Phase.WATCHING else 1)
+            decision = Decision(self.held, phase is not Phase.DONE, every, loop.result)
+        received = sync.exchange(decision, self.current)
+        self.held = None
+        loop.result = received.result
+        return received.setting
+
+    def fetched(self, wait_s: float) -> None:
+        """A batch came after ``wait_s`` seconds of waiting (each rank's wait is gathered at the sync points)."""
+        if self.sync is not None:
+            self.sync.fetched(wait_s)
 
     def _planned(self) -> float | None:
         trainer = self.trainer
@@ -130,8 +182,17 @@ class OnlineTuner:
         )
 
     def switched(self, switch_s: float, setting: Setting) -> None:
-        self.loop.switched(switch_s)
+        # the job's stall is rank zero's (the steps are synchronous): counted once
+        if self.sync is None or self.sync.rank == 0:
+            self.loop.switched(switch_s)
+        self.current = setting
         torch.set_num_threads(setting.threads)
+
+    def finish(self) -> None:
+        """At the fit's normal end, on every rank: under DDP, rank zero's result (and the last waits) everywhere."""
+        if self.sync is not None:
+            decision = Decision(None, False, 0, self.loop.result) if self.sync.rank == 0 else None
+            self.loop.result = self.sync.exchange(decision, self.current).result
 
     def close(self) -> None:
         """At teardown: the user's intra-op threads back (the kept setting lasts as long as the fit)."""
@@ -151,12 +212,17 @@ class OnlineIterator(Iterator[Any]):
         tuner.restart_segment(_burst(loader))
 
     def __next__(self) -> Any:
-        setting = self.tuner.step(time.perf_counter())
+        tuner = self.tuner
+        # every rank knows whether a batch follows (the shards have one length): a sync point needs one
+        has_batch = self.first + self.yielded < getattr(tuner.trainer, "num_training_batches", float("inf"))
+        setting = tuner.step(time.perf_counter(), has_batch)
         if setting is not None:
             self._switch(setting)
         assert self.inner is not None
+        started = time.perf_counter()
         batch = next(self.inner)
-        self.tuner.override = None
+        tuner.fetched(time.perf_counter() - started)
+        tuner.override = None
         self.yielded += 1
         return batch
 
@@ -167,6 +233,10 @@ class OnlineIterator(Iterator[Any]):
         loader.num_workers = setting.num_workers
         loader.prefetch_factor = setting.prefetch_factor
         loader.pin_memory = setting.pin_memory
+        # TODO(lead): once Setting has gpu_share and persistent_workers (the loop's branch), apply them here:
+        # a GpuDecodeLoader's set_gpu_share(setting.gpu_share) where it is not None, and persistent workers by
+        # rebuilding with loader.persistent_workers (DataLoader forbids setting it after __init__: use
+        # loader.__dict__ or a rebuilt loader, and keep forget_persistent_iterator in close()).
         self.tuner.override = (self.epoch, self.first + self.yielded)
         # a new iterator draws its base seed: from a forked generator, so the model's own draws do not move
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -231,10 +301,13 @@ def attach_online(
     notes: list[str],
     seeding: tuple[int, int],
     options: dict[str, Any] | None = None,
+    machine: str = "",
 ) -> OnlineTuner | None:
     """The tuner for the training ``loader``, or ``None`` with the reason in ``notes`` where the loop cannot run.
 
     ``options``: :class:`OnlineTuner`'s ``precision``, ``max_batches`` (per trial) and ``max_cost`` (share of the run).
+    ``cpus``: this rank's share of the host's cores. ``machine``: the host in words, with ``trainer.world_size``
+    and the loader the key of the setting saved for the next run (``""``: none saved or read).
     """
     sampler = loader.sampler
     refused = refusal(trainer.world_size, trainer.fast_dev_run, trainer.overfit_batches)
@@ -243,14 +316,30 @@ def attach_online(
         return None
     device = trainer.strategy.root_device.type
     side_stream = "SideStream" in type(trainer.strategy).__name__
-    start = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, torch.get_num_threads())
+    user = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, torch.get_num_threads())
     space = SettingSpace(
         max_workers=max(2 * cpus, loader.num_workers),
         cpus=cpus,
         tune_threads=device == "cpu",
         tune_pinning=device == "cuda" and not side_stream,
     )
+    key = SavedKey(machine, trainer.world_size, loader_words(loader)) if machine else None
+    saved, said = saved_setting(trainer, key)
+    start = saved or user
+    ranks = trainer.world_size > 1
+    every = sync_every(int((options or {}).get("max_batches", 200)))
+    sync = RankSync(trainer.strategy, max(1, int(trainer.num_devices)), every) if ranks else None
+    space = space if saved is None else ConfirmSpace.around(space, user)
     tuner = OnlineTuner(trainer, start, space, position=sampler.position, **(options or {}))
+    if sync is not None:
+        tuner.distribute(sync)
+    if key is not None and trainer.global_rank == 0:
+        tuner.on_decided = saver(saved_root(trainer), key)
+    if saved is not None:
+        # the loader starts at the saved setting: its first iterator is made after this
+        loader.num_workers, loader.prefetch_factor = saved.num_workers, saved.prefetch_factor
+        loader.pin_memory = saved.pin_memory
+        torch.set_num_threads(saved.threads)
     sampler.position = tuner.position
     # every batch is drawn from batch_seed(seed, epoch, rank, batch), in a worker or in this process alike
     numbered = number_batches(loader)
@@ -261,4 +350,11 @@ def attach_online(
         " and the fastest kept (same samples in the same order; the result in TunedDataModule.online_result)"
         + ("; each batch's random draws are keyed by its number, whatever the workers" if numbered else "")
     )
+    if ranks:
+        notes.append(
+            f"online tuning under DDP: rank zero decides for all {trainer.world_size} ranks, each switching at the"
+            f" same batch (sync points every {every} batches while it searches); each rank's data wait gathered"
+        )
+    if said:
+        notes.append(f"online tuning: {said}" + (f" ({saved.describe()})" if saved is not None else ""))
     return tuner

@@ -273,9 +273,9 @@ def planned_batches(max_epochs: int | None, max_steps: int | None, per_epoch: fl
 
 
 def refusal(world_size: int, fast_dev_run: int | bool, overfit_batches: float) -> str:
-    """Why the loop cannot run on this fit (``""``: it can)."""
-    if world_size > 1:
-        return "it tunes one process (under DDP use autotune=True, which searches on rank zero)"
+    """Why the loop cannot run on this fit (``""``: it can). Under DDP (``world_size`` > 1) it runs: rank zero
+    decides for every rank (``datamodule/online_ddp.py``)."""
+    del world_size
     if fast_dev_run:
         return "fast_dev_run runs too few steps to measure"
     if overfit_batches:
