@@ -75,7 +75,8 @@ class Jpegs(TunedDataModule):
 def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int) -> None:
     cuda = torch.cuda.is_available()
     trainer = quiet_trainer(
-        default_root_dir=ROOT_DIR,
+        # a root of its own: the loop would start the next fit from the setting this one saved
+        default_root_dir=tempfile.mkdtemp(dir=ROOT_DIR),
         accelerator="cuda" if cuda else "cpu",
         precision="bf16-mixed" if cuda else "32-true",
         max_epochs=epochs,
