@@ -21,6 +21,7 @@ __all__ = [
     "first_workers",
     "intra_op_threads",
     "recommend_loader_settings",
+    "workers_needed",
 ]
 
 #: Share of free ``/dev/shm`` (and of available RAM) that batches in flight may take.
@@ -123,9 +124,15 @@ def first_workers(load_s: float, compute_s: float, cpus: int) -> list[tuple[int,
     if load_s < HANDOVER_FLOOR_S or cpus < 1:
         return []
     # benchmarks/online.py, 2 cores: at the same workers one intra-op thread beat two on every pipeline
-    needed = max(1, min(cpus, math.ceil(load_s / max(compute_s, 1e-6)) + 1))
+    needed = workers_needed(load_s, compute_s, cpus)
     counts = sorted(range(1, cpus + 1), key=lambda count: (abs(count - needed), -count))
     return [(count, max(1, cpus - count)) for count in counts]
+
+
+def workers_needed(load_s: float, compute_s: float, cpus: int) -> int:
+    """Workers that keep loading up with the step: ``ceil(load / compute) + 1`` (one making the batch after next),
+    between 1 and ``cpus``."""
+    return max(1, min(cpus, math.ceil(load_s / max(compute_s, 1e-6)) + 1))
 
 
 def _prefetch(hardware: Hardware, workers: int, batch_bytes: int | None) -> tuple[int, str]:

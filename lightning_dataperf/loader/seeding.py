@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import multiprocessing
 import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -171,11 +172,19 @@ class _MainGenerators:
 class _SeededBatches:
     """A DataLoader iterator whose every ``next()`` (sampling, ``__getitem__``, collate) runs seeded."""
 
-    def __init__(self, inner: Iterator[Any], seed: int, rank: int, position: Position) -> None:
+    def __init__(
+        self,
+        inner: Iterator[Any],
+        seed: int,
+        rank: int,
+        position: Position,
+        fetched: Callable[[float], None] | None = None,
+    ) -> None:
         self._inner, self._seed, self._rank, self._position = inner, seed, rank, position
         self._epoch: int | None = None
         self._batch = 0
         self._generators = _MainGenerators()
+        self._fetched = fetched
 
     def __iter__(self) -> _SeededBatches:
         return self
@@ -183,7 +192,10 @@ class _SeededBatches:
     def __next__(self) -> Any:
         if self._epoch is None:  # the sampler reads the same position inside this first next()
             self._epoch, self._batch = self._position()
+        started = time.perf_counter()
         batch = self._generators.fetch(batch_seed(self._seed, self._epoch, self._rank, self._batch), self._inner)
+        if self._fetched is not None:
+            self._fetched(time.perf_counter() - started)
         self._batch += 1
         return batch
 
@@ -196,9 +208,12 @@ class _SeededBatches:
         return getattr(self._inner, name)
 
 
-def seed_batches_in_main_process(loader: Any, seed: int, rank: int, position: Position) -> None:
+def seed_batches_in_main_process(
+    loader: Any, seed: int, rank: int, position: Position, fetched: Callable[[float], None] | None = None
+) -> None:
     """Make every iterator of ``loader`` (``num_workers=0``) fetch batch ``b`` of epoch ``e`` seeded
-    from ``batch_seed(seed, e, rank, b)``, where ``position()`` gives ``(e, first b)`` when it starts.
+    from ``batch_seed(seed, e, rank, b)``, where ``position()`` gives ``(e, first b)`` when it starts;
+    ``fetched``, where given, is told each batch's seconds of loading (the online loop's first moves read it).
 
     Its iterators pass through a wrapper at :attr:`~lightning_dataperf.loader.wrapping.Layer.SEEDING`
     (a second call replaces the first); a copy Lightning re-creates from the loader's arguments iterates unseeded.
@@ -207,7 +222,7 @@ def seed_batches_in_main_process(loader: Any, seed: int, rank: int, position: Po
     def seeded(loader: Any, inner: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         iterator = inner()
         # with workers (the online loop may start them) the workers seed each batch themselves
-        return iterator if loader.num_workers else _SeededBatches(iterator, seed, rank, position)
+        return iterator if loader.num_workers else _SeededBatches(iterator, seed, rank, position, fetched)
 
     wrap_iterators(loader, seeded, Layer.SEEDING, replace=True)
 
