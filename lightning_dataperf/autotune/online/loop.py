@@ -221,7 +221,7 @@ class OnlineLoop:
         if budget is None or len(trial.periods) < 4 or self.result.cost_s + trial.cost() < budget:
             return False
         # a trial reading faster than the setting in use costs nothing more per step: it runs to a trusted length
-        return trial.cost() > trial.switch_s or len(trial.periods) >= MIN_TRUSTED_BATCHES
+        return trial.cost() > trial.switch_s or trial.rate()[2] >= MIN_TRUSTED_BATCHES
 
     def _first_moves(self, start: Measured) -> list[Setting]:
         """From ``num_workers=0`` on a CPU run: the moves the start's load and compute per batch point to."""
@@ -236,7 +236,8 @@ class OnlineLoop:
     def _too_short(self, start: Measured) -> str:
         """Why the run is too short to decide anything (``""``: it is not), from the start's rate and the cap."""
         budget, rate = self._budget_s(), start.steps_per_sec
-        if budget is None or not rate:
+        # no cap at all (max_cost=0) is the user's choice, said as the cap's stop
+        if not budget or not rate:
             return ""
         shortest = max(self.min_seconds, MIN_TRUSTED_BATCHES / rate)
         needed = SLOWER_TRIAL * shortest
