@@ -88,6 +88,11 @@ def test_a_run_too_short_for_one_trusted_trial_says_so_up_front_and_never_switch
     assert result.notes and "the run is too short to decide" in result.notes[0], result.notes
     assert "steps, or OnlineTuning(max_cost=" in result.notes[0] and result.notes[0] in result.summary()
     assert len(result.trials) == 1, "only the start was measured"
+    # a noisy start (its precision never reached) still says so once its rate is roughly known, not at its cap
+    loop = OnlineLoop(ZERO, CPU, min_seconds=0.0, planned=lambda: 30.0)
+    noisy = itertools.cycle([0.05, 0.15])
+    in_use, switched = _drive(loop, ZERO, lambda s: next(noisy), 30)
+    assert switched == [] and loop.result.notes and loop.result.start.batches <= MIN_TRUSTED_BATCHES + 1
     # ten times as long: the loop tries its neighbours
     loop = OnlineLoop(ZERO, CPU, min_seconds=0.0, planned=lambda: 300.0)
     _, switched = _drive(loop, ZERO, lambda s: 0.1, 100, load_of=lambda s: 0.04)

@@ -174,7 +174,7 @@ class OnlineLoop:
             return None
         if trial.add(now - last[0]):
             trial.queued_in += self.queued()
-        if self._full(trial) or self._spent(trial) or self._decided(trial):
+        if self._full(trial) or self._spent(trial) or self._decided(trial) or self._short_start(trial):
             return self._next(trial.measured(self.queued()))
         return None
 
@@ -223,6 +223,15 @@ class OnlineLoop:
         # a trial reading faster than the setting in use costs nothing more per step: it runs to a trusted length
         return trial.cost() > trial.switch_s or trial.rate()[2] >= MIN_TRUSTED_BATCHES
 
+    def _short_start(self, trial: Segment) -> bool:
+        """The start, long enough to read its rate roughly, in a run too short to decide: it ends now, so the run
+        says so up front (waiting for its precision, a noisy start outlasted a 5-s run and said nothing)."""
+        if trial.against is not None or self.result.start is not None or len(trial.periods) < MIN_TRUSTED_BATCHES:
+            return False
+        if trial.total < self.min_seconds:
+            return False
+        return bool(self._too_short(Measured(trial.setting, len(trial.periods) / trial.total, math.inf, 0, 0.0)))
+
     def _first_moves(self, start: Measured) -> list[Setting]:
         """From ``num_workers=0`` on a CPU run: the moves the start's load and compute per batch point to."""
         loads, at = self.trial.loads if self.trial is not None else [], start.setting
@@ -235,7 +244,8 @@ class OnlineLoop:
 
     def _too_short(self, start: Measured) -> str:
         """Why the run is too short to decide anything (``""``: it is not), from the start's rate and the cap."""
-        budget, rate = self._budget_s(), start.steps_per_sec
+        rate, planned = start.steps_per_sec, self.planned()
+        budget = self.max_cost * planned / rate if rate and planned else None
         # no cap at all (max_cost=0) is the user's choice, said as the cap's stop
         if not budget or not rate:
             return ""
@@ -243,8 +253,7 @@ class OnlineLoop:
         needed = SLOWER_TRIAL * shortest
         if budget >= needed:
             return ""
-        planned = self.planned() or 0.0
-        enough = math.ceil(planned * needed / budget)
+        enough = math.ceil(planned * needed / budget)  # type: ignore[operator]
         return (
             f"the run is too short to decide: its {self.max_cost:.0%} cost cap is {budget:.2f} s, and one trusted"
             f" trial ({shortest:.1f} s, {MIN_TRUSTED_BATCHES}+ batches) of a setting {SLOWER_TRIAL:.0%} slower"
