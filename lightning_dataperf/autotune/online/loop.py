@@ -290,7 +290,8 @@ class OnlineLoop:
             lead = self.search.lead
             if lead is not None and lead.setting != self._incumbent.setting:
                 budget = self._budget_s() or 0.0
-                result.unconfirmed, result.cap_left_s = lead, max(0.0, budget - result.cost_s)
+                result.unconfirmed, result.cap_s = lead, budget
+                result.cap_left_s = max(0.0, budget - result.cost_s)
             return self._decide(self._incumbent, current)
         self.trial = Segment(setting, against)
         return setting if setting != current else None

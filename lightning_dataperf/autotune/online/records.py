@@ -167,7 +167,7 @@ class OnlineResult:
     """What the loop measured, what it kept, and what the trying cost.
 
     ``unconfirmed``: a setting that read ahead of the kept one but not beyond its error (or from too few batches)
-    when the cost cap ended the search; ``cap_left_s``: what the cap allowed then; ``notes``: what the loop said
+    when the cost cap ended the search; ``cap_s`` and ``cap_left_s``: the cap in seconds and what it allowed then; ``notes``: what the loop said
     up front (a run too short to decide).
     """
 
@@ -179,6 +179,7 @@ class OnlineResult:
     looks: int = 0
     """Searches started again after the kept setting's step rate drifted."""
     unconfirmed: Measured | None = None
+    cap_s: float | None = None
     cap_left_s: float | None = None
     max_cost: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -248,10 +249,12 @@ class OnlineResult:
         error = math.hypot(lead.error, kept.error)
         error_words = f"± {error:.0%}" if math.isfinite(error) else "(error unknown)"
         cap = f"the {self.max_cost:.0%} cap" if self.max_cost is not None else "the cost cap"
-        left = f" allows {max(0.0, self.cap_left_s):.1f} s more" if self.cap_left_s is not None else " was spent"
+        cap += f" ({self.cap_s:.2f} s)" if self.cap_s is not None else ""
+        left = self.cap_left_s or 0.0
+        left_words = f" allows {left:.2f} s more" if left >= 0.005 else " was spent"
         return (
             f"; {lead.setting.short()} read {change:+.0%} {error_words} in {lead.batches} batches; not confirmed:"
-            f" {cap}{left}; a longer run, or OnlineTuning(max_cost=...) above {self.max_cost or 0.05:g},"
+            f" {cap}{left_words}; a longer run, or OnlineTuning(max_cost=...) above {self.max_cost or 0.05:g},"
             " would settle it"
         )
 
