@@ -167,8 +167,8 @@ class OnlineResult:
     """What the loop measured, what it kept, and what the trying cost.
 
     ``unconfirmed``: a setting that read ahead of the kept one but not beyond its error (or from too few batches)
-    when the cost cap ended the search; ``cap_s`` and ``cap_left_s``: the cap in seconds and what it allowed then; ``notes``: what the loop said
-    up front (a run too short to decide).
+    when the cost cap ended the search; ``cap_s`` and ``cap_left_s``: the cap in seconds and what it allowed then;
+    ``notes``: what the loop said up front (a run too short to decide).
     """
 
     start: Measured | None = None
