@@ -82,3 +82,10 @@ def test_numpy_words_are_read_in_place_and_an_unknown_layout_falls_back_to_the_f
     first = numpy.random.random()
     numpy.random.seed(3)
     assert generators.fetch(7, iter([1])) == 1 and numpy.random.random() == first
+
+
+def test_each_batchs_load_time_is_reported_where_asked():
+    seen: list[float] = []
+    loader = DataLoader(_Draws(("torch",)), batch_size=3)
+    seed_batches_in_main_process(loader, 11, 0, lambda: (0, 0), fetched=seen.append)
+    assert len(list(loader)) == 4 and len(seen) == 4 and all(seconds > 0 for seconds in seen)
