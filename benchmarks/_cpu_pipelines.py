@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import re
 import resource
 import shutil
@@ -84,6 +85,73 @@ def collate_records(samples: list[list[torch.Tensor]]) -> tuple[torch.Tensor, to
     return torch.stack(rows), torch.tensor([len(rows) % 10] * len(rows))
 
 
+_SYLLABLES = [c + v for c in "bcdfghklmnprstvz" for v in "aeiou"] + ["st", "tr", "ng", "sh", "ch"]
+
+
+def _vocabulary(size: int = 3000) -> dict[str, int]:
+    """Subword pieces of one to three syllables, numbered from 2 (0: unknown and padding, 1: start)."""
+    rng = random.Random(0)
+    pieces = set(_SYLLABLES)
+    while len(pieces) < size:
+        pieces.add("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3))))
+    return {piece: number + 2 for number, piece in enumerate(sorted(pieces))}
+
+
+VOCABULARY = _vocabulary()
+_LONGEST = max(map(len, VOCABULARY))
+
+
+def tokenise(text: str, length: int = 64) -> list[int]:
+    """Greedy longest-match subword tokenisation in pure Python (about 1 ms for a sample's 240 words)."""
+    ids = [1]
+    for word in text.split():
+        start = 0
+        while start < len(word):
+            for end in range(min(len(word), start + _LONGEST), start, -1):
+                piece = VOCABULARY.get(word[start:end])
+                if piece is not None:
+                    ids.append(piece)
+                    start = end
+                    break
+            else:
+                ids.append(0)
+                start += 1
+    ids = ids[:length]
+    return ids + [0] * (length - len(ids))
+
+
+class TokenisedText(Dataset):
+    """A synthetic text per index (240 words of syllables), tokenised in ``__getitem__`` (issue 49's pipeline)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        rng = random.Random(index)
+        words = ("".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 5))) for _ in range(240))
+        return torch.tensor(tokenise(" ".join(words))), index % 10
+
+
+class Encoder(pl.LightningModule):
+    """An embedding, one Transformer encoder layer (64 wide, 4 heads) and a linear head over the mean token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(len(VOCABULARY) + 2, 64)
+        self.layer = nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(64, 10)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        tokens, labels = batch
+        return nn.functional.cross_entropy(self.head(self.layer(self.embed(tokens)).mean(1)), labels)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
 class Mlp(pl.LightningModule):
     """An MLP that does real arithmetic on the CPU (``width`` sets its cost)."""
 
@@ -122,6 +190,8 @@ PIPELINES: dict[str, dict[str, Any]] = {
     # tiny batches and a step whose Python (many small layers) dominates its arithmetic
     "tiny": {"data": lambda n: SyntheticImages(n, shape=(64,)), "model": lambda: Mlp(64, 64), "batch": 2, "start": 0},
     "collate": {"data": Records, "model": lambda: Mlp(16, 256), "batch": 64, "start": 0, "collate": collate_records},
+    # issue 49's newcomer pipeline: a pure-Python subword tokeniser (~1 ms a sample), a one-layer Transformer
+    "tokeniser": {"data": TokenisedText, "model": Encoder, "batch": 32, "start": 0},
     # large float batches (8 MB) made cheaply: the hand-over from a worker is the cost
     "large": {
         "data": lambda n: SyntheticImages(n, shape=(3, 64, 64)),

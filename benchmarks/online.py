@@ -3,6 +3,11 @@ on CPU pipelines whose steps compute for real (``_cpu_pipelines.py``).
 
     PYTHONPATH=$PWD python benchmarks/online.py --name online_2core
     PYTHONPATH=$PWD python benchmarks/online.py --pipelines quickstart fft --reps 3 --online-seconds 90
+    PYTHONPATH=$PWD python benchmarks/online.py --pipelines tokeniser --runs 5 --online-seconds 10 60 --no-loadtune
+
+``--runs N``: N loop runs from the same start per ``--online-seconds`` length, each a run planned that long
+(``max_steps`` from the start's grid rate, so the cost cap is 5% of it); the kept setting's distribution, each
+kept setting's share of the grid's best (interleaved pairs), and whether a printed gain was measured to 10%.
 
 Per pipeline: loadtune 0.3 (``pip install loadtune==0.3.0``; skipped if absent) tunes the same dataset,
 model and step in its own runs, and its pick joins the grid; every grid point (workers x intra-op
@@ -16,6 +21,7 @@ Prints a table and writes ``results/<name>.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -63,15 +69,32 @@ def loadtune_pick(name: str, cpus: int) -> tuple[int, int] | None:
     return result.best.knobs.num_workers, result.best.knobs.num_threads or cpus
 
 
-def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
+def online_run(name: str, threads: int, seconds: float, steps: int | None = None) -> dict[str, Any]:
+    """One online fit: ``seconds`` on a clock (planned 1000 epochs), or a run planned as ``steps`` (``max_steps``)."""
     torch.set_num_threads(threads)
     module = Pipeline(name, PIPELINES[name]["start"], autotune="online")
-    clock = StepClock(seconds, skip=0)
+    clock = StepClock(seconds if steps is None else float("inf"), skip=0)
     started = time.perf_counter()
     # epochs enough to outlast the clock: the loop's cost cap is 5% of the planned run, not of one short epoch
-    trainer([clock], max_epochs=1000).fit(PIPELINES[name]["model"](), datamodule=module)
+    bound = {"max_epochs": 1000} if steps is None else {"max_epochs": -1, "max_steps": steps}
+    trainer([clock], **bound).fit(PIPELINES[name]["model"](), datamodule=module)
     result = module.online_result
     if result is None or result.start is None:
+        if steps is not None:  # a planned run too short to measure even its start: a row of its own
+            return {
+                "kept": [PIPELINES[name]["start"], threads, None],
+                "start": [PIPELINES[name]["start"], threads],
+                "done": False,
+                "trials": [],
+                "cost_s": 0.0,
+                "gain": None,
+                "gain_error": 0.0,
+                "unconfirmed": None,
+                "notes": ["the start was not measured"],
+                "search_s": 0.0,
+                "run_s": time.perf_counter() - started,
+                "summary": "" if result is None else result.summary(),
+            }
         raise SystemExit(f"{name}: the online run ended before its first trial; give it more --online-seconds")
     # still searching when the run ended: the setting in use is the start's or a trial's, report the start's
     kept = result.kept or result.start
@@ -92,16 +115,61 @@ def online_run(name: str, threads: int, seconds: float) -> dict[str, Any]:
             for t in result.trials
         ],
         "cost_s": result.cost_s,
+        "gain": result.gain,
+        "gain_error": result.gain_error,
+        "unconfirmed": None if result.unconfirmed is None else result.unconfirmed.setting.short(),
+        "notes": list(result.notes),
         "search_s": sum(trial.seconds + trial.switch_s for trial in result.trials),
         "run_s": time.perf_counter() - started,
         "summary": result.summary(),
     }
 
 
+def load() -> float:
+    """The machine's one-minute load average (other processes on a shared machine), beside every result."""
+    return os.getloadavg()[0]
+
+
+def unmeasured_gain(run: dict[str, Any]) -> bool:
+    """A gain printed as measured while its error exceeds 10% (the summary must call it a lead)."""
+    moved = run["kept"][:2] != run["start"]
+    return moved and run["gain_error"] > 0.10 and "a lead, not a gain" not in run["summary"]
+
+
+def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple[int, int]) -> list[dict[str, Any]]:
+    """``args.runs`` loop runs from the same start for each planned length; the kept settings against the best."""
+    cpus, start = usable_cpus(), (PIPELINES[name]["start"], usable_cpus())
+    rows = []
+    for seconds in args.online_seconds:
+        steps = max(10, round(seconds * median[start]))
+        runs = []
+        for _ in range(args.runs):
+            run = online_run(name, cpus, seconds, steps)
+            run["load"] = load()
+            runs.append(run)
+        torch.set_num_threads(cpus)
+        kept = [(run["kept"][0], run["kept"][1]) for run in runs]
+        pairs = {pick: against_best(name, pick, best, args) for pick in set(kept)}
+        rows.append(
+            {
+                "seconds": seconds,
+                "steps": steps,
+                "runs": runs,
+                "kept": {f"{w}w{t}t": kept.count((w, t)) for w, t in sorted(set(kept))},
+                "of_best_pairs": {f"{w}w{t}t": statistics.median(pairs[(w, t)]) for w, t in pairs},
+                # a gain printed without "not measured to 10%" must have its error within 10%
+                "unmeasured_gain_printed": sum(1 for run in runs if unmeasured_gain(run)),
+                "load_after": load(),
+            }
+        )
+    return rows
+
+
 def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cpus, measured_before = usable_cpus(), len(OTHERS)
     policy = (recommend_loader_settings(probe_hardware(), accelerator="cpu").num_workers, cpus)
-    peer = loadtune_pick(name, cpus)
+    peer = None if args.no_loadtune else loadtune_pick(name, cpus)
+    load_before = load()
     # the online loop may go up to 2 x cpus workers: the grid covers what it can keep, the policy and the peer
     grid = {(w, t) for w in range(0, 2 * cpus + 1) for t in sorted({1, cpus})} | {policy} | ({peer} if peer else set())
     rates: dict[tuple[int, int], list[float]] = {point: [] for point in sorted(grid)}
@@ -111,7 +179,22 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     median = {point: statistics.median(values) for point, values in rates.items()}
     best = max(median, key=median.get)
     start = (PIPELINES[name]["start"], cpus)
-    online = online_run(name, cpus, args.online_seconds)
+    if args.runs:
+        repeated = repeated_runs(name, args, median, best)
+        return {
+            "pipeline": name,
+            "grid": {f"{w}w{t}t": values for (w, t), values in rates.items()},
+            "best": list(best),
+            "best_rate": median[best],
+            "start": list(start),
+            "start_rate": median[start],
+            "policy": list(policy),
+            "policy_of_best": median[policy] / median[best],
+            "repeated": repeated,
+            "load_before": load_before,
+            "others_cores_max": max(OTHERS[measured_before:]),
+        }
+    online = online_run(name, cpus, args.online_seconds[0])
     kept = (online["kept"][0], online["kept"][1])
     torch.set_num_threads(cpus)
     # the grid's best is the top of noisy medians: the picks are measured against it again, in interleaved pairs
@@ -156,12 +239,38 @@ def share(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def print_repeated(rows: list[dict[str, Any]]) -> None:
+    headers = ["pipeline", "planned", "start", "grid best", "start of best", "policy of best", "kept (of runs)"]
+    headers += ["kept of best (pairs)", "unmeasured gain printed", "load"]
+    table = []
+    for row in rows:
+        for length in row["repeated"]:
+            loads = [run["load"] for run in length["runs"]]
+            table.append(
+                [
+                    row["pipeline"],
+                    f"{length['seconds']:.0f} s ({length['steps']} steps)",
+                    setting(row["start"]),
+                    setting(row["best"]),
+                    share(row["start_rate"] / row["best_rate"]),
+                    share(row["policy_of_best"]),
+                    ", ".join(f"{point} x{count}" for point, count in length["kept"].items()),
+                    ", ".join(f"{point} {share(value)}" for point, value in length["of_best_pairs"].items()),
+                    length["unmeasured_gain_printed"],
+                    f"{min(loads):.1f}-{max(loads):.1f}",
+                ]
+            )
+    print_table(headers, table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=list(PIPELINES))
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=3.0, help="steady seconds per grid measurement")
-    parser.add_argument("--online-seconds", type=float, default=120.0)
+    parser.add_argument("--online-seconds", type=float, nargs="+", default=[120.0])
+    parser.add_argument("--runs", type=int, default=0, help="loop runs per length, each planned that long")
+    parser.add_argument("--no-loadtune", action="store_true", help="leave loadtune out")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of each pick against the grid's best")
     parser.add_argument("--name", default="online")
     args = parser.parse_args()
@@ -171,6 +280,11 @@ def main() -> None:
     for name in args.pipelines:
         rows.append(run_pipeline(name, args))
         write_json(args.name, {"args": vars(args), "rows": rows})
+    if args.runs:
+        print_repeated(rows)
+        write_json(args.name, {"args": vars(args), "rows": rows})
+        shutil.rmtree(ROOT_DIR, ignore_errors=True)
+        return
     headers = ["pipeline", "start", "grid best", "start of best", "policy", "of best", "loadtune", "of best"]
     headers += ["online kept", "of best", "trials", "cost s", "cost of 5 min", "others' cores"]
     print_table(

@@ -317,11 +317,14 @@ def attach_online(
     device = trainer.strategy.root_device.type
     side_stream = "SideStream" in type(trainer.strategy).__name__
     user = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, torch.get_num_threads())
+    # the user's own worker_init_fn (TunedDataModule's keeps it as user_init) runs only in workers: never 0 of them
+    user_init = getattr(loader.worker_init_fn, "user_init", loader.worker_init_fn)
     space = SettingSpace(
         max_workers=max(2 * cpus, loader.num_workers),
         cpus=cpus,
         tune_threads=device == "cpu",
         tune_pinning=device == "cuda" and not side_stream,
+        min_workers=1 if user_init is not None and loader.num_workers else 0,
     )
     key = SavedKey(machine, trainer.world_size, loader_words(loader)) if machine else None
     saved, said = saved_setting(trainer, key)
@@ -343,12 +346,13 @@ def attach_online(
     sampler.position = tuner.position
     # every batch is drawn from batch_seed(seed, epoch, rank, batch), in a worker or in this process alike
     numbered = number_batches(loader)
-    seed_batches_in_main_process(loader, *seeding, tuner.position)
+    seed_batches_in_main_process(loader, *seeding, tuner.position, fetched=tuner.loop.fetched)
     make_online(loader, tuner)
     notes.append(
         "online tuning: these settings are the start; neighbouring settings are tried on the training steps"
         " and the fastest kept (same samples in the same order; the result in TunedDataModule.online_result)"
         + ("; each batch's random draws are keyed by its number, whatever the workers" if numbered else "")
+        + ("; never fewer than 1 worker: your worker_init_fn runs only in workers" if space.min_workers else "")
     )
     if ranks:
         notes.append(

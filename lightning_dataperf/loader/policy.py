@@ -5,6 +5,7 @@ The rules, and where they depart from the source article's tree, are in docs/loa
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -13,12 +14,15 @@ from lightning_dataperf.loader.settings import LoaderSettings
 from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
 
 __all__ = [
+    "HANDOVER_FLOOR_S",
     "LoaderSettings",
     "article_settings",
     "check_loader_kwargs",
+    "first_workers",
     "intra_op_threads",
     "recommend_loader_settings",
     "seeded_over_generator",
+    "workers_needed",
 ]
 
 #: Share of free ``/dev/shm`` (and of available RAM) that batches in flight may take.
@@ -99,6 +103,37 @@ def intra_op_threads(workers: int, cpus: int, current: int) -> tuple[int, str] |
         f"CPU training: {workers} workers and this process's {current} intra-op threads would share {cpus} cores;"
         f" {threads} beside the workers"
     )
+
+
+#: Loading a batch in the training process cheaper than this is about what a worker's hand-over of it costs:
+#: benchmarks/online.py's dict of small tensors (batch 8) read 0.46x at one worker (issue 37's: 0.34x).
+HANDOVER_FLOOR_S = 0.002
+
+
+def first_workers(load_s: float, compute_s: float, cpus: int) -> list[tuple[int, int]]:
+    """CPU training at ``num_workers=0``: the ``(workers, intra-op threads)`` pairs the measured load and compute
+    per batch point to, the likeliest first; the verdict advises the first, the online loop tries them first.
+
+    Enough workers that loading keeps up with the step (``ceil(load / compute) + 1``, at most ``cpus``), then each
+    other count up to ``cpus``, nearest first; each beside the cores the workers leave as threads. Empty where a
+    batch loads in less than :data:`HANDOVER_FLOOR_S` (a worker's hand-over costs about as much).
+
+    Example::
+
+        first_workers(load_s=0.030, compute_s=0.050, cpus=2)   # [(2, 1), (1, 1)]
+    """
+    if load_s < HANDOVER_FLOOR_S or cpus < 1:
+        return []
+    # benchmarks/online.py, 2 cores: at the same workers one intra-op thread beat two on every pipeline
+    needed = workers_needed(load_s, compute_s, cpus)
+    counts = sorted(range(1, cpus + 1), key=lambda count: (abs(count - needed), -count))
+    return [(count, max(1, cpus - count)) for count in counts]
+
+
+def workers_needed(load_s: float, compute_s: float, cpus: int) -> int:
+    """Workers that keep loading up with the step: ``ceil(load / compute) + 1`` (one making the batch after next),
+    between 1 and ``cpus``."""
+    return max(1, min(cpus, math.ceil(load_s / max(compute_s, 1e-6)) + 1))
 
 
 def _prefetch(hardware: Hardware, workers: int, batch_bytes: int | None) -> tuple[int, str]:

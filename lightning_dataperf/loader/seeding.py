@@ -6,10 +6,12 @@ PyTorch's own worker seeds depend on what drew from the main RNG before and do n
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import itertools
 import multiprocessing
 import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,13 +89,102 @@ def _numpy() -> Any:
     return numpy
 
 
+#: NumPy's MT19937 state in memory: 624 32-bit words and the position (checked against ``state`` before use).
+_MT_BYTES = 624 * 4 + 4
+
+
+class _NumpyRaw:
+    """The global NumPy generator's MT19937 words, copied in and out of memory (a microsecond; ``get_state`` and
+    ``set_state`` took about 65 us a batch, most of a 1-ms step's seeding); ``None`` from :meth:`of` where the
+    layout is not the one checked."""
+
+    def __init__(self, generator: Any) -> None:
+        self.generator, self.address = generator, generator._bit_generator.ctypes.state_address
+
+    @classmethod
+    def of(cls, numpy: Any) -> _NumpyRaw | None:
+        generator = getattr(getattr(numpy.random, "mtrand", None), "_rand", None)
+        try:
+            raw = cls(generator)
+            state = generator._bit_generator.state["state"]
+            words = state["key"].astype("<u4").tobytes() + int(state["pos"]).to_bytes(4, "little", signed=True)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+        return raw if raw.read() == words else None
+
+    def read(self) -> bytes:
+        return ctypes.string_at(self.address, _MT_BYTES)
+
+    def write(self, words: bytes) -> None:
+        ctypes.memmove(self.address, words, _MT_BYTES)
+
+
+class _MainGenerators:
+    """Seeds the training process's generators for one batch and puts the user's states back, doing only what
+    exactness needs: NumPy's full state is read only where the user's generator moved (or holds a cached normal)
+    since it was last read, and written back in full only where the batch drew from it."""
+
+    def __init__(self) -> None:
+        numpy = _numpy()
+        self.numpy = numpy
+        self.raw = None if numpy is None else _NumpyRaw.of(numpy)
+        self.user_words: bytes | None = None
+        self.user_state: Any = None
+
+    def fetch(self, seed: int, inner: Iterator[Any]) -> Any:
+        """``next(inner)`` with the generators seeded from ``seed``, the user's states back afterwards."""
+        if self.numpy is not None and self.raw is None:  # an unknown layout: the full save and restore
+            with main_process_seeded(seed):
+                return next(inner)
+        python_state, torch_state = random.getstate(), torch.get_rng_state()
+        seeded_words = self._seed_numpy(seed)
+        random.seed(seed)
+        torch.default_generator.manual_seed(seed)
+        try:
+            return next(inner)
+        finally:
+            random.setstate(python_state)
+            torch.set_rng_state(torch_state)
+            self._restore_numpy(seeded_words)
+
+    def _seed_numpy(self, seed: int) -> bytes | None:
+        raw = self.raw
+        if raw is None:
+            return None
+        words = raw.read()
+        # a user's cached normal (has_gauss) is used without moving the words: then the full state is read each time
+        if words != self.user_words or self.user_state is None or self.user_state[3]:
+            self.user_words, self.user_state = words, self.numpy.random.get_state()
+        self.numpy.random.seed(seed % 2**32)
+        return raw.read()
+
+    def _restore_numpy(self, seeded_words: bytes | None) -> None:
+        raw = self.raw
+        if raw is None or seeded_words is None:
+            return
+        if raw.read() == seeded_words and not self.user_state[3]:
+            # the batch drew nothing from NumPy, and the user's state held no cached normal for the seeding to clear
+            raw.write(self.user_words)  # type: ignore[arg-type]
+        else:
+            self.numpy.random.set_state(self.user_state)
+
+
 class _SeededBatches:
     """A DataLoader iterator whose every ``next()`` (sampling, ``__getitem__``, collate) runs seeded."""
 
-    def __init__(self, inner: Iterator[Any], seed: int, rank: int, position: Position) -> None:
+    def __init__(
+        self,
+        inner: Iterator[Any],
+        seed: int,
+        rank: int,
+        position: Position,
+        fetched: Callable[[float], None] | None = None,
+    ) -> None:
         self._inner, self._seed, self._rank, self._position = inner, seed, rank, position
         self._epoch: int | None = None
         self._batch = 0
+        self._generators = _MainGenerators()
+        self._fetched = fetched
 
     def __iter__(self) -> _SeededBatches:
         return self
@@ -101,8 +192,10 @@ class _SeededBatches:
     def __next__(self) -> Any:
         if self._epoch is None:  # the sampler reads the same position inside this first next()
             self._epoch, self._batch = self._position()
-        with main_process_seeded(batch_seed(self._seed, self._epoch, self._rank, self._batch)):
-            batch = next(self._inner)
+        started = time.perf_counter()
+        batch = self._generators.fetch(batch_seed(self._seed, self._epoch, self._rank, self._batch), self._inner)
+        if self._fetched is not None:
+            self._fetched(time.perf_counter() - started)
         self._batch += 1
         return batch
 
@@ -115,9 +208,12 @@ class _SeededBatches:
         return getattr(self._inner, name)
 
 
-def seed_batches_in_main_process(loader: Any, seed: int, rank: int, position: Position) -> None:
+def seed_batches_in_main_process(
+    loader: Any, seed: int, rank: int, position: Position, fetched: Callable[[float], None] | None = None
+) -> None:
     """Make every iterator of ``loader`` (``num_workers=0``) fetch batch ``b`` of epoch ``e`` seeded
-    from ``batch_seed(seed, e, rank, b)``, where ``position()`` gives ``(e, first b)`` when it starts.
+    from ``batch_seed(seed, e, rank, b)``, where ``position()`` gives ``(e, first b)`` when it starts;
+    ``fetched``, where given, is told each batch's seconds of loading (the online loop's first moves read it).
 
     Its iterators pass through a wrapper at :attr:`~lightning_dataperf.loader.wrapping.Layer.SEEDING`
     (a second call replaces the first); a copy Lightning re-creates from the loader's arguments iterates unseeded.
@@ -126,7 +222,7 @@ def seed_batches_in_main_process(loader: Any, seed: int, rank: int, position: Po
     def seeded(loader: Any, inner: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         iterator = inner()
         # with workers (the online loop may start them) the workers seed each batch themselves
-        return iterator if loader.num_workers else _SeededBatches(iterator, seed, rank, position)
+        return iterator if loader.num_workers else _SeededBatches(iterator, seed, rank, position, fetched)
 
     wrap_iterators(loader, seeded, Layer.SEEDING, replace=True)
 

@@ -117,12 +117,13 @@ def test_a_new_iterators_burst_is_charged_to_the_switch_not_the_rate():
     assert trial.switch_s == pytest.approx(0.02)
 
 
-def test_the_planned_run_is_epochs_times_batches_and_none_where_either_is_unbounded():
-    assert planned_batches(3, None, 100) == 300.0
-    assert planned_batches(None, None, 100) is None and planned_batches(-1, None, 100) is None
+def test_the_planned_run_is_the_nearer_of_its_epochs_and_max_steps_and_none_where_both_are_unbounded():
+    assert planned_batches(3, None, 100) == 300.0 and planned_batches(3, -1, 100) == 300.0
+    assert planned_batches(None, None, 100) is None and planned_batches(-1, -1, 100) is None
     assert planned_batches(3, None, float("inf")) is None and planned_batches(3, None, None) is None
-    # max_steps is not read yet (as the rule was when it moved out of the Lightning glue)
-    assert planned_batches(3, 10, 100) == 300.0
+    # Lightning sets max_epochs=-1 where only max_steps bounds the run: the steps bound it (issue 47)
+    assert planned_batches(-1, 3000, 100) == 3000.0 and planned_batches(-1, 3000, None) == 3000.0
+    assert planned_batches(3, 10, 100) == 10.0 and planned_batches(3, 1000, 100) == 300.0
 
 
 def test_the_loop_refuses_ddp_fast_dev_run_and_overfit_batches():

@@ -7,15 +7,29 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 
 from lightning_dataperf.autotune.noise import slower_for_sure
-from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting, SettingSpace
+from lightning_dataperf.autotune.online.records import (
+    MIN_TRUSTED_BATCHES,
+    Measured,
+    OnlineResult,
+    Setting,
+    SettingSpace,
+)
 from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
 from lightning_dataperf.autotune.trial import steady_rate
+from lightning_dataperf.loader.policy import first_workers
 
-__all__ = ["DRIFT", "OnlineLoop", "Segment", "planned_batches", "refusal"]
+__all__ = ["DRIFT", "FIRST_MOVES", "SLOWER_TRIAL", "OnlineLoop", "Segment", "planned_batches", "refusal"]
 
 #: After the search, a window of steps whose rate moved this far from the kept setting's (and beyond three
 #: standard errors), twice in a row, is drift: the loop looks again from the kept setting, within its cost cap.
 DRIFT = 0.15
+
+#: The run is long enough to decide when the cost cap holds one trial of its shortest trusted length at this much
+#: slower than the setting in use (20%: past the 10% tie band, where a slower trial is cut).
+SLOWER_TRIAL = 0.2
+
+#: The start's measured facts (load and compute per batch) choose this many first moves.
+FIRST_MOVES = 2
 
 
 class Segment:
@@ -33,6 +47,8 @@ class Segment:
         self.fresh = True
         self.queued_in = 0
         """Batches already queued as each segment's counting began: made before it, not at its rate."""
+        self.loads: list[float] = []
+        """Seconds each batch took to load in this process (``num_workers=0``), where the feeder reports them."""
 
     def add(self, period: float) -> bool:
         """Counts ``period`` (or skips it); ``True`` where it is the first counted one of a segment."""
@@ -158,9 +174,14 @@ class OnlineLoop:
             return None
         if trial.add(now - last[0]):
             trial.queued_in += self.queued()
-        if self._full(trial) or self._spent(trial) or self._decided(trial):
+        if self._full(trial) or self._spent(trial) or self._decided(trial) or self._short_start(trial):
             return self._next(trial.measured(self.queued()))
         return None
+
+    def fetched(self, seconds: float) -> None:
+        """A batch took ``seconds`` to load in the training process (``num_workers=0``): read for the first moves."""
+        if self.trial is not None and self.trial.against is None and self.search.phase is Phase.START:
+            self.trial.loads.append(seconds)
 
     def switched(self, switch_s: float) -> None:
         """The switch to the setting :meth:`step` returned stalled training ``switch_s`` seconds: the trial's cost."""
@@ -174,7 +195,7 @@ class OnlineLoop:
         trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
         rate, error, counted = trial.rate()
         # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
-        enough = counted >= max(8, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
+        enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
         enough = enough and trial.total >= self.min_seconds
         cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2
         against = trial.against
@@ -197,15 +218,67 @@ class OnlineLoop:
         """A slow trial that alone would take the search past its cost cap ends now (its rate as measured)."""
         budget = self._budget_s()
         # four steps at least: a rate from fewer is the switch's noise, and the trial is then taken as measured
-        return budget is not None and len(trial.periods) >= 4 and self.result.cost_s + trial.cost() >= budget
+        if budget is None or len(trial.periods) < 4 or self.result.cost_s + trial.cost() < budget:
+            return False
+        # a trial reading faster than the setting in use costs nothing more per step: it runs to a trusted length
+        return trial.cost() > trial.switch_s or trial.rate()[2] >= MIN_TRUSTED_BATCHES
+
+    def _short_start(self, trial: Segment) -> bool:
+        """The start, long enough to read its rate roughly, in a run too short to decide: it ends now, so the run
+        says so up front (waiting for its precision, a noisy start outlasted a 5-s run and said nothing)."""
+        if trial.against is not None or self.result.start is not None or len(trial.periods) < MIN_TRUSTED_BATCHES:
+            return False
+        if trial.total < self.min_seconds:
+            return False
+        return bool(self._too_short(Measured(trial.setting, len(trial.periods) / trial.total, math.inf, 0, 0.0)))
+
+    def _first_moves(self, start: Measured) -> list[Setting]:
+        """From ``num_workers=0`` on a CPU run: the moves the start's load and compute per batch point to."""
+        loads, at = self.trial.loads if self.trial is not None else [], start.setting
+        if at.num_workers or not self.space.tune_threads or len(loads) < 2 or not start.steps_per_sec:
+            return []
+        load = sum(loads) / len(loads)
+        compute = max(0.0, 1.0 / start.steps_per_sec - load)
+        pairs = first_workers(load, compute, self.space.cpus)[:FIRST_MOVES]
+        return [replace(self.space.moved(at, workers), threads=threads) for workers, threads in pairs]
+
+    def _too_short(self, start: Measured) -> str:
+        """Why the run is too short to decide anything (``""``: it is not), from the start's rate and the cap."""
+        rate, planned = start.steps_per_sec, self.planned()
+        budget = self.max_cost * planned / rate if rate and planned else None
+        # no cap at all (max_cost=0) is the user's choice, said as the cap's stop
+        if not budget or not rate:
+            return ""
+        shortest = max(self.min_seconds, MIN_TRUSTED_BATCHES / rate)
+        needed = SLOWER_TRIAL * shortest
+        if budget >= needed:
+            return ""
+        enough = math.ceil(planned * needed / budget)  # type: ignore[operator]
+        return (
+            f"the run is too short to decide: its {self.max_cost:.0%} cost cap is {budget:.2f} s, and one trusted"
+            f" trial ({shortest:.1f} s, {MIN_TRUSTED_BATCHES}+ batches) of a setting {SLOWER_TRIAL:.0%} slower"
+            f" costs {needed:.2f} s; the start stays; a run of {enough}+ steps, or"
+            f" OnlineTuning(max_cost={min(1.0, self.max_cost * needed / budget):.2g}), lets it try"
+        )
 
     def _next(self, measured: Measured) -> Setting | None:
         """A trial has ended: the search takes it; the setting to switch to (``None``: the one in use stays)."""
         result = self.result
         result.trials.append(measured)
+        first = result.start is None
         result.start = result.start or measured
         self._incumbent = self._incumbent or measured
         current = measured.setting
+        result.max_cost = self.max_cost
+        if first and (short := self._too_short(measured)):
+            # said once, up front, and nothing switched on noise
+            result.notes.append(short)
+            result.stop_reason = "the run is too short to decide"
+            kept = self._decide(measured, current)
+            self.watch = None
+            return kept
+        if self.search.phase is Phase.START:
+            self.search.first = self._first_moves(measured)
         if self.search.measured(measured) is Phase.DONE:
             assert self.search.kept is not None
             return self._decide(self.search.kept, current)
@@ -213,7 +286,12 @@ class OnlineLoop:
         # a trial the search took as the new incumbent is kept even where its switch spent the budget
         self._incumbent = against or self._incumbent
         if self._over_budget():
-            # the setting the search stands on: a trial not yet confirmed against it is not kept
+            # the setting the search stands on: a trial not yet confirmed against it is not kept, but said
+            lead = self.search.lead
+            if lead is not None and lead.setting != self._incumbent.setting:
+                budget = self._budget_s() or 0.0
+                result.unconfirmed, result.cap_s = lead, budget
+                result.cap_left_s = max(0.0, budget - result.cost_s)
             return self._decide(self._incumbent, current)
         self.trial = Segment(setting, against)
         return setting if setting != current else None
@@ -261,15 +339,19 @@ def _rate_of(measured: Measured) -> tuple[float, float]:
 
 
 def planned_batches(max_epochs: int | None, max_steps: int | None, per_epoch: float | None) -> float | None:
-    """The run's planned training steps, ``max_epochs`` x ``per_epoch`` (``None``: unknown or unbounded).
+    """The run's planned training steps: the nearer of ``max_epochs`` x ``per_epoch`` and ``max_steps``
+    (``None``: unknown or unbounded; Lightning sets ``max_epochs=-1`` and ``max_steps=-1`` for "no bound").
 
-    ``max_steps`` is not read yet: a run capped by steps is planned by its epochs (kept as it was when the rule
-    moved here).
+    Example::
+
+        planned_batches(max_epochs=-1, max_steps=3000, per_epoch=500.0)   # 3000.0
     """
-    del max_steps
-    if not max_epochs or max_epochs < 0 or not per_epoch or per_epoch == float("inf"):
-        return None
-    return float(max_epochs * per_epoch)
+    bounds = []
+    if max_epochs and max_epochs > 0 and per_epoch and per_epoch != float("inf"):
+        bounds.append(float(max_epochs * per_epoch))
+    if max_steps is not None and max_steps > 0:
+        bounds.append(float(max_steps))
+    return min(bounds) if bounds else None
 
 
 def refusal(world_size: int, fast_dev_run: int | bool, overfit_batches: float) -> str:

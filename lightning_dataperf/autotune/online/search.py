@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from lightning_dataperf.autotune.noise import ahead, faster, gap
 from lightning_dataperf.autotune.online.records import Measured, Setting, SettingSpace
@@ -68,6 +68,10 @@ class NeighbourSearch:
         self._neighbours: Iterator[Setting] = iter(())
         self._trial: Measured | None = None
         self._rounds = 0
+        self.first: Sequence[Setting] = ()
+        """The moves to try first from the start (what its measured facts point to); set before it is measured."""
+        self.lead: Measured | None = None
+        """A neighbour that read ahead of the incumbent, not yet confirmed (too few batches, or within its error)."""
 
     def measured(self, measured: Measured) -> Phase:
         """Takes the measurement of :attr:`ask`'s setting; the phase it moves to (a new :attr:`ask` unless done)."""
@@ -90,7 +94,7 @@ class NeighbourSearch:
             if self._faster(trial, reference):
                 self._climb_from(trial)
             else:
-                self.best = reference
+                self.best, self.lead = reference, None
                 self._next_neighbour()
         else:
             raise RuntimeError(f"the search is done ({self.kept}): it asks for no more measurements")
@@ -102,6 +106,9 @@ class NeighbourSearch:
         return self._trial.setting
 
     def _faster(self, trial: Measured, than: Measured) -> bool:
+        # a lead read from too few batches has an error that is itself a guess: it decides nothing
+        if not (trial.trusted and than.trusted):
+            return False
         return faster(trial.steps_per_sec, than.steps_per_sec, gap(trial.error, than.error, self.noise))
 
     def _ask(self, phase: Phase, setting: Setting, against: Measured | None) -> None:
@@ -109,8 +116,9 @@ class NeighbourSearch:
 
     def _climb_from(self, best: Measured) -> None:
         """``best`` is the incumbent: its neighbours are tried next."""
-        self.best = best
-        self._neighbours = self.space.neighbours(best.setting)
+        self.best, self.lead = best, None
+        first, self.first = self.first, ()
+        self._neighbours = self.space.neighbours(best.setting, first)
         self._next_neighbour()
 
     def _next_neighbour(self) -> None:
@@ -130,9 +138,12 @@ class NeighbourSearch:
         assert best is not None
         self._trial = trial
         unsure = not self._faster(trial, best) and ahead(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        if unsure or self._faster(trial, best):
+            self.lead = trial
         if unsure and self._rounds < CLOSE_CALL_ROUNDS:
             self._ask(Phase.CLOSE_CALL_INCUMBENT, best.setting, None)
         elif not self._faster(trial, best):
+            self.lead = None
             self._next_neighbour()
         elif trial.steps_per_sec > best.steps_per_sec * (1 + CONFIRM_BELOW):
             # no drift that big comes with one switch: kept without a second look

@@ -5,7 +5,11 @@ from __future__ import annotations
 from lightning_dataperf.diagnosis.evidence import Evidence
 from lightning_dataperf.diagnosis.findings import Finding
 
-__all__ = ["GPU_SLOWDOWN_SHARE", "compute_bound"]
+__all__ = ["CONTENTION_SHARE", "GPU_SLOWDOWN_SHARE", "compute_bound"]
+
+#: Where this process's threads waited for a core for at least this share of the step, the waiting is most of
+#: the step: the headline says contention, not compute (under another process's load, 752 of a 756-ms step).
+CONTENTION_SHARE = 0.5
 
 #: Share of the epoch's NVML readings with a thermal or hardware slowdown above which it is named: a reading
 #: now and then is a transient; more than one in ten slows the step throughout.
@@ -37,9 +41,17 @@ def compute_bound(evidence: Evidence) -> Finding | None:
         advice.append(
             "the GPU clocks are slowed by heat or a hardware slowdown (not just the power cap): check cooling"
         )
+    headline = "compute-bound: input is not the limit; speed up the model itself"
+    queued = evidence.queued_per_step
+    if queued is not None and step and queued >= CONTENTION_SHARE * step:
+        # the step's time is mostly a wait for a core: a faster model would not shorten it
+        headline = (
+            f"contention: this process's threads waited for a core {1e3 * queued:.0f} ms of each"
+            f" {1e3 * step:.0f}-ms step; input is not the limit, and most of the step is waiting, not the model"
+        )
     return Finding(
         kind="compute_bound",
-        headline="compute-bound: input is not the limit; speed up the model itself",
+        headline=headline,
         # below 1 so that the ceiling speed-up stays finite (the compute finding's is not printed)
         share=min(share, 0.999),
         evidence=_compute_evidence(evidence, compute, share),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lightning_dataperf.diagnosis.evidence import Evidence
+from lightning_dataperf.loader.policy import HANDOVER_FLOOR_S
 
 __all__ = [
     "HANDOVER_FLOOR_S",
@@ -10,10 +11,12 @@ __all__ = [
     "UNSEEN_FIRST_WORKERS",
     "UNSEEN_MORE_READS",
     "UNSEEN_MORE_WORKERS",
+    "advised",
     "compute_beside",
     "estimate",
     "handover_floor_words",
     "more_workers_lost",
+    "reads_slower",
     "threads_beside",
 ]
 
@@ -31,16 +34,47 @@ UNSEEN_MORE_READS = "not measured: whether the storage serves more reads at once
 
 
 def estimate(evidence: Evidence, step: float | None, new_step: float, unseen: str) -> str:
-    """A predicted gain, said to be an estimate, never above the ceiling of removing the wait altogether."""
+    """A predicted gain, said to be an estimate, never above the ceiling of removing the wait altogether, and
+    never below 1.0x: a model that reads slower says it cannot tell (:func:`advised` then advises nothing)."""
     if not step or new_step <= 0 or evidence.measured_online:
         return ""
     ceiling = 1.0 / max(1e-6, 1.0 - (evidence.summary.input_stall_fraction or 0.0))
     gain = min(step / new_step, ceiling)
+    if gain < 1.0:
+        return f" (no estimate: this epoch cannot tell; {unseen}; {_MEASURE})"
     return (
         f" (an estimate from this epoch: up to {gain:.2f}x, {1e3 * step:.1f} -> {1e3 * step / gain:.1f} ms; {unseen};"
         " measure it on your steps: TunedDataModule(autotune=OnlineTuning()), or for a plain DataLoader"
         " TunedDataModule.from_loaders(loader, autotune=OnlineTuning()))"
     )
+
+
+_MEASURE = (
+    "measure it on your steps: TunedDataModule(autotune=OnlineTuning()), or for a plain DataLoader"
+    " TunedDataModule.from_loaders(loader, autotune=OnlineTuning())"
+)
+
+
+def reads_slower(evidence: Evidence, step: float | None, new_step: float) -> bool:
+    """The model of a change predicts a slower step (its bound on the step's compute beside fewer threads is an
+    upper bound: the tokeniser pipeline's "up to 0.77x" measured 1.08-1.10x)."""
+    return bool(step) and new_step > step and not evidence.measured_online  # type: ignore[operator]
+
+
+def advised(evidence: Evidence, step: float | None, new_step: float, change: str, unseen: str) -> str:
+    """``change`` with its estimate; where the estimate reads slower, no change is advised and the loop is named
+    to measure it (an advised change must not slow the run: three held-out pipelines measured 0.64-0.87x).
+
+    Example::
+
+        advised(evidence, 0.088, 0.114, "set num_workers=2", UNSEEN_FIRST_WORKERS)   # "no change is advised ..."
+    """
+    if reads_slower(evidence, step, new_step):
+        return (
+            f"no change is advised from this epoch: whether to {change} cannot be told from it ({unseen}; a"
+            f" model of it reads slower, an upper bound that has been wrong both ways); {_MEASURE}"
+        )
+    return change + estimate(evidence, step, new_step, unseen)
 
 
 def more_workers_lost(evidence: Evidence) -> str | None:
@@ -72,11 +106,6 @@ def threads_beside(evidence: Evidence, workers: int) -> str:
         return ""
     # benchmarks/online.py, 2 cores: at the same workers one intra-op thread beat two on every pipeline
     return f" and torch.set_num_threads({max(1, cpus - workers)}) (now {threads}: the workers need the cores too)"
-
-
-#: Loading a batch in the training process cheaper than this is about what a worker's hand-over of it costs:
-#: benchmarks/online.py's dict of small tensors (batch 8) read 0.46x at one worker (issue 37's: 0.34x).
-HANDOVER_FLOOR_S = 0.002
 
 
 def handover_floor_words(work: float) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from lightning_dataperf import tags
@@ -12,6 +11,7 @@ from lightning_dataperf.diagnosis.rules import cores
 from lightning_dataperf.diagnosis.rules import estimate as estimates
 from lightning_dataperf.diagnosis.rules.decode import gpu_decode_cause
 from lightning_dataperf.diagnosis.rules.thresholds import SIGNIFICANT_SHARE
+from lightning_dataperf.loader.policy import workers_needed
 
 __all__ = ["SIGNIFICANT_SHARE", "input_bound"]
 
@@ -195,18 +195,18 @@ def _in_main_process(evidence: Evidence) -> _Cause:
     if below_floor:
         advice.append(estimates.handover_floor_words(work))
     elif inside is not None and work is not None and compute and budget:
-        workers = max(1, min(budget, math.ceil(work / compute) + 1))
+        # the rule the online loop's first trial follows too (loader/policy.py first_workers): the two agree
+        workers = workers_needed(work, compute, budget)
         beside = estimates.compute_beside(evidence, compute, workers)
         new_step = max(beside, work / workers)
         if not evidence.summary.on_device:
             # on a CPU run the workers' loading and this process's step share the cores
             new_step = max(new_step, (work + beside) / budget)
+        change = f"set num_workers={workers}" + estimates.threads_beside(evidence, workers)
         advice.append(
             f"each batch takes {1e3 * work:.1f} ms to load in the training process (fetch {1e3 * inside.fetch_s:.1f}"
-            f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: set "
-            f"num_workers={workers}"
-            + estimates.threads_beside(evidence, workers)
-            + estimates.estimate(evidence, step, new_step, estimates.UNSEEN_FIRST_WORKERS)
+            f" + collate {1e3 * inside.collate_s:.1f} ms) next to {1e3 * compute:.1f} ms of compute: "
+            + estimates.advised(evidence, step, new_step, change, estimates.UNSEEN_FIRST_WORKERS)
         )
     else:
         advice.append("num_workers=0 loads every batch in the training process: set num_workers > 0")
@@ -235,23 +235,22 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
         added = max(1, round(spare))
         beside = estimates.compute_beside(evidence, compute or 0.0, workers + added)
         predicted = max(beside, (step or 0.0) * workers / (workers + min(added, spare)))
+        change = f"raise num_workers from {workers} to {workers + added}" + estimates.threads_beside(
+            evidence, workers + added
+        )
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and about {spare:.{0 if spare >= 2 else 1}f} cores are idle: "
-            "raise num_workers "
-            f"from {workers} to {workers + added}"
-            + estimates.threads_beside(evidence, workers + added)
-            + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
+            + estimates.advised(evidence, step, predicted, change, estimates.UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, with idle cores"
     elif cores.threads_hold_cores(evidence, workers):
         # benchmarks/online.py, fft on 2 cores: 1 worker + 2 threads 7.5 steps/s, 2 workers + 1 thread 14.0
         threads, cpus = evidence.intra_op_threads, evidence.usable_cpus
         predicted = max(estimates.compute_beside(evidence, compute or 0.0, cpus), (step or 0.0) * workers / cpus)
+        change = f"set num_workers={cpus}" + estimates.threads_beside(evidence, cpus)
         advice.append(
             f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are spent, {threads} of them by this process's "
-            f"intra-op threads: set num_workers={cpus}"
-            + estimates.threads_beside(evidence, cpus)
-            + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
+            "intra-op threads: " + estimates.advised(evidence, step, predicted, change, estimates.UNSEEN_MORE_WORKERS)
         )
         words = "CPU preprocessing, cores held by the training process's intra-op threads"
     else:
@@ -268,9 +267,10 @@ def _cpu_bound(evidence: Evidence) -> _Cause:
             predicted = max((compute or 0.0) * slower, (step or 0.0) / faster)
             advice.append(
                 f"{workers} workers are {busy_pct:.0f}% busy and the CPUs are shared with processes outside this run "
-                f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them, "
-                f"num_workers={workers + 1}"
-                + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_WORKERS)
+                f"({others:.1f} cores' worth{runnable}{cpus}): a worker more takes its share of the cores from them: "
+                + estimates.advised(
+                    evidence, step, predicted, f"set num_workers={workers + 1}", estimates.UNSEEN_MORE_WORKERS
+                )
                 + "; on a machine of your own, free the CPUs"
             )
             words = "CPU preprocessing, CPUs shared with other processes"
@@ -315,10 +315,13 @@ def _latency_bound(evidence: Evidence) -> _Cause:
     if lost := estimates.more_workers_lost(evidence):
         advice = [f"{waiting}; {lost}"]
     else:
+        change = (
+            f"raise num_workers from {workers} to {more}, and prefetch_factor (now {loader.prefetch_factor}) to keep"
+            " more reads in flight"
+        )
         advice = [
-            f"{waiting}, so more of them overlap the waits: raise num_workers from {workers} to {more}"
-            + estimates.estimate(evidence, step, predicted, estimates.UNSEEN_MORE_READS)
-            + f", and prefetch_factor (now {loader.prefetch_factor}) to keep more reads in flight",
+            f"{waiting}, so more of them overlap the waits: "
+            + estimates.advised(evidence, step, predicted, change, estimates.UNSEEN_MORE_READS)
         ]
     if line := evidence.autotune:
         advice.append(line)
