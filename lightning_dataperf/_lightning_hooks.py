@@ -38,6 +38,7 @@ __all__ = [
     "reinit_loader",
     "replace_loader_dataset",
     "resume_position",
+    "set_persistent_workers",
     "shared_storage",
     "shutdown_loader_iterator",
     "single_device_root",
@@ -388,3 +389,9 @@ def _compiles_cuda_graphs(context: Any) -> bool:
     return getattr(backend, "compiler_name", None) == "cudagraphs" or (
         isinstance(config, dict) and bool(config.get("triton.cudagraphs"))
     )
+
+
+def set_persistent_workers(loader: Any, persistent: bool) -> None:
+    """``loader.persistent_workers = persistent`` after ``__init__``, which ``DataLoader.__setattr__`` refuses;
+    the next iterator honours it (the online loop sets it with each new worker count)."""
+    object.__setattr__(loader, "persistent_workers", persistent)

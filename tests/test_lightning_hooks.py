@@ -288,3 +288,19 @@ def test_the_compile_internals_the_detection_reads():
     # make_graphed_callables gives a module's forward a closure of its own (its qualified name names it)
     source = inspect.getsource(graphs.make_graphed_callables)
     assert "def new_fwd" in source and "func.forward = make_graphed_forward(" in source
+
+
+def test_persistent_workers_set_after_init_is_refused_plainly_and_honoured_when_set_by_the_hook():
+    from torch.utils.data import DataLoader
+
+    from lightning_dataperf._lightning_hooks import set_persistent_workers, shutdown_loader_iterator
+
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1)
+    # the reason for the hook: DataLoader guards this attribute after __init__
+    with pytest.raises(ValueError, match="persistent_workers"):
+        loader.persistent_workers = True
+    set_persistent_workers(loader, True)
+    first = iter(loader)
+    assert [batch.tolist() for batch in first] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert iter(loader) is first, "the next epoch reuses the persistent iterator, its workers alive"
+    shutdown_loader_iterator(first)

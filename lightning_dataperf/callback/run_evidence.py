@@ -135,7 +135,7 @@ def decode_placement_measured(result: Any) -> DecodePlacementMeasured | None:
     """
     if result is None:
         return None
-    measured = [trial for trial in result.trials if getattr(trial.setting, "gpu_share", None) is not None]
+    measured = [trial for trial in result.trials if trial.setting.gpu_share is not None]
     ends = {}
     for share in (0.0, 1.0):
         at = [trial for trial in measured if trial.setting.gpu_share == share and trial.steps_per_sec > 0]
@@ -146,7 +146,7 @@ def decode_placement_measured(result: Any) -> DecodePlacementMeasured | None:
     if len(ends) < 2:
         return None
     kept = result.kept
-    kept_share = None if kept is None else getattr(kept.setting, "gpu_share", None)
+    kept_share = None if kept is None else kept.setting.gpu_share
     return DecodePlacementMeasured(
         cpu_only=ends[0.0].steps_per_sec,
         gpu_only=ends[1.0].steps_per_sec,

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
 from typing_extensions import override
 
@@ -337,7 +336,11 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         if isinstance(self.autotune, OnlineTuning) and trainer is not None:
             seeding, options = (self._seed(), self._ranks()[0]), keywords(self.autotune)
             cpus, machine = self.hardware.cpus_per_rank, machine_words(self.hardware)
-            self._online = attach_online(loader, trainer, cpus, plan.notes, seeding, options, machine=machine)
+            split = self.gpu_decode.gpu_share if self.gpu_decode and is_encoded_dataset(loader.dataset) else None
+            persistent = plan.explicit.get("persistent_workers", self.loader_settings.persistent_workers)
+            self._online = attach_online(
+                loader, trainer, cpus, plan.notes, seeding, options, machine, split, bool(persistent)
+            )
 
     def decode_on_gpu(self, result: Any, plans: list[LoaderPlan]) -> Any:
         """``gpu_decode``: a hook's loader over encoded JPEGs comes back wrapped in a ``GpuDecodeLoader``."""
@@ -349,23 +352,19 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         note = ", ".join(f"{key}={value}" for key, value in {**shown, **changed(self.gpu_decode)}.items())
         for plan in plans:
             plan.notes.append(f"GPU decode: wrapped in GpuDecodeLoader({note})")
-        return GpuDecodeLoader(result, device=device, **keywords(self.gpu_decode))
+        decoding = GpuDecodeLoader(result, device=device, **keywords(self.gpu_decode))
+        if self._online is not None and self._online.current.gpu_share is not None:
+            # the loop's share reaches the workers through it (a saved setting's share from the start)
+            self._online.share_target = decoding.set_gpu_share
+            decoding.set_gpu_share(self._online.current.gpu_share)
+        return decoding
 
     def _run_autotune(self, explicit: dict[str, Any]) -> None:
-        from lightning_dataperf.autotune.tune import not_map_style
-        from lightning_dataperf.datamodule.tuning import autotune_for_datamodule
+        from lightning_dataperf.datamodule.tuning import search_for_datamodule
 
-        if (problem := not_map_style(explicit.get("dataset"))) is not None:  # no search: the policy's settings stay
-            settings = self.loader_settings
-            rank_zero_warn(
-                f"TunedDataModule(autotune=SearchTuning(...)): {problem} Training goes on with the policy's settings "
-                f"(num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
-                f"pin_memory={settings.pin_memory}).",
-                category=UserWarning,
-            )
-            return
-        self.autotune_result = autotune_for_datamodule(self, explicit)
-        self._settings = self.autotune_result.settings
+        self.autotune_result = search_for_datamodule(self, explicit)
+        if self.autotune_result is not None:
+            self._settings = self.autotune_result.settings
 
     # ------------------------------------------------------------------ reporting
     def report_plans(self, stage: str, plans: list[LoaderPlan]) -> None:

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 from lightning_dataperf._lightning_hooks import (
     forget_persistent_iterator,
     queued_batches,
+    set_persistent_workers,
     shutdown_loader_iterator,
     validation_batches_seen,
 )
@@ -82,6 +83,8 @@ class OnlineTuner:
         """Called with the kept setting when the search ends (rank zero saves it for the next run)."""
         self.current = start
         """The setting in use on this rank."""
+        self.share_target: Callable[[float], None] | None = None
+        """A split-decode loader's ``set_gpu_share`` (set once the ``GpuDecodeLoader`` wraps the loader)."""
         self.held: Setting | None = None
         """Under DDP, rank zero's decision waiting for the next sync point (the loop is not fed meanwhile: those
         steps belong to neither setting)."""
@@ -233,10 +236,11 @@ class OnlineIterator(Iterator[Any]):
         loader.num_workers = setting.num_workers
         loader.prefetch_factor = setting.prefetch_factor
         loader.pin_memory = setting.pin_memory
-        # TODO(lead): once Setting has gpu_share and persistent_workers (the loop's branch), apply them here:
-        # a GpuDecodeLoader's set_gpu_share(setting.gpu_share) where it is not None, and persistent workers by
-        # rebuilding with loader.persistent_workers (DataLoader forbids setting it after __init__: use
-        # loader.__dict__ or a rebuilt loader, and keep forget_persistent_iterator in close()).
+        # a new count of workers keeps them across epochs as the plan chose (restarts cost 7% of an H200 run's rate)
+        set_persistent_workers(loader, setting.persistent_workers and setting.num_workers > 0)
+        if setting.gpu_share is not None and self.tuner.share_target is not None:
+            # the workers the new iterator starts split their batches at this share
+            self.tuner.share_target(setting.gpu_share)
         self.tuner.override = (self.epoch, self.first + self.yielded)
         # a new iterator draws its base seed: from a forked generator, so the model's own draws do not move
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
@@ -302,12 +306,16 @@ def attach_online(
     seeding: tuple[int, int],
     options: dict[str, Any] | None = None,
     machine: str = "",
+    gpu_share: float | None = None,
+    persistent: bool = False,
 ) -> OnlineTuner | None:
     """The tuner for the training ``loader``, or ``None`` with the reason in ``notes`` where the loop cannot run.
 
     ``options``: :class:`OnlineTuner`'s ``precision``, ``max_batches`` (per trial) and ``max_cost`` (share of the run).
     ``cpus``: this rank's share of the host's cores. ``machine``: the host in words, with ``trainer.world_size``
-    and the loader the key of the setting saved for the next run (``""``: none saved or read).
+    and the loader the key of the setting saved for the next run (``""``: none saved or read). ``gpu_share``: a
+    split-decode loader's share of GPU decode, tried by the loop (``None``: no split decode). ``persistent``: the
+    workers kept across epochs whatever count the loop moves to (the plan's ``persistent_workers``).
     """
     sampler = loader.sampler
     refused = refusal(trainer.world_size, trainer.fast_dev_run, trainer.overfit_batches)
@@ -316,7 +324,8 @@ def attach_online(
         return None
     device = trainer.strategy.root_device.type
     side_stream = "SideStream" in type(trainer.strategy).__name__
-    user = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, torch.get_num_threads())
+    threads = torch.get_num_threads()
+    user = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, threads, gpu_share, persistent)
     # the user's own worker_init_fn (TunedDataModule's keeps it as user_init) runs only in workers: never 0 of them
     user_init = getattr(loader.worker_init_fn, "user_init", loader.worker_init_fn)
     space = SettingSpace(
@@ -325,6 +334,7 @@ def attach_online(
         tune_threads=device == "cpu",
         tune_pinning=device == "cuda" and not side_stream,
         min_workers=1 if user_init is not None and loader.num_workers else 0,
+        tune_share=gpu_share is not None,
     )
     key = SavedKey(machine, trainer.world_size, loader_words(loader)) if machine else None
     saved, said = saved_setting(trainer, key)

@@ -7,14 +7,15 @@ from typing import Any
 
 import torch
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_dataperf import tags
 from lightning_dataperf._records import keywords
 from lightning_dataperf.autotune.consumer import TransferPath
 from lightning_dataperf.autotune.options import SearchTuning
-from lightning_dataperf.autotune.tune import AutotuneResult, autotune_loader
+from lightning_dataperf.autotune.tune import AutotuneResult, autotune_loader, not_map_style
 
-__all__ = ["autotune_for_datamodule", "transfer_path_of"]
+__all__ = ["autotune_for_datamodule", "search_for_datamodule", "transfer_path_of"]
 
 #: :class:`SearchTuning`'s fields that describe the transfer path (:func:`transfer_path_of`), not the search.
 _PATH_FIELDS = ("step_seconds", "host_step_seconds", "step_fn", "device_transform", "side_stream")
@@ -105,3 +106,18 @@ def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> Autotun
             if isinstance(logger, TensorBoardLogger):
                 logger.experiment.add_text(tags.AUTOTUNE_TEXT, f"```\n{result.format()}\n```")
     return result
+
+
+def search_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> AutotuneResult | None:
+    """:func:`autotune_for_datamodule`, or ``None`` with a warning where the dataset cannot be searched (the policy's
+    settings stay)."""
+    if (problem := not_map_style(explicit.get("dataset"))) is not None:
+        settings = module.loader_settings
+        rank_zero_warn(
+            f"TunedDataModule(autotune=SearchTuning(...)): {problem} Training goes on with the policy's settings "
+            f"(num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
+            f"pin_memory={settings.pin_memory}).",
+            category=UserWarning,
+        )
+        return None
+    return autotune_for_datamodule(module, explicit)

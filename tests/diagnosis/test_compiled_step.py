@@ -158,15 +158,8 @@ def test_the_callback_words_for_how_the_step_runs():
     assert step_compiled_words(Holder(torch.compile(net, mode="reduce-overhead"))) == STEP_COMPILED_CUDA_GRAPHS
 
 
-@dataclasses.dataclass(frozen=True)
-class SplitSetting(Setting):
-    """The loop's setting with the split decode's share (``Setting.gpu_share`` where the loop tries it)."""
-
-    gpu_share: float | None = None
-
-
 def _trial(share: float | None, rate: float, workers: int = 4, error: float = 0.02) -> Measured:
-    return Measured(SplitSetting(workers, 2, True, 1, gpu_share=share), rate, error, batches=40, seconds=40 / rate)
+    return Measured(Setting(workers, 2, True, 1, gpu_share=share), rate, error, batches=40, seconds=40 / rate)
 
 
 def test_the_online_loops_two_ends_are_read_from_its_trials():

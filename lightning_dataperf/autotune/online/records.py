@@ -35,7 +35,7 @@ class Setting:
     def describe(self) -> str:
         prefetch = f", prefetch_factor={self.prefetch_factor}" if self.num_workers else ""
         words = f"num_workers={self.num_workers}{prefetch}, pin_memory={self.pin_memory}, threads={self.threads}"
-        if self.persistent_workers:
+        if self.persistent_workers and self.num_workers:
             words += ", persistent_workers=True"
         if self.gpu_share is not None:
             words += f", gpu_share={self.gpu_share:g}"
@@ -47,7 +47,7 @@ class Setting:
         words = f"{workers} + {self.threads} thread{'s' if self.threads != 1 else ''}"
         if self.gpu_share is not None:
             words += f", GPU share {self.gpu_share:g}"
-        if self.persistent_workers:
+        if self.persistent_workers and self.num_workers:
             words += ", persistent"
         return words
 
@@ -151,8 +151,8 @@ class SettingSpace:
     @staticmethod
     def _with_workers(at: Setting, workers: int) -> Setting:
         prefetch = (at.prefetch_factor or 2) if workers else None
-        persistent = at.persistent_workers and workers > 0
-        return replace(at, num_workers=workers, prefetch_factor=prefetch, persistent_workers=persistent)
+        # the preference stays at 0 workers: a later count of workers keeps them across epochs again
+        return replace(at, num_workers=workers, prefetch_factor=prefetch)
 
 
 def share_steps(share: float) -> list[float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,7 +84,8 @@ class ConfirmSpace(SettingSpace):
 
     user: Setting | None = None
 
-    def neighbours(self, at: Setting) -> Iterator[Setting]:
+    def neighbours(self, at: Setting, first: Sequence[Setting] = ()) -> Iterator[Setting]:
+        # the start's facts point nowhere new: the saved setting was chosen on them already
         if self.user is not None and at != self.user:
             yield self.user
 

@@ -1,0 +1,53 @@
+"""What a switch of the online loop applies beyond workers and prefetch: the split-decode share and the workers kept
+across epochs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from helpers import IndexedDataset
+from torch.utils.data import DataLoader
+
+from lightning_dataperf.autotune.online import Setting, SettingSpace
+from lightning_dataperf.datamodule.online import OnlineTuner, make_online
+from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler
+
+
+def _trainer():
+    progress = SimpleNamespace(total=SimpleNamespace(ready=0))
+    loop = SimpleNamespace(epoch_loop=SimpleNamespace(val_loop=SimpleNamespace(batch_progress=progress)))
+    return SimpleNamespace(current_epoch=0, fit_loop=loop, max_epochs=2, num_training_batches=6, max_steps=-1)
+
+
+def test_a_switch_sets_the_gpu_share_and_keeps_the_new_workers_across_epochs():
+    dataset = IndexedDataset(24)
+    sampler = EpochAwareDistributedSampler(dataset, batch_size=4, num_replicas=1, rank=0, shuffle=False)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler)
+    threads = torch.get_num_threads()
+    # at 0 workers the preference for persistent workers waits for a count of workers
+    start = Setting(0, None, False, threads, gpu_share=1.0, persistent_workers=True)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False, tune_share=True)
+    tuner = OnlineTuner(_trainer(), start, space, position=lambda: (0, 0))
+    # the sampler starts where the tuner says: after a switch, at the next unconsumed batch
+    sampler.position = tuner.position
+    shares: list[float] = []
+    tuner.share_target = shares.append
+    make_online(loader, tuner)
+    iterator = iter(loader)
+    first = next(iterator)
+    assert not loader.persistent_workers and shares == []
+    iterator._switch(Setting(1, 2, False, threads, gpu_share=0.0, persistent_workers=True))
+    rest = list(iterator)
+    assert shares == [0.0], "the decode loader's share set before the new workers start"
+    assert loader.num_workers == 1 and loader.persistent_workers
+    batches = [first, *rest]
+    assert torch.cat([batch[:, 0] for batch in batches]).tolist() == list(range(24)), "no batch lost or repeated"
+    iterator.close()
+
+
+def test_a_share_is_only_searched_for_a_split_decode_loader():
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False, tune_share=True)
+    split = list(space.neighbours(Setting(1, 2, False, 1, gpu_share=1.0)))
+    assert {setting.gpu_share for setting in split} >= {0.0, 1.0}
+    assert all(setting.gpu_share is None for setting in space.neighbours(Setting(1, 2, False, 1)))
