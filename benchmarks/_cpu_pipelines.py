@@ -234,7 +234,8 @@ class StepClock(Callback):
 
 def trainer(callbacks: list[Callback], **options: Any) -> pl.Trainer:
     return quiet_trainer(
-        default_root_dir=ROOT_DIR,
+        # a root of its own: the online loop would start the next fit from the setting this one saved
+        default_root_dir=tempfile.mkdtemp(dir=ROOT_DIR),
         accelerator="cpu",
         max_epochs=options.pop("max_epochs", 1),
         callbacks=callbacks,
