@@ -330,7 +330,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
             seed_batches_in_main_process(loader, self._seed(), self._ranks()[0], sampler.position)
             plan.notes.append(
                 "num_workers=0: each batch is fetched with random/NumPy/torch seeded from (seed, epoch, rank, "
-                "batch), your generators restored after it (same draws after a resume; ~0.2 ms per batch)"
+                "batch), your generators restored after it (same draws after a resume; about 22 us per batch)"
             )
         trainer = self._trainer_or_none()
         if isinstance(self.autotune, OnlineTuning) and trainer is not None:
