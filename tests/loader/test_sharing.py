@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -268,18 +269,23 @@ def test_a_share_by_collected_with_its_loader_reclaims_and_removes_its_pid_file(
     share = ShareBy(FAST_HANDOVER)
     loader = DataLoader([torch.full((8,), 1.0)] * 256, batch_size=4, num_workers=2, prefetch_factor=4,
                         worker_init_fn=share)  # fmt: skip
-    iterator = iter(loader)
-    assert next(iterator).shape == (4, 8)
-    pids, pid_file = shutdown_loader_iterator(iterator), share._pid_file
-    assert set(share.worker_pids()) == set(pids) and os.path.exists(pid_file)
 
-    def left():
+    def left(pids):
         return [name for name in os.listdir("/dev/shm") if name.startswith(tuple(f"torch_{pid}_" for pid in pids))]
 
-    assert left(), "PyTorch no longer leaves a stopped file_system loader's batches in /dev/shm"
+    iterator = iter(loader)
+    assert next(iterator).shape == (4, 8)
+    # stopped only once both workers have batches waiting (prefetched, sent, not received): on a busy machine the
+    # second worker may not have sent one yet when the first batch arrives
+    deadline = time.monotonic() + 30
+    while len({name.split("_")[1] for name in left(share.worker_pids())}) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    pids, pid_file = shutdown_loader_iterator(iterator), share._pid_file
+    assert set(share.worker_pids()) == set(pids) and os.path.exists(pid_file)
+    assert left(pids), "PyTorch no longer leaves a stopped file_system loader's batches in /dev/shm"
     del iterator, loader, share  # e.g. reload_dataloaders_every_n_epochs: the old loader goes
     gc.collect()
-    assert left() == [] and not os.path.exists(pid_file)
+    assert left(pids) == [] and not os.path.exists(pid_file)
 
 
 def test_reclaim_touches_only_the_stopped_workers_unmapped_files(tmp_path, monkeypatch):
