@@ -179,17 +179,21 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     median = {point: statistics.median(values) for point, values in rates.items()}
     best = max(median, key=median.get)
     start = (PIPELINES[name]["start"], cpus)
+    # the grid's figures, the same in both kinds of row
+    row = {
+        "pipeline": name,
+        "grid": {f"{w}w{t}t": values for (w, t), values in rates.items()},
+        "best": list(best),
+        "best_rate": median[best],
+        "start": list(start),
+        "start_rate": median[start],
+        "policy": list(policy),
+        "policy_of_best": median[policy] / median[best],
+    }
     if args.runs:
         repeated = repeated_runs(name, args, median, best)
         return {
-            "pipeline": name,
-            "grid": {f"{w}w{t}t": values for (w, t), values in rates.items()},
-            "best": list(best),
-            "best_rate": median[best],
-            "start": list(start),
-            "start_rate": median[start],
-            "policy": list(policy),
-            "policy_of_best": median[policy] / median[best],
+            **row,
             "repeated": repeated,
             "load_before": load_before,
             "others_cores_max": max(OTHERS[measured_before:]),
@@ -200,14 +204,7 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     # the grid's best is the top of noisy medians: the picks are measured against it again, in interleaved pairs
     pairs = {pick: against_best(name, pick, best, args) for pick in {kept, peer} if pick is not None}
     return {
-        "pipeline": name,
-        "grid": {f"{w}w{t}t": values for (w, t), values in rates.items()},
-        "best": list(best),
-        "best_rate": median[best],
-        "start": list(start),
-        "start_rate": median[start],
-        "policy": list(policy),
-        "policy_of_best": median[policy] / median[best],
+        **row,
         "loadtune": None if peer is None else list(peer),
         "loadtune_of_best": None if peer is None else median[peer] / median[best],
         "online": online,
