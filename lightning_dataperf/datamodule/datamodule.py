@@ -18,6 +18,7 @@ from lightning_dataperf.autotune.online import OnlineResult
 from lightning_dataperf.autotune.options import OnlineTuning, SearchTuning
 from lightning_dataperf.datamodule._options import Tuning, decode_options, tuning_mode
 from lightning_dataperf.datamodule._reporting import publish_plans
+from lightning_dataperf.datamodule.from_loaders import TrainLoaders, TrainValLoaders
 from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
 from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
 from lightning_dataperf.datamodule.online_start import machine_words, online_off
@@ -25,8 +26,12 @@ from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
-from lightning_dataperf.loader.policy import check_loader_kwargs, recommend_loader_settings, seeded_over_generator
-from lightning_dataperf.loader.rebuild import loader_arguments
+from lightning_dataperf.loader.policy import (
+    check_loader_kwargs,
+    iterable_workers,
+    recommend_loader_settings,
+    seeded_over_generator,
+)
 from lightning_dataperf.loader.sampler import (
     EpochAwareDistributedSampler,
     EpochAwareSamplerWrapper,
@@ -34,7 +39,12 @@ from lightning_dataperf.loader.sampler import (
     UnpaddedDistributedSampler,
     make_resumable,
 )
-from lightning_dataperf.loader.seeding import EpochSeededWorkerInit, SharedEpoch, seed_batches_in_main_process
+from lightning_dataperf.loader.seeding import (
+    MAIN_PROCESS_SEEDING,
+    EpochSeededWorkerInit,
+    SharedEpoch,
+    seed_batches_in_main_process,
+)
 from lightning_dataperf.loader.settings import POLICY_FIELDS, LoaderPlan, LoaderSettings
 from lightning_dataperf.loader.sharing import ShareBy, with_strategy
 from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware, trainer_ranks
@@ -219,6 +229,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
                 continue
             updates[name] = plan.chosen[name] = getattr(settings, name)
             plan.reasons[name] = settings.reasons.get(name, "")
+        if isinstance(explicit.get("dataset"), IterableDataset) and (one := iterable_workers(updates)) is not None:
+            updates["num_workers"] = plan.chosen["num_workers"] = workers = 1
+            plan.reasons["num_workers"] = one
         # the workers only read files: fewer than the policy's count, unless autotune measured it
         if encoded:
             measured = self.autotune_result is not None
@@ -328,10 +341,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         make_resumable(loader, sampler)
         if loader.num_workers == 0:
             seed_batches_in_main_process(loader, self._seed(), self._ranks()[0], sampler.position)
-            plan.notes.append(
-                "num_workers=0: each batch is fetched with random/NumPy/torch seeded from (seed, epoch, rank, "
-                "batch), your generators restored after it (same draws after a resume; about 22 us per batch)"
-            )
+            plan.notes.append(MAIN_PROCESS_SEEDING)
         trainer = self._trainer_or_none()
         if isinstance(self.autotune, OnlineTuning) and trainer is not None:
             seeding, options = (self._seed(), self._ranks()[0]), keywords(self.autotune)
@@ -375,23 +385,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         publish_plans(self._trainer_or_none(), stage, plans, self.verbose)
 
 
-class _TrainLoaderModule(TunedDataModule):
+class _TrainLoaderModule(TrainLoaders, TunedDataModule):
     """:meth:`TunedDataModule.from_loaders` with a training loader only."""
 
-    def __init__(self, train: DataLoader, **options: Any) -> None:
-        super().__init__(**options)
-        self._train_arguments = loader_arguments(train)
 
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(**self._train_arguments)
-
-
-class _TrainValLoaderModule(_TrainLoaderModule):
+class _TrainValLoaderModule(TrainValLoaders, TunedDataModule):
     """:meth:`TunedDataModule.from_loaders` with a validation loader too."""
-
-    def __init__(self, train: DataLoader, val: DataLoader, **options: Any) -> None:
-        super().__init__(train, **options)
-        self._val_arguments = loader_arguments(val)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(**self._val_arguments)

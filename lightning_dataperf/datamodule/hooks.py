@@ -9,6 +9,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from lightning.pytorch import LightningDataModule
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -70,8 +71,9 @@ def wrap_hooks(cls: type[LoaderPlanner]) -> None:
                 return DataLoader(self.train_set, batch_size=64)
     """
     for name, stage in LOADER_HOOKS.items():
-        hook = cls.__dict__.get(name)
-        if callable(hook) and not getattr(hook, "_dataperf_tuned", False):
+        hook = getattr(cls, name, None)  # as resolved: a mixin's before TunedDataModule's counts too
+        own = callable(hook) and hook is not getattr(LightningDataModule, name)
+        if own and not getattr(hook, "_dataperf_tuned", False):
             setattr(cls, name, _tuned(hook, stage))
     teardown = getattr(cls, "teardown", None)  # as resolved: a mixin's before TunedDataModule's counts too
     if callable(teardown) and not getattr(teardown, "_dataperf_reclaims", False):

@@ -20,6 +20,7 @@ __all__ = [
     "check_loader_kwargs",
     "first_workers",
     "intra_op_threads",
+    "iterable_workers",
     "recommend_loader_settings",
     "seeded_over_generator",
     "workers_needed",
@@ -102,6 +103,21 @@ def intra_op_threads(workers: int, cpus: int, current: int) -> tuple[int, str] |
     return threads, (
         f"CPU training: {workers} workers and this process's {current} intra-op threads would share {cpus} cores;"
         f" {threads} beside the workers"
+    )
+
+
+def iterable_workers(updates: Mapping[str, Any]) -> str | None:
+    """Why an IterableDataset's loader gets one worker where the policy chose more (``None``: it chose one or none).
+
+    Every worker runs the dataset's whole iterator: three workers trained each sample three times (a 4-core
+    machine's policy) unless the dataset splits its stream itself.
+    """
+    if updates.get("num_workers", 0) <= 1:
+        return None
+    return (
+        f"an IterableDataset: every worker runs its whole iterator, so {updates['num_workers']} would repeat each"
+        " sample unless the dataset splits its stream by torch.utils.data.get_worker_info(); one worker overlaps"
+        " loading with the step (set num_workers yourself where yours splits)"
     )
 
 

@@ -6,7 +6,6 @@ PyTorch's own worker seeds depend on what drew from the main RNG before and do n
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import itertools
 import multiprocessing
@@ -18,9 +17,11 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler
 
+from lightning_dataperf.loader.main_rng import MainGenerators, numpy_module
 from lightning_dataperf.loader.wrapping import Layer, follow_fetches, wrap_iterators
 
 __all__ = [
+    "MAIN_PROCESS_SEEDING",
     "EpochSeededWorkerInit",
     "NumberedBatch",
     "NumberedBatchSampler",
@@ -32,6 +33,12 @@ __all__ = [
     "seed_batches_in_main_process",
     "worker_seed",
 ]
+
+#: The loader plan's note where batches are fetched seeded in the training process.
+MAIN_PROCESS_SEEDING = (
+    "num_workers=0: each batch is fetched with random/NumPy/torch seeded from (seed, epoch, rank, batch), your"
+    " generators restored after it (same draws after a resume; about 20 us per batch)"
+)
 
 #: Returns ``(epoch, batches already consumed in that epoch)`` when an iterator starts (sampler.Position).
 Position = Callable[[], tuple[int, int]]
@@ -56,7 +63,7 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
 def rng_restored(cuda: bool = True) -> Iterator[None]:
     """Afterwards ``random``, NumPy's global generator and torch's CPU generator (and, with ``cuda``,
     the initialised CUDA devices' generators) are back in the states they had (also when the block raises)."""
-    numpy = _numpy()
+    numpy = numpy_module()
     python_state = random.getstate()
     numpy_state = None if numpy is None else numpy.random.get_state()
     devices = list(range(torch.cuda.device_count())) if cuda and torch.cuda.is_initialized() else []
@@ -76,97 +83,9 @@ def main_process_seeded(seed: int) -> Iterator[None]:
     with rng_restored(cuda=False):  # CUDA's generators are neither seeded nor touched
         random.seed(seed)
         torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
-        if (numpy := _numpy()) is not None:
+        if (numpy := numpy_module()) is not None:
             numpy.random.seed(seed % 2**32)
         yield
-
-
-def _numpy() -> Any:
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is optional
-        return None
-    return numpy
-
-
-#: NumPy's MT19937 state in memory: 624 32-bit words and the position (checked against ``state`` before use).
-_MT_BYTES = 624 * 4 + 4
-
-
-class _NumpyRaw:
-    """The global NumPy generator's MT19937 words, copied in and out of memory (a microsecond; ``get_state`` and
-    ``set_state`` took about 65 us a batch, most of a 1-ms step's seeding); ``None`` from :meth:`of` where the
-    layout is not the one checked."""
-
-    def __init__(self, generator: Any) -> None:
-        self.generator, self.address = generator, generator._bit_generator.ctypes.state_address
-
-    @classmethod
-    def of(cls, numpy: Any) -> _NumpyRaw | None:
-        generator = getattr(getattr(numpy.random, "mtrand", None), "_rand", None)
-        try:
-            raw = cls(generator)
-            state = generator._bit_generator.state["state"]
-            words = state["key"].astype("<u4").tobytes() + int(state["pos"]).to_bytes(4, "little", signed=True)
-        except (AttributeError, KeyError, TypeError, ValueError):
-            return None
-        return raw if raw.read() == words else None
-
-    def read(self) -> bytes:
-        return ctypes.string_at(self.address, _MT_BYTES)
-
-    def write(self, words: bytes) -> None:
-        ctypes.memmove(self.address, words, _MT_BYTES)
-
-
-class _MainGenerators:
-    """Seeds the training process's generators for one batch and puts the user's states back, doing only what
-    exactness needs: NumPy's full state is read only where the user's generator moved (or holds a cached normal)
-    since it was last read, and written back in full only where the batch drew from it."""
-
-    def __init__(self) -> None:
-        numpy = _numpy()
-        self.numpy = numpy
-        self.raw = None if numpy is None else _NumpyRaw.of(numpy)
-        self.user_words: bytes | None = None
-        self.user_state: Any = None
-
-    def fetch(self, seed: int, inner: Iterator[Any]) -> Any:
-        """``next(inner)`` with the generators seeded from ``seed``, the user's states back afterwards."""
-        if self.numpy is not None and self.raw is None:  # an unknown layout: the full save and restore
-            with main_process_seeded(seed):
-                return next(inner)
-        python_state, torch_state = random.getstate(), torch.get_rng_state()
-        seeded_words = self._seed_numpy(seed)
-        random.seed(seed)
-        torch.default_generator.manual_seed(seed)
-        try:
-            return next(inner)
-        finally:
-            random.setstate(python_state)
-            torch.set_rng_state(torch_state)
-            self._restore_numpy(seeded_words)
-
-    def _seed_numpy(self, seed: int) -> bytes | None:
-        raw = self.raw
-        if raw is None:
-            return None
-        words = raw.read()
-        # a user's cached normal (has_gauss) is used without moving the words: then the full state is read each time
-        if words != self.user_words or self.user_state is None or self.user_state[3]:
-            self.user_words, self.user_state = words, self.numpy.random.get_state()
-        self.numpy.random.seed(seed % 2**32)
-        return raw.read()
-
-    def _restore_numpy(self, seeded_words: bytes | None) -> None:
-        raw = self.raw
-        if raw is None or seeded_words is None:
-            return
-        if raw.read() == seeded_words and not self.user_state[3]:
-            # the batch drew nothing from NumPy, and the user's state held no cached normal for the seeding to clear
-            raw.write(self.user_words)  # type: ignore[arg-type]
-        else:
-            self.numpy.random.set_state(self.user_state)
 
 
 class _SeededBatches:
@@ -183,7 +102,7 @@ class _SeededBatches:
         self._inner, self._seed, self._rank, self._position = inner, seed, rank, position
         self._epoch: int | None = None
         self._batch = 0
-        self._generators = _MainGenerators()
+        self._generators = MainGenerators()
         self._fetched = fetched
 
     def __iter__(self) -> _SeededBatches:
@@ -231,7 +150,7 @@ def seed_everything_here(seed: int) -> None:
     """Seed ``random``, NumPy (if installed) and torch in this process."""
     random.seed(seed)
     torch.manual_seed(seed)
-    if (numpy := _numpy()) is not None:
+    if (numpy := numpy_module()) is not None:
         numpy.random.seed(seed % 2**32)
 
 

@@ -176,3 +176,14 @@ def test_the_gpu_share_and_persistent_workers_are_searched_only_where_asked():
     gpu_end = Measured(Setting(4, 2, True, 1, 1.0), 20.0, 0.01, 90, 4.5)
     result = OnlineResult(start=cpu, kept=gpu, trials=[cpu, gpu, gpu_end], done=True, stop_reason="...")
     assert "decode on the CPU only 30.0 steps/s, on the GPU only 20.0" in result.summary()
+
+
+def test_a_close_calls_look_runs_past_max_batches_to_the_error_it_was_asked():
+    from lightning_dataperf.autotune.online.loop import Segment
+
+    loop = OnlineLoop(ZERO, CPU, max_batches=20, min_seconds=0.0)
+    plain, close = Segment(ZERO, None), Segment(ZERO, None, precision=0.01)
+    for segment in (plain, close):
+        for period in itertools.islice(itertools.cycle([0.09, 0.11]), 30):
+            segment.add(period)
+    assert loop._full(plain) and not loop._full(close), "only its error, or max_seconds, ends a close call's look"

@@ -64,3 +64,47 @@ def test_autotune_loader_refuses_a_dataset_it_cannot_index(tmp_path, dataset):
     with pytest.raises(ValueError, match="autotune needs a map-style dataset") as error:
         autotune_loader(dataset, 4, time_budget=0.5, cache_path=tmp_path / "c.json", progress=False)
     assert type(dataset).__name__ in str(error.value) and "set num_workers" in str(error.value)
+
+
+def _fit_stream(tmp_path, datamodule):
+    from helpers import fake_hardware
+
+    datamodule._hardware = fake_hardware(usable_cpus=4)  # the policy's pick there: 3 workers
+    model = StreamModel()
+    pl.Trainer(max_epochs=1, logger=False, **trainer_kwargs(tmp_path)).fit(model, datamodule=datamodule)
+    return model, datamodule.loader_plans["train"][0]
+
+
+class StreamModel(CountingModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        self.seen += batch[:, 0].tolist()
+        return super().training_step(batch, batch_idx)
+
+
+def test_an_unsplit_iterable_dataset_gets_one_worker_so_no_sample_is_trained_twice(tmp_path):
+    model, plan = _fit_stream(tmp_path, StreamData(verbose=False))
+    assert sorted(model.seen) == [float(index) for index in range(64)], "each sample once"
+    assert plan.chosen["num_workers"] == 1 and "IterableDataset" in plan.reasons["num_workers"]
+    assert "get_worker_info" in plan.reasons["num_workers"], "the reason says what a dataset that splits does"
+
+
+class SplitStreamData(TunedDataModule):
+    def train_dataloader(self):
+        return DataLoader(SplitStream(64), batch_size=8, num_workers=3)
+
+
+class SplitStream(Stream):
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        mine = range(self.count) if info is None else range(info.id, self.count, info.num_workers)
+        return iter(torch.full((4,), float(index)) for index in mine)
+
+
+def test_workers_set_on_an_iterable_loader_are_kept(tmp_path):
+    model, plan = _fit_stream(tmp_path, SplitStreamData(verbose=False))
+    assert sorted(model.seen) == [float(index) for index in range(64)]
+    assert "num_workers" not in plan.chosen, "the user's 3 workers stay: the dataset splits its own stream"

@@ -325,3 +325,22 @@ def test_the_arguments_you_passed_are_read_from_the_loader_a_hook_returns():
     with _replace_dunder_methods(DataLoader, "dataset"):  # as Lightning asks a hook for its loaders
         recorded = DataLoader(dataset, 4, num_workers=0, pin_memory=False)
     assert explicit_arguments(recorded) == {"dataset": dataset, "batch_size": 4, "num_workers": 0, "pin_memory": False}
+
+
+class _LoadersMixin:
+    """Loader hooks from a mixin placed before TunedDataModule in the bases."""
+
+    def train_dataloader(self):
+        return DataLoader(list(range(16)), batch_size=4)
+
+
+class MixedInData(_LoadersMixin, TunedDataModule):
+    pass
+
+
+def test_loader_hooks_from_a_mixin_before_tuned_data_module_get_the_plan(tmp_path):
+    datamodule = MixedInData(seed=0, verbose=False)
+    loader = datamodule.train_dataloader()
+    (plan,) = datamodule.loader_plans["train"]
+    assert plan.chosen["num_workers"] == datamodule.loader_settings.num_workers == loader.num_workers
+    assert type(loader.sampler) is EpochAwareDistributedSampler, "seeded, resumable sampling"

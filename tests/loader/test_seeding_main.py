@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_dataperf.loader.seeding import _MainGenerators, _NumpyRaw, batch_seed, seed_batches_in_main_process
+from lightning_dataperf.loader.main_rng import MainGenerators, _NumpyRaw, _PythonRaw
+from lightning_dataperf.loader.seeding import batch_seed, seed_batches_in_main_process
 
 
 class _Draws(Dataset):
@@ -76,7 +77,7 @@ def test_numpy_words_are_read_in_place_and_an_unknown_layout_falls_back_to_the_f
     assert raw.read() != words
     raw.write(words)
     assert numpy.random.get_state()[2] == 624  # just seeded: the position before any draw
-    generators = _MainGenerators()
+    generators = MainGenerators()
     generators.raw = None  # as where the layout check failed: main_process_seeded's full save and restore
     numpy.random.seed(3)
     first = numpy.random.random()
@@ -89,3 +90,26 @@ def test_each_batchs_load_time_is_reported_where_asked():
     loader = DataLoader(_Draws(("torch",)), batch_size=3)
     seed_batches_in_main_process(loader, 11, 0, lambda: (0, 0), fetched=seen.append)
     assert len(list(loader)) == 4 and len(seen) == 4 and all(seconds > 0 for seconds in seen)
+
+
+def test_pythons_words_are_copied_in_place_with_its_cached_normal_and_an_unknown_layout_falls_back():
+    assert _PythonRaw.of() is not None, "CPython's layout as checked: the fast path is in use here"
+    random.seed(5)
+    random.gauss(0, 1)  # the second normal of the pair is cached (gauss_next): the user's next gauss reads it
+    users = random.getstate()
+    random.seed(7)
+    seeded = [random.gauss(0, 1), random.random()]
+    random.setstate(users)
+    after = [random.gauss(0, 1), random.random()]
+
+    def draws():
+        while True:
+            yield [random.gauss(0, 1), random.random()]
+
+    for fast in (True, False):
+        generators = MainGenerators()
+        if not fast:
+            generators.python = None  # as where the layout check failed: getstate and setstate
+        random.setstate(users)
+        assert generators.fetch(7, draws()) == seeded, "the batch draws from its own seed, not the cached normal"
+        assert [random.gauss(0, 1), random.random()] == after, "the user's stream, cached normal included, is back"

@@ -35,8 +35,10 @@ FIRST_MOVES = 2
 class Segment:
     """The step periods of the setting in use, since it was switched to (a trial, or a drift watch's window)."""
 
-    def __init__(self, setting: Setting, against: Measured | None) -> None:
+    def __init__(self, setting: Setting, against: Measured | None, precision: float | None = None) -> None:
         self.setting, self.against = setting, against
+        self.precision = precision
+        """The error it runs to where a close call needs more than the loop's own (then not cut at ``max_batches``)."""
         self.skip = self.skipped = 0
         self.switch_s = 0.0
         self.periods: list[float] = []
@@ -195,17 +197,19 @@ class OnlineLoop:
         trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
         rate, error, counted = trial.rate()
         # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
-        enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= self.precision
+        precision = min(self.precision, trial.precision or self.precision)
+        enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= precision
         enough = enough and trial.total >= self.min_seconds
         cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2
         against = trial.against
         return enough or (cut and against is not None and slower_for_sure(rate, error, *_rate_of(against)))
 
     def _full(self, segment: Segment) -> bool:
-        """At its cap: ``max_batches`` steps, but not under ``min_seconds`` (200 steps of tiny batches took 0.17 s on
-        2 cores: a trial that short reads the machine's moment), or ``max_seconds``."""
-        seconds = segment.total
-        return seconds >= self.max_seconds or (len(segment.periods) >= self.max_batches and seconds >= self.min_seconds)
+        """At its cap: ``max_batches`` steps (a close call's look: no cap on steps), but not under ``min_seconds``
+        (200 steps of tiny batches took 0.17 s on 2 cores: a trial that short reads the machine's moment), or
+        ``max_seconds``."""
+        seconds, most = segment.total, self.max_batches if segment.precision is None else math.inf
+        return seconds >= self.max_seconds or (len(segment.periods) >= most and seconds >= self.min_seconds)
 
     def _budget_s(self) -> float | None:
         """The search's cost cap in seconds: ``max_cost`` of the run at the rate of the setting it stands on."""
@@ -293,7 +297,7 @@ class OnlineLoop:
                 result.unconfirmed, result.cap_s = lead, budget
                 result.cap_left_s = max(0.0, budget - result.cost_s)
             return self._decide(self._incumbent, current)
-        self.trial = Segment(setting, against)
+        self.trial = Segment(setting, against, self.search.precision)
         return setting if setting != current else None
 
     def _decide(self, kept: Measured, current: Setting) -> Setting | None:

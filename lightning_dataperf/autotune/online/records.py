@@ -73,9 +73,11 @@ class Measured:
         return self.batches >= MIN_TRUSTED_BATCHES and math.isfinite(self.error)
 
     def pooled(self, again: Measured) -> Measured:
-        """The two measurements of one setting as one (batch-weighted rate, the mean's error)."""
+        """The two measurements of one setting as one (batch-weighted rate and error)."""
         batches, seconds = self.batches + again.batches, self.seconds + again.seconds
-        error = math.hypot(self.error, again.error) / 2
+        # weighted as the rate is: a long look counts for more than a short one
+        terms = [count * error for count, error in ((self.batches, self.error), (again.batches, again.error)) if count]
+        error = math.hypot(*terms) / batches if batches else math.inf
         cost = self.cost_s + again.cost_s
         return replace(
             self, steps_per_sec=batches / seconds, error=error, batches=batches, seconds=seconds, cost_s=cost

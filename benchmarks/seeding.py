@@ -1,0 +1,88 @@
+"""Cost of per-batch seeding at ``num_workers=0``: the same loader seeded and plain, interleaved.
+
+    PYTHONPATH=$PWD python benchmarks/seeding.py --blocks 20 --fits 3
+
+Two parts. *Per batch*: a loader of tiny samples (batch 2) iterated in alternating blocks of ``--batches``
+batches, plain and through ``seed_batches_in_main_process``; the cost is the difference of the blocks' median
+time per batch (µs). *In a fit*: the ``tiny`` CPU pipeline of ``_cpu_pipelines.py`` (a ~0.2-ms step), fitted with
+``TunedDataModule`` (seeded) and with the same loader in a plain ``LightningDataModule``, alternating; the ratio
+of their steady steps/s. Writes ``seeding.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import _common
+import _cpu_pipelines as pipelines
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from lightning_dataperf.loader.seeding import seed_batches_in_main_process
+
+
+def per_batch(blocks: int, batches: int) -> dict[str, Any]:
+    """Median µs per batch of each kind over alternating blocks, and the seeding's cost (their difference)."""
+    data = TensorDataset(torch.rand(batches * 2, 8), torch.arange(batches * 2))
+    plain, seeded = DataLoader(data, batch_size=2), DataLoader(data, batch_size=2)
+    seed_batches_in_main_process(seeded, seed=0, rank=0, position=lambda: (0, 0))
+    times: dict[str, list[float]] = {"plain": [], "seeded": []}
+    for block in range(2 * blocks):
+        kind, loader = ("plain", plain) if block % 2 == 0 else ("seeded", seeded)
+        started = time.perf_counter()
+        count = sum(1 for _ in loader)
+        times[kind].append((time.perf_counter() - started) / count * 1e6)
+    medians = {kind: statistics.median(values) for kind, values in times.items()}
+    # each seeded block against the plain blocks beside it: the machine's drift cancels
+    costs = [
+        seeded_us - (times["plain"][index] + times["plain"][min(index + 1, blocks - 1)]) / 2
+        for index, seeded_us in enumerate(times["seeded"])
+    ]
+    return {**medians, "cost_us": statistics.median(costs), "cost_range_us": [min(costs), max(costs)]}
+
+
+class PlainPipeline(pl.LightningDataModule):
+    """The tuned pipeline's loader, untouched."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.spec = pipelines.PIPELINES[name]
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.spec["data"](200_000), batch_size=self.spec["batch"], shuffle=True)
+
+
+def fit_rate(name: str, seeded: bool, seconds: float) -> float:
+    torch.set_num_threads(1)
+    clock = pipelines.StepClock(seconds, skip=3)
+    datamodule = pipelines.Pipeline(name, 0) if seeded else PlainPipeline(name)
+    pipelines.trainer([clock]).fit(pipelines.PIPELINES[name]["model"](), datamodule=datamodule)
+    return clock.rate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--blocks", type=int, default=20, help="blocks of each kind (per batch)")
+    parser.add_argument("--batches", type=int, default=2000, help="batches a block")
+    parser.add_argument("--fits", type=int, default=3, help="fits of each kind (0: none)")
+    parser.add_argument("--pipeline", default="tiny")
+    parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds a fit")
+    args = parser.parse_args()
+    cost = per_batch(args.blocks, args.batches)
+    rows = [["per batch, µs", f"{cost['plain']:.1f}", f"{cost['seeded']:.1f}", f"+{cost['cost_us']:.1f}"]]
+    ratios: list[float] = []
+    for _ in range(args.fits):
+        plain = fit_rate(args.pipeline, False, args.seconds)
+        seeded = fit_rate(args.pipeline, True, args.seconds)
+        ratios.append(seeded / plain)
+        rows.append([f"{args.pipeline} fit, steps/s", f"{plain:.0f}", f"{seeded:.0f}", f"{seeded / plain:.2f}x"])
+    _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
+    _common.write_json("seeding", {"args": vars(args), "per_batch": cost, "fit_ratios": ratios})
+
+
+if __name__ == "__main__":
+    main()
