@@ -34,6 +34,7 @@ from _common import print_table, write_json
 from _cpu_pipelines import OTHERS, PIPELINES, ROOT_DIR, Pipeline, StepClock, measure, trainer, usable_cpus
 
 from lightning_dataperf import probe_hardware, recommend_loader_settings
+from lightning_dataperf.loader.policy import intra_op_threads
 
 
 def loadtune_pick(name: str, cpus: int) -> tuple[int, int] | None:
@@ -172,7 +173,9 @@ def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple
 
 def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cpus, measured_before = usable_cpus(), len(OTHERS)
-    policy = (recommend_loader_settings(probe_hardware(), accelerator="cpu").num_workers, cpus)
+    workers = recommend_loader_settings(probe_hardware(), accelerator="cpu").num_workers
+    # TunedDataModule's intra_op_threads="auto": the threads cut to the cores the workers leave
+    policy = (workers, (intra_op_threads(workers, cpus, cpus) or (cpus, ""))[0])
     peer = None if args.no_loadtune else loadtune_pick(name, cpus)
     load_before = load()
     # the online loop may go up to 2 x cpus workers: the grid covers what it can keep, the policy and the peer

@@ -6,7 +6,7 @@ Two parts. *Per batch*: a loader of tiny samples (batch 2) iterated in alternati
 batches, plain and through ``seed_batches_in_main_process``; the cost is the difference of the blocks' median
 time per batch (µs). *In a fit*: the ``tiny`` CPU pipeline of ``_cpu_pipelines.py`` (a ~0.2-ms step), fitted with
 ``TunedDataModule`` (seeded) and with the same loader in a plain ``LightningDataModule``, alternating; the ratio
-of their steady steps/s. Writes ``seeding.json``.
+of their steady steps/s. Writes ``<name>.json`` (default ``seeding.json``).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--fits", type=int, default=3, help="fits of each kind (0: none)")
     parser.add_argument("--pipeline", default="tiny")
     parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds a fit")
+    parser.add_argument("--name", default="seeding")
     args = parser.parse_args()
     cost = per_batch(args.blocks, args.batches)
     rows = [["per batch, µs", f"{cost['plain']:.1f}", f"{cost['seeded']:.1f}", f"+{cost['cost_us']:.1f}"]]
@@ -81,7 +82,7 @@ def main() -> None:
         ratios.append(seeded / plain)
         rows.append([f"{args.pipeline} fit, steps/s", f"{plain:.0f}", f"{seeded:.0f}", f"{seeded / plain:.2f}x"])
     _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
-    _common.write_json("seeding", {"args": vars(args), "per_batch": cost, "fit_ratios": ratios})
+    _common.write_json(args.name, {"args": vars(args), "per_batch": cost, "fit_ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -187,3 +187,17 @@ def test_a_close_calls_look_runs_past_max_batches_to_the_error_it_was_asked():
         for period in itertools.islice(itertools.cycle([0.09, 0.11]), 30):
             segment.add(period)
     assert loop._full(plain) and not loop._full(close), "only its error, or max_seconds, ends a close call's look"
+
+
+def test_a_close_calls_look_is_asked_no_finer_than_two_thirds_of_the_loops_own_precision():
+    from lightning_dataperf.autotune.online.loop import Segment
+
+    def decided(precision):
+        loop = OnlineLoop(ZERO, CPU, precision=precision, min_seconds=0.0)
+        look = Segment(ZERO, None, precision=0.001)  # a lead the looks could never decide at the loop's precision
+        for period in itertools.islice(itertools.cycle([0.05, 0.15]), 40):
+            look.add(period)
+        return loop._decided(look)
+
+    assert decided(10.0), "a coarse precision of your own keeps a close call's looks coarse"
+    assert not decided(0.03), "at the default 3%, the look runs on towards 2%"

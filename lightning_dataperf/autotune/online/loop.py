@@ -14,7 +14,7 @@ from lightning_dataperf.autotune.online.records import (
     Setting,
     SettingSpace,
 )
-from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
+from lightning_dataperf.autotune.online.search import CLOSE_CALL_FINEST, NeighbourSearch, Phase
 from lightning_dataperf.autotune.trial import steady_rate
 from lightning_dataperf.loader.policy import first_workers
 
@@ -197,7 +197,8 @@ class OnlineLoop:
         trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
         rate, error, counted = trial.rate()
         # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
-        precision = min(self.precision, trial.precision or self.precision)
+        asked = self.precision if trial.precision is None else max(trial.precision, CLOSE_CALL_FINEST * self.precision)
+        precision = min(self.precision, asked)
         enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= precision
         enough = enough and trial.total >= self.min_seconds
         cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2

@@ -41,9 +41,10 @@ CLOSE_CALL_ROUNDS = 2
 #: loop's own precision kept 2 workers in 4 of 10 runs.
 CLOSE_CALL_MARGIN = 1.15
 
-#: The finest error a close call's look is asked for: about twice a trial's batches at the loop's 3%, so that the
-#: looks fit a run of a minute (at 1.5%, a simulated 60-s tokeniser run ended mid-search in a third of runs).
-CLOSE_CALL_FINEST = 0.02
+#: The finest error a close call's look is asked for, as a share of the loop's own precision: 2% at its 3%, about
+#: twice a trial's batches, so that the looks fit a run of a minute (at 1.5%, a simulated 60-s tokeniser run
+#: ended mid-search in a third of runs); a coarse precision of your own keeps its looks coarse too.
+CLOSE_CALL_FINEST = 2 / 3
 
 
 class NeighbourSearch:
@@ -174,7 +175,8 @@ class NeighbourSearch:
 def _look_precision(pooled: Measured, other: Measured) -> float | None:
     """The error one more look at ``pooled``'s setting must reach for its looks, pooled, to decide the lead between
     it and ``other`` (:data:`CLOSE_CALL_MARGIN` smaller than read) beside ``other`` as precise; ``None``: the
-    loop's own precision (an error unknown, or already enough)."""
+    loop's own precision (an error unknown, or already enough). The loop asks no finer than
+    :data:`CLOSE_CALL_FINEST` of its own."""
     lead = abs(pooled.steps_per_sec / other.steps_per_sec - 1) if other.steps_per_sec else 0.0
     if not (lead and pooled.batches and math.isfinite(pooled.error)):
         return None
@@ -183,4 +185,4 @@ def _look_precision(pooled: Measured, other: Measured) -> float | None:
     # a look's error falls as one over the root of its batches: the batches still needed, at the per-batch spread
     spread = pooled.error * math.sqrt(pooled.batches)
     more = (spread / target) ** 2 - pooled.batches
-    return max(CLOSE_CALL_FINEST, spread / math.sqrt(more)) if more > 0 else None
+    return spread / math.sqrt(more) if more > 0 else None
