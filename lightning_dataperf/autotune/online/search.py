@@ -37,8 +37,8 @@ CONFIRM_BELOW = 0.25
 CLOSE_CALL_ROUNDS = 2
 
 #: A close call's looks are measured until the pooled pair would decide a lead this many times smaller than the
-#: one read: the tokeniser pipeline's 2 and 4 workers (4% apart) read ±3% a look, and 2 looks of each at the
-#: loop's own precision kept 2 workers in 4 of 10 runs.
+#: one read: the tokeniser pipeline's 2 and 4 workers (4-6% apart) read ±3% a look, and 2 looks of each at the
+#: loop's own precision left 4 of 10 runs below 4 workers (benchmarks/README.md, the online loop).
 CLOSE_CALL_MARGIN = 1.15
 
 #: The finest error a close call's look is asked for, as a share of the loop's own precision: 2% at its 3%, about
@@ -109,7 +109,7 @@ class NeighbourSearch:
             if self._faster(trial, reference):
                 self._climb_from(trial)
             elif ahead(trial.steps_per_sec, reference.steps_per_sec, 0.0) and self._rounds < CLOSE_CALL_ROUNDS:
-                # the incumbent's second look closed the gap, not below the noise floor: a close call
+                # the incumbent's second look closed the gap to a tie, the neighbour still ahead: a close call
                 self._ask(Phase.CLOSE_CALL_NEIGHBOUR, trial.setting, reference, _look_precision(trial, reference))
             else:
                 self.lead = None
@@ -155,8 +155,8 @@ class NeighbourSearch:
         best = self.best
         assert best is not None
         self._trial = trial
-        # any lead, not only one past the noise floor: the tokeniser's 4 workers read +1% to +3% in one look beside
-        # 2 workers' first (lucky) look, and +5% pooled
+        # any lead, not only one past the noise floor: one look of the tokeniser's 4 workers read -2% to +7% of
+        # 2 workers, 5-7% apart over 25-s runs
         unsure = not self._faster(trial, best) and ahead(trial.steps_per_sec, best.steps_per_sec, 0.0)
         if unsure or self._faster(trial, best):
             self.lead = trial
