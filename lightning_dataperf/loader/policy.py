@@ -26,6 +26,13 @@ __all__ = [
     "workers_needed",
 ]
 
+#: Why CPU training's workers take every core of the rank (benchmarks/online.py, 2 cores, 8 pipelines).
+CPU_TRAINING = (
+    "CPU training, where the step and the workers share the cores (the step waits for its batch part of the time);"
+    " on 2 cores 2 workers + 1 thread read 43-100% of the best grid point, 1 worker + 1 thread 25-91% (above on 6"
+    " of 8 pipelines, level on the 2 that load fastest in the training process)"
+)
+
 #: Share of free ``/dev/shm`` (and of available RAM) that batches in flight may take.
 MEMORY_SHARE = 0.25
 MAX_WORKERS = 16
@@ -60,12 +67,15 @@ def recommend_loader_settings(
     reasons: dict[str, str] = {}
 
     budget = hardware.cpus_per_rank
-    workers = min(MAX_WORKERS, max(1, budget - 1))
+    # CPU training: the step waits for its batch part of the time, so a core for the main process alone idles
+    main = 0 if accelerator == "cpu" else 1
+    workers = min(MAX_WORKERS, max(1, budget - main))
     reasons["num_workers"] = (
         f"{hardware.usable_cpus} usable CPUs ({hardware.usable_cpus_source}) / {hardware.local_world_size} "
-        f"local rank(s) = {budget} per rank, minus 1 for the main process"
-        + (f", capped at {MAX_WORKERS}" if budget - 1 > MAX_WORKERS else "")
-        + (" (at least 1 so loading overlaps the step)" if budget < 2 else "")
+        f"local rank(s) = {budget} per rank"
+        + (", minus 1 for the main process" if main else f", all of them: {CPU_TRAINING}")
+        + (f", capped at {MAX_WORKERS}" if budget - main > MAX_WORKERS else "")
+        + (" (at least 1 so loading overlaps the step)" if budget - main < 1 else "")
     )
 
     pin = accelerator == "cuda"
