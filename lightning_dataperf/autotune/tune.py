@@ -28,8 +28,8 @@ from lightning_dataperf.autotune.runner import (
 )
 from lightning_dataperf.autotune.search import Search
 from lightning_dataperf.autotune.trial import rated
+from lightning_dataperf.loader.main_rng import rng_restored
 from lightning_dataperf.loader.policy import recommend_loader_settings
-from lightning_dataperf.loader.seeding import rng_restored
 from lightning_dataperf.loader.settings import LoaderSettings
 from lightning_dataperf.loader.sharing import FAST_HANDOVER, process_strategy
 from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware

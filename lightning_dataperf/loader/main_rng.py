@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MainGenerators", "numpy_module"]
+__all__ = ["MainGenerators", "main_process_seeded", "numpy_module", "rng_restored"]
 
 #: A Mersenne Twister's 624 32-bit words.
 _MT_WORDS = 624
@@ -53,6 +53,19 @@ class _PythonRaw:
         self.instance.gauss_next = self.gauss_next
 
 
+class _PythonState:
+    """The global ``random`` generator's full state, saved and restored where its layout is not the one checked."""
+
+    def __init__(self) -> None:
+        self.state: Any = None
+
+    def save(self) -> None:
+        self.state = random.getstate()
+
+    def restore(self) -> None:
+        random.setstate(self.state)
+
+
 def numpy_module() -> Any:
     """NumPy where it is installed, else ``None``."""
     try:
@@ -60,6 +73,35 @@ def numpy_module() -> Any:
     except ImportError:  # pragma: no cover - numpy is optional
         return None
     return numpy
+
+
+@contextlib.contextmanager
+def rng_restored(cuda: bool = True) -> Iterator[None]:
+    """Afterwards ``random``, NumPy's global generator and torch's CPU generator (and, with ``cuda``,
+    the initialised CUDA devices' generators) are back in the states they had (also when the block raises)."""
+    numpy = numpy_module()
+    python_state = random.getstate()
+    numpy_state = None if numpy is None else numpy.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if cuda and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            if numpy is not None:
+                numpy.random.set_state(numpy_state)
+
+
+@contextlib.contextmanager
+def main_process_seeded(seed: int) -> Iterator[None]:
+    """Within the block ``random``, NumPy's global generator and torch's CPU generator start from
+    ``seed``; afterwards each is back in the state it had before (also when the block raises)."""
+    with rng_restored(cuda=False):  # CUDA's generators are neither seeded nor touched
+        random.seed(seed)
+        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
+        if (numpy := numpy_module()) is not None:
+            numpy.random.seed(seed % 2**32)
+        yield
 
 
 #: NumPy's MT19937 state in memory: 624 32-bit words and the position (checked against ``state`` before use).
@@ -101,17 +143,16 @@ class MainGenerators:
         numpy = numpy_module()
         self.numpy = numpy
         self.raw = None if numpy is None else _NumpyRaw.of(numpy)
-        self.python = _PythonRaw.of()
+        self.python: _PythonRaw | _PythonState = _PythonRaw.of() or _PythonState()
         self.user_words: bytes | None = None
         self.user_state: Any = None
 
     def fetch(self, seed: int, inner: Iterator[Any]) -> Any:
         """``next(inner)`` with the generators seeded from ``seed``, the user's states back afterwards."""
         if self.numpy is not None and self.raw is None:  # an unknown layout: the full save and restore
-            with _fully_seeded(seed):
+            with main_process_seeded(seed):
                 return next(inner)
-        python = self.python
-        python_state = python.save() if python is not None else random.getstate()
+        self.python.save()
         torch_state = torch.get_rng_state()
         seeded_words = self._seed_numpy(seed)
         random.seed(seed)
@@ -119,10 +160,7 @@ class MainGenerators:
         try:
             return next(inner)
         finally:
-            if python is not None:
-                python.restore()
-            else:
-                random.setstate(python_state)  # type: ignore[arg-type]
+            self.python.restore()
             torch.set_rng_state(torch_state)
             self._restore_numpy(seeded_words)
 
@@ -146,20 +184,3 @@ class MainGenerators:
             raw.write(self.user_words)  # type: ignore[arg-type]
         else:
             self.numpy.random.set_state(self.user_state)
-
-
-@contextlib.contextmanager
-def _fully_seeded(seed: int) -> Iterator[None]:
-    """Each generator seeded from ``seed`` within the block, its full state put back afterwards."""
-    numpy = numpy_module()
-    python_state, torch_state = random.getstate(), torch.get_rng_state()
-    numpy_state = numpy.random.get_state()
-    random.seed(seed)
-    torch.default_generator.manual_seed(seed)
-    numpy.random.seed(seed % 2**32)
-    try:
-        yield
-    finally:
-        random.setstate(python_state)
-        torch.set_rng_state(torch_state)
-        numpy.random.set_state(numpy_state)

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from lightning_dataperf.batches import BatchFootprint
-from lightning_dataperf.loader.seeding import rng_restored
+from lightning_dataperf.loader.main_rng import rng_restored
 from lightning_dataperf.loader.settings import LoaderFacts, first_loader
 from lightning_dataperf.telemetry.hardware import Hardware, default_start_method
 

@@ -5,7 +5,6 @@ PyTorch's own worker seeds depend on what drew from the main RNG before and do n
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import multiprocessing
@@ -27,9 +26,7 @@ __all__ = [
     "NumberedBatchSampler",
     "SharedEpoch",
     "batch_seed",
-    "main_process_seeded",
     "number_batches",
-    "rng_restored",
     "seed_batches_in_main_process",
     "worker_seed",
 ]
@@ -57,35 +54,6 @@ def batch_seed(seed: int, epoch: int, rank: int, batch: int) -> int:
     """
     digest = hashlib.blake2b(f"{seed}/{epoch}/{rank}/batch/{batch}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little")
-
-
-@contextlib.contextmanager
-def rng_restored(cuda: bool = True) -> Iterator[None]:
-    """Afterwards ``random``, NumPy's global generator and torch's CPU generator (and, with ``cuda``,
-    the initialised CUDA devices' generators) are back in the states they had (also when the block raises)."""
-    numpy = numpy_module()
-    python_state = random.getstate()
-    numpy_state = None if numpy is None else numpy.random.get_state()
-    devices = list(range(torch.cuda.device_count())) if cuda and torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            random.setstate(python_state)
-            if numpy is not None:
-                numpy.random.set_state(numpy_state)
-
-
-@contextlib.contextmanager
-def main_process_seeded(seed: int) -> Iterator[None]:
-    """Within the block ``random``, NumPy's global generator and torch's CPU generator start from
-    ``seed``; afterwards each is back in the state it had before (also when the block raises)."""
-    with rng_restored(cuda=False):  # CUDA's generators are neither seeded nor touched
-        random.seed(seed)
-        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
-        if (numpy := numpy_module()) is not None:
-            numpy.random.seed(seed % 2**32)
-        yield
 
 
 class _SeededBatches:

@@ -24,9 +24,10 @@ from torch.utils.data import DataLoader
 
 from lightning_dataperf import TunedDataModule, recommend_loader_settings
 from lightning_dataperf.loader import article_settings
+from lightning_dataperf.loader.main_rng import main_process_seeded
 from lightning_dataperf.loader.policy import check_loader_kwargs
 from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler, LoaderResumeState
-from lightning_dataperf.loader.seeding import batch_seed, main_process_seeded, worker_seed
+from lightning_dataperf.loader.seeding import batch_seed, worker_seed
 from lightning_dataperf.telemetry.hardware import StorageInfo
 
 NOT_RESUMABLE = "your dataloader is not resumable"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_dataperf.loader.main_rng import MainGenerators, _NumpyRaw, _PythonRaw
+from lightning_dataperf.loader.main_rng import MainGenerators, _NumpyRaw, _PythonRaw, _PythonState
 from lightning_dataperf.loader.seeding import batch_seed, seed_batches_in_main_process
 
 
@@ -109,7 +109,7 @@ def test_pythons_words_are_copied_in_place_with_its_cached_normal_and_an_unknown
     for fast in (True, False):
         generators = MainGenerators()
         if not fast:
-            generators.python = None  # as where the layout check failed: getstate and setstate
+            generators.python = _PythonState()  # as where the layout check failed: getstate and setstate
         random.setstate(users)
         assert generators.fetch(7, draws()) == seeded, "the batch draws from its own seed, not the cached normal"
         assert [random.gauss(0, 1), random.random()] == after, "the user's stream, cached normal included, is back"
