@@ -229,7 +229,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
                 continue
             updates[name] = plan.chosen[name] = getattr(settings, name)
             plan.reasons[name] = settings.reasons.get(name, "")
-        if isinstance(explicit.get("dataset"), IterableDataset) and (one := iterable_workers(updates)) is not None:
+        if (one := iterable_workers(explicit.get("dataset"), updates.get("num_workers", 0))) is not None:
             updates["num_workers"] = plan.chosen["num_workers"] = workers = 1
             plan.reasons["num_workers"] = one
         # the workers only read files: fewer than the policy's count, unless autotune measured it

@@ -14,6 +14,7 @@ from lightning_dataperf._records import keywords
 from lightning_dataperf.autotune.consumer import TransferPath
 from lightning_dataperf.autotune.options import SearchTuning
 from lightning_dataperf.autotune.tune import AutotuneResult, autotune_loader, not_map_style
+from lightning_dataperf.loader.policy import iterable_workers
 
 __all__ = ["autotune_for_datamodule", "search_for_datamodule", "transfer_path_of"]
 
@@ -111,11 +112,13 @@ def autotune_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> Autotun
 def search_for_datamodule(module: Any, explicit: Mapping[str, Any]) -> AutotuneResult | None:
     """:func:`autotune_for_datamodule`, or ``None`` with a warning where the dataset cannot be searched (the policy's
     settings stay)."""
-    if (problem := not_map_style(explicit.get("dataset"))) is not None:
+    if (problem := not_map_style(dataset := explicit.get("dataset"))) is not None:
         settings = module.loader_settings
+        # the plan's count: one worker over a stream, whatever the policy's
+        workers = 1 if iterable_workers(dataset, settings.num_workers) else settings.num_workers
         rank_zero_warn(
             f"TunedDataModule(autotune=SearchTuning(...)): {problem} Training goes on with the policy's settings "
-            f"(num_workers={settings.num_workers}, prefetch_factor={settings.prefetch_factor}, "
+            f"(num_workers={workers}, prefetch_factor={settings.prefetch_factor}, "
             f"pin_memory={settings.pin_memory}).",
             category=UserWarning,
         )

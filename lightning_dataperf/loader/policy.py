@@ -10,6 +10,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from lightning_dataperf.loader.settings import LoaderSettings
 from lightning_dataperf.telemetry.hardware import Hardware, probe_hardware
 
@@ -116,18 +118,18 @@ def intra_op_threads(workers: int, cpus: int, current: int) -> tuple[int, str] |
     )
 
 
-def iterable_workers(updates: Mapping[str, Any]) -> str | None:
-    """Why an IterableDataset's loader gets one worker where the policy chose more (``None``: it chose one or none).
+def iterable_workers(dataset: Any, workers: int) -> str | None:
+    """Why a loader over ``dataset`` gets one worker where the policy chose ``workers`` (``None``: it keeps them).
 
-    Every worker runs the dataset's whole iterator: three workers trained each sample three times (a 4-core
-    machine's policy) unless the dataset splits its stream itself.
+    Every worker runs an ``IterableDataset``'s whole iterator: three workers trained each sample three times (a
+    4-core machine's policy) unless the dataset splits its stream itself.
     """
-    if updates.get("num_workers", 0) <= 1:
+    if workers <= 1 or not isinstance(dataset, IterableDataset):
         return None
     return (
-        f"an IterableDataset: every worker runs its whole iterator, so {updates['num_workers']} would repeat each"
-        " sample unless the dataset splits its stream by torch.utils.data.get_worker_info(); one worker overlaps"
-        " loading with the step (set num_workers yourself where yours splits)"
+        f"an IterableDataset: every worker runs its whole iterator, so {workers} would repeat each sample unless the"
+        " dataset splits its stream by torch.utils.data.get_worker_info(); one worker overlaps loading with the step"
+        " (set num_workers yourself where yours splits)"
     )
 
 

@@ -57,6 +57,7 @@ def test_autotune_over_an_iterable_dataset_warns_and_trains_with_the_policy(tmp_
     assert datamodule.autotune_result is None  # nothing was measured: none claimed
     plan = datamodule.loader_plans["train"][0]
     assert plan.chosen["num_workers"] == min(1, datamodule.loader_settings.num_workers), "one, as for any stream"
+    assert f"num_workers={plan.chosen['num_workers']}," in text, "the warning names the count training goes on with"
 
 
 @pytest.mark.parametrize("dataset", [Stream(8), {"not": "indexable"}.values()])
