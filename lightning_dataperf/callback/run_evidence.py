@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import lightning.pytorch as pl
@@ -133,16 +132,7 @@ def decode_placement_measured(result: Any) -> DecodePlacementMeasured | None:
 
         decode_placement_measured(datamodule.online_result)   # DecodePlacementMeasured(cpu_only=48.0, ...)
     """
-    if result is None:
-        return None
-    measured = [trial for trial in result.trials if trial.setting.gpu_share is not None]
-    ends = {}
-    for share in (0.0, 1.0):
-        at = [trial for trial in measured if trial.setting.gpu_share == share and trial.steps_per_sec > 0]
-        # a trial cut before two rounds (error inf) stands for its end only where none was measured in full
-        at = [trial for trial in at if math.isfinite(trial.error)] or at
-        if at:
-            ends[share] = max(at, key=lambda trial: trial.steps_per_sec)
+    ends = {} if result is None else result.share_ends
     if len(ends) < 2:
         return None
     kept = result.kept

@@ -171,6 +171,8 @@ def test_the_online_loops_two_ends_are_read_from_its_trials():
         cpu_only=48.0, gpu_only=39.0, cpu_only_error=0.02, gpu_only_error=0.02, cpu_only_workers=8, kept_share=0.5,
         kept=52.0,
     )  # fmt: skip
+    result.stop_reason = "..."
+    assert "decode on the CPU only 48.0 steps/s, on the GPU only 39.0" in result.summary(), "the summary reads the same"
     one_end = OnlineResult(start=trials[0], kept=trials[0], trials=trials[:1] + trials[3:4])
     assert decode_placement_measured(one_end) is None
     unsplit = [Measured(Setting(4, 2, True, 1), 40.0, 0.02, 40, 1.0)]

@@ -204,8 +204,16 @@ class OnlineResult:
 
     @property
     def share_ends(self) -> dict[float, Measured]:
-        """For a split-decode loader: each end of the GPU share (0, 1) the loop measured, its last measurement."""
-        return {t.setting.gpu_share: t for t in self.trials if t.setting.gpu_share in (0.0, 1.0)}  # type: ignore[misc]
+        """For a split-decode loader: each end of the GPU share (0, 1) the loop measured, its fastest trial (the
+        summary and the verdict read the same)."""
+        ends = {}
+        for share in (0.0, 1.0):
+            at = [trial for trial in self.trials if trial.setting.gpu_share == share and trial.steps_per_sec > 0]
+            # a trial cut before two rounds (error inf) stands for its end only where none was measured in full
+            at = [trial for trial in at if math.isfinite(trial.error)] or at
+            if at:
+                ends[share] = max(at, key=lambda trial: trial.steps_per_sec)
+        return ends
 
     @property
     def cost_s(self) -> float:
