@@ -56,11 +56,11 @@ class PlainPipeline(pl.LightningDataModule):
         return DataLoader(self.spec["data"](200_000), batch_size=self.spec["batch"], shuffle=True)
 
 
-def fit_rate(name: str, seeded: bool, seconds: float) -> float:
+def plain_rate(name: str, seconds: float) -> float:
+    """:func:`_cpu_pipelines.measure` at 0 workers and 1 thread, with the loader in a plain data module."""
     torch.set_num_threads(1)
     clock = pipelines.StepClock(seconds, skip=3)
-    datamodule = pipelines.Pipeline(name, 0) if seeded else PlainPipeline(name)
-    pipelines.trainer([clock]).fit(pipelines.PIPELINES[name]["model"](), datamodule=datamodule)
+    pipelines.trainer([clock]).fit(pipelines.PIPELINES[name]["model"](), datamodule=PlainPipeline(name))
     return clock.rate()
 
 
@@ -77,8 +77,8 @@ def main() -> None:
     rows = [["per batch, µs", f"{cost['plain']:.1f}", f"{cost['seeded']:.1f}", f"+{cost['cost_us']:.1f}"]]
     ratios: list[float] = []
     for _ in range(args.fits):
-        plain = fit_rate(args.pipeline, False, args.seconds)
-        seeded = fit_rate(args.pipeline, True, args.seconds)
+        plain = plain_rate(args.pipeline, args.seconds)
+        seeded = pipelines.measure(args.pipeline, 0, 1, args.seconds)
         ratios.append(seeded / plain)
         rows.append([f"{args.pipeline} fit, steps/s", f"{plain:.0f}", f"{seeded:.0f}", f"{seeded / plain:.2f}x"])
     _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
