@@ -34,6 +34,7 @@ from _common import print_table, write_json
 from _cpu_pipelines import OTHERS, PIPELINES, ROOT_DIR, Pipeline, StepClock, measure, trainer, usable_cpus
 
 from lightning_dataperf import probe_hardware, recommend_loader_settings
+from lightning_dataperf.autotune.online.records import MEASURED_ERROR
 from lightning_dataperf.loader.policy import intra_op_threads
 
 
@@ -134,7 +135,7 @@ def load() -> float:
 def unmeasured_gain(run: dict[str, Any]) -> bool:
     """A gain printed as measured while its error exceeds 10% (the summary must call it a lead)."""
     moved = run["kept"][:2] != run["start"]
-    return moved and run["gain_error"] > 0.10 and "a lead, not a gain" not in run["summary"]
+    return moved and run["gain_error"] > MEASURED_ERROR and "a lead, not a gain" not in run["summary"]
 
 
 def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple[int, int]) -> list[dict[str, Any]]:
