@@ -11,7 +11,11 @@ spread reported). Columns, images/s:
 - ``gpu``: ``gpu_share=1`` (the GPU path as before issue 46) over ``--gpu-workers`` workers;
 - ``share=s``: split decode at each of ``--shares`` over ``--split-workers`` workers; ``best share``: the best
   of the fixed shares measured, the two ends included;
-- ``dali``: DALI's pipeline on the same files (``benchmarks/gpu_decode_dali.py``), where ``nvidia.dali`` imports.
+- ``dali``: DALI's pipeline on the same files (``benchmarks/gpu_decode_dali.py``), where ``nvidia.dali`` imports;
+- ``loop``: a ``TunedDataModule(gpu_decode=GpuDecodeOptions(...), autotune=OnlineTuning())`` at its defaults (the
+  policy's workers, the GPU end: what a GPU-decode user upgrading runs), planned for ``--loop-planned`` steps (its
+  cost cap is ``max_cost`` of those), stopped ``--loop-steps`` steps after the loop is done: the setting it kept,
+  its rate over those steps, and the search's cost beside its cap.
 
 Prints a table and writes JSON (``$OUT`` or ``benchmarks/results``). torchvision and DALI are imported lazily.
 
@@ -23,6 +27,7 @@ Prints a table and writes JSON (``$OUT`` or ``benchmarks/results``). torchvision
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -58,6 +63,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split-workers", type=int, default=max(1, cores - 1))
     parser.add_argument("--cpu-decoder", default="auto", help="the CPU share's decoder: auto, pil, torchvision")
     parser.add_argument("--no-dali", action="store_true", help="leave DALI's column out")
+    parser.add_argument("--no-loop", action="store_true", help="leave the online loop's column out")
+    parser.add_argument("--loop-planned", type=int, default=20_000, help="the loop's run, planned steps (its cap)")
+    parser.add_argument("--loop-steps", type=int, default=150, help="steps timed once the loop is done")
+    parser.add_argument("--loop-seconds", type=float, default=150.0, help="the loop's fit stops here regardless")
+    parser.add_argument("--loop-rounds", type=int, default=None, help="the loop's column in the last N rounds only")
     parser.add_argument("--quick", action="store_true", help="fewer steps, one CPU worker count, shares 0.5 only")
     parser.add_argument("--root", default=None, help="where the JPEG sets go (default: a temporary folder)")
     parser.add_argument("--name", default="decode_placement")
@@ -71,6 +81,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.modes, args.models, args.cpu_workers = ["eager"], args.models[:1], [0]
         args.gpu_workers = args.split_workers = 0
         args.no_dali = True
+        args.loop_steps, args.loop_seconds = 4, 20.0
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -110,8 +121,69 @@ def _fit(gd, module, loader, warmup: int, steps: int, cuda: bool) -> dict:
             loader.close()
 
 
-def run_round(gd, sets: dict, modules: dict, args, cuda: bool, rates: dict) -> None:
-    """One round of every row and column; ``rates[(model, mode, set, column)]`` gets this round's images/s."""
+def loop_fit(gd, module, samples, args, cuda: bool) -> dict:
+    """The ``loop`` column: one online fit from the defaults, timed over ``--loop-steps`` once the loop is done."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_dataperf import GpuDecodeOptions, OnlineTuning, TunedDataModule
+    from lightning_dataperf.decode.encoded import EncodedImageDataset
+
+    tuning = OnlineTuning()
+
+    class Jpegs(TunedDataModule):
+        def train_dataloader(self) -> DataLoader:
+            # 8 passes over the files an epoch: epochs of about 125 batches, as a real dataset's are long
+            dataset = EncodedImageDataset(samples * 8, seed=0)
+            return DataLoader(dataset, batch_size=gd.BATCH, shuffle=True, drop_last=True)
+
+    options = GpuDecodeOptions(size=gd.SIZE, dtype=torch.bfloat16, cpu_decoder=args.cpu_decoder)
+    data = Jpegs(seed=0, verbose=False, autotune=tuning, gpu_decode=options)
+    clock = gd._Clock(0, cuda)
+    state = {"after": None, "began": time.perf_counter()}
+
+    class StopWhenDone(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            result = data.online_result
+            if state["after"] is None and result is not None and result.done:
+                state["after"], clock.begin = trainer.global_step, clock._mark()
+            over = time.perf_counter() - state["began"] > args.loop_seconds
+            if over or (state["after"] is not None and trainer.global_step - state["after"] >= args.loop_steps):
+                trainer.should_stop = True
+
+    trainer = pl.Trainer(
+        accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed", max_steps=args.loop_planned,
+        max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        callbacks=[StopWhenDone(), clock.callback], default_root_dir=tempfile.mkdtemp(prefix="placement_loop_"),
+    )  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    result = data.online_result
+    steps = trainer.global_step - (state["after"] or 0)
+    timed = state["after"] is not None and steps > 0
+    seconds = clock.seconds() if timed else 0.0
+    kept = result.kept.setting if result is not None and result.kept is not None else None
+    planned_rate = result.start.steps_per_sec if result is not None and result.start is not None else 0.0
+    return {
+        "images_per_s": steps * gd.BATCH / seconds if timed and seconds else 0.0,
+        "done": bool(result and result.done),
+        "kept": "-" if kept is None else f"{kept.num_workers}w share {kept.gpu_share}",
+        "kept_setting": None if kept is None else dataclasses.asdict(kept),
+        "kept_rate_in_run": result.kept.steps_per_sec * gd.BATCH if result is not None and result.kept else None,
+        "cost_s": result.cost_s if result is not None else None,
+        "cap_s": result.cap_s
+        if result is not None and result.cap_s is not None
+        else (tuning.max_cost * args.loop_planned / planned_rate if planned_rate else None),
+        "stop_reason": result.stop_reason if result is not None else "",
+        "share_ends": {f"{k:g}": v.steps_per_sec * gd.BATCH for k, v in result.share_ends.items()} if result else {},
+        "summary": result.summary() if result is not None else "",
+        "search_steps": state["after"],
+    }
+
+
+def run_round(gd, sets: dict, modules: dict, args, cuda: bool, rates: dict, loops: dict, number: int = 0) -> None:
+    """One round of every row and column; ``rates[(model, mode, set, column)]`` gets this round's images/s,
+    ``loops[(model, mode, set)]`` the loop column's record."""
     device = "cuda" if cuda else "cpu"
     for (arch, mode), module in modules.items():
         warmup = args.warmup + (args.compile_warmup if mode == "compiled" else 0)
@@ -146,6 +218,15 @@ def run_round(gd, sets: dict, modules: dict, args, cuda: bool, rates: dict) -> N
                 rates.setdefault((arch, mode, kind, column), []).append(row["images_per_s"])
                 share = row["images_per_s"] / ceiling["images_per_s"]
                 print(f"  {kind:8s} {column:12s} {row['images_per_s']:8.0f} img/s {100 * share:5.1f}%", flush=True)
+            if not args.no_loop and (args.loop_rounds is None or number >= args.rounds - args.loop_rounds):
+                try:
+                    got = loop_fit(gd, module, samples, args, cuda)
+                except Exception:
+                    traceback.print_exc()
+                    continue
+                loops.setdefault((arch, mode, kind), []).append(got)
+                rates.setdefault((arch, mode, kind, "loop"), []).append(got["images_per_s"])
+                print(f"  {kind:8s} {'loop':12s} {got['images_per_s']:8.0f} img/s  kept {got['kept']}", flush=True)
 
 
 def _cell(values: list[float] | None, ceiling: float) -> str:
@@ -157,13 +238,22 @@ def _cell(values: list[float] | None, ceiling: float) -> str:
     return f"{mean:,.0f}{share} ±{100 * spread / 2:.1f}%"
 
 
-def summarise(rates: dict, args) -> tuple[list[dict], list[str], list[list[str]]]:
-    """Per row: each column's mean over the rounds and spread, the best CPU worker count, the best fixed share."""
+def _loop_cell(records: list[dict] | None, rates: list[float] | None, ceiling: float) -> str:
+    if not records:
+        return "-"
+    kept = ", ".join(sorted({record["kept"] for record in records}))
+    return f"{kept}: {_cell(rates, ceiling)}"
+
+
+def summarise(rates: dict, args, loops: dict | None = None) -> tuple[list[dict], list[str], list[list[str]]]:
+    """Per row: each column's mean over the rounds and spread, the best CPU worker count, the best fixed share,
+    and the loop's pick against it."""
+    loops = loops or {}
     rows, table = [], []
     columns = [name for name, _ in _columns(args)]
     keys = sorted({key[:3] for key in rates})
     for arch, mode, kind in keys:
-        got = {column: rates.get((arch, mode, kind, column)) for column in ["ceiling", *columns]}
+        got = {column: rates.get((arch, mode, kind, column)) for column in ["ceiling", *columns, "loop"]}
         ceiling = statistics.fmean(got["ceiling"]) if got["ceiling"] else 0.0
         means = {column: statistics.fmean(values) for column, values in got.items() if values}
         cpu = [column for column in means if column.startswith("cpu")]
@@ -173,7 +263,10 @@ def summarise(rates: dict, args) -> tuple[list[dict], list[str], list[list[str]]
             shares[best_cpu] = means[best_cpu]
         best_share = max(shares, key=shares.__getitem__) if shares else None
         single = max((means[c] for c in (best_cpu, "gpu") if c in means), default=0.0)
+        best_rate = shares.get(best_share or "", 0.0)
+        loop = loops.get((arch, mode, kind), [])
         rows.append({
+            "loop": loop, "loop_of_best_share": means["loop"] / best_rate if "loop" in means and best_rate else None,
             "model": arch, "mode": mode, "set": kind, "rates": got, "means": means, "best_cpu": best_cpu,
             "best_share": best_share, "best_share_rate": shares.get(best_share or "", 0.0),
             "better_single_path": single,
@@ -185,10 +278,13 @@ def summarise(rates: dict, args) -> tuple[list[dict], list[str], list[list[str]]
             "-" if best_cpu is None else f"{best_cpu[4:]}: {_cell(got[best_cpu], ceiling)}",
             _cell(got.get("gpu"), ceiling),
             *(_cell(got.get(c), ceiling) for c in columns if c.startswith("share=")),
-            best, _cell(got.get("dali"), ceiling),
+            best, _cell(got.get("dali"), ceiling), _loop_cell(loop, rates.get((arch, mode, kind, "loop")), ceiling),
+            "-" if "loop" not in means or not best_rate else f"{100 * means['loop'] / best_rate:.0f}%",
+            ", ".join(f"{r['cost_s']:.1f}/{r['cap_s']:.0f} s" for r in loop if r["cost_s"] is not None and r["cap_s"]),
         ])  # fmt: skip
     headers = ["model", "mode", "set", "ceiling", "cpu only (workers)", "gpu only"]
     headers += [c for c in columns if c.startswith("share=")] + ["best fixed share", "dali"]
+    headers += ["loop kept", "loop / best", "loop cost / cap"]
     return rows, headers, table
 
 
@@ -214,15 +310,17 @@ def main(argv: list[str] | None = None) -> None:
         for mode in args.modes
     }
     rates: dict = {}
+    loops: dict = {}
     began = time.perf_counter()
     for number in range(args.rounds):
         print(f"round {number + 1} of {args.rounds} ({time.perf_counter() - began:.0f} s so far)", flush=True)
-        run_round(gd, sets, modules, args, cuda, rates)
-    rows, headers, table = summarise(rates, args)
-    print(f"{args.rounds} rounds in {time.perf_counter() - began:.0f} s; mean (share of ceiling) ±half the spread")
-    text = print_table(headers, table)
-    payload = {"args": vars(args), "rows": rows, "table": text, "rates": {"|".join(k): v for k, v in rates.items()}}
-    write_json(args.name, payload)
+        run_round(gd, sets, modules, args, cuda, rates, loops, number)
+        rows, headers, table = summarise(rates, args, loops)
+        print(f"{number + 1} rounds in {time.perf_counter() - began:.0f} s; mean (share of ceiling) ±half the spread")
+        text = print_table(headers, table)
+        # after every round: a run stopped at its time limit keeps the rounds it finished
+        rounds = {"rounds_done": number + 1, "table": text, "rates": {"|".join(k): v for k, v in rates.items()}}
+        write_json(args.name, {"args": vars(args), "rows": rows, **rounds})
 
 
 if __name__ == "__main__":

@@ -4,6 +4,14 @@ torchvision ResNet-18 (bf16, channels-last, batch 128), against a grid of worker
     PYTHONPATH=$PWD python benchmarks/online_jpeg.py --name online_jpeg_h200           # CUDA + torchvision
     PYTHONPATH=$PWD python benchmarks/online_jpeg.py --smoke --name online_jpeg_smoke  # CPU, a small CNN
 
+Under DDP (started by torchrun): the ranks share the one GPU over gloo (or run on the CPU with
+``--smoke``), the grid is of worker counts per rank, every fit runs a fixed number of steps on every rank (a stop
+by time on rank zero alone would leave the others in a collective), rank zero's clock is the job's, and the
+decisions between fits are rank zero's, broadcast::
+
+    PYTHONPATH=$PWD torchrun --standalone --nproc_per_node=2 benchmarks/online_jpeg.py --grid 2 3 4 5 6 7 \
+        --root /tmp/online_jpeg_ddp --name online_jpeg_ddp_h200
+
 Every grid point (worker count, pinned) is a fit of its own, measured ``--reps`` times in shuffled order
 (steady steps/s, the workers' start-up left out); the ceiling is the same model on one batch already
 decoded; then one online fit from ``--start`` workers; the setting the loop keeps is measured against the
@@ -13,6 +21,7 @@ grid's best again in ``--pairs`` interleaved pairs. Prints a table and writes ``
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -33,6 +42,9 @@ from lightning_dataperf import OnlineTuning, TunedDataModule, probe_hardware, re
 
 ROOT_DIR = tempfile.mkdtemp(prefix="dataperf_online_jpeg_")
 BATCH = 128
+RANK = int(os.environ.get("RANK", "0"))
+#: DDP ranks, on the one GPU (torchrun's WORLD_SIZE)
+RANKS = int(os.environ.get("WORLD_SIZE", "1"))
 
 
 class Classifier(pl.LightningModule):
@@ -41,7 +53,10 @@ class Classifier(pl.LightningModule):
     def __init__(self, smoke: bool) -> None:
         super().__init__()
         if smoke:
-            self.model = nn.Sequential(nn.Conv2d(3, 8, 7, stride=4), nn.ReLU(), nn.Flatten(), nn.LazyLinear(1000))
+            # no lazy layer: DDP wraps the model before its first forward
+            self.model = nn.Sequential(
+                nn.Conv2d(3, 8, 7, stride=4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 1000)
+            )
         else:
             import torchvision
 
@@ -72,7 +87,33 @@ class Jpegs(TunedDataModule):
         )  # fmt: skip
 
 
-def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int) -> None:
+def _distributed(cuda: bool) -> dict[str, Any]:
+    """The Trainer's options for ``RANKS`` ranks: on one GPU over gloo (NCCL takes one rank per GPU)."""
+    if RANKS == 1:
+        return {}
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if cuda:
+        devices = [torch.device("cuda", 0)] * RANKS
+        return {"strategy": DDPStrategy(parallel_devices=devices, process_group_backend="gloo")}
+    return {"strategy": "ddp", "devices": RANKS}
+
+
+class FixedSteps(pl.Callback):
+    """Times ``steps`` steps after ``skip`` on every rank; the fit ends there (``max_steps``), on all ranks at once."""
+
+    def __init__(self, skip: int, steps: int) -> None:
+        self.skip, self.steps, self.times = skip, steps, []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.times.append(time.perf_counter())
+
+    def rate(self) -> float:
+        steady = self.times[self.skip :]
+        return (len(steady) - 1) / (steady[-1] - steady[0])
+
+
+def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int, max_steps: int = -1) -> None:
     cuda = torch.cuda.is_available()
     trainer = quiet_trainer(
         # a root of its own: the loop would start the next fit from the setting this one saved
@@ -80,7 +121,9 @@ def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int)
         accelerator="cuda" if cuda else "cpu",
         precision="bf16-mixed" if cuda else "32-true",
         max_epochs=epochs,
+        max_steps=max_steps,
         callbacks=callbacks,
+        **_distributed(cuda),
     )
     if isinstance(data, DataLoader):
         trainer.fit(model, train_dataloaders=data)
@@ -89,18 +132,60 @@ def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int)
 
 
 def measure(samples: list[tuple[str, int]], workers: int, seconds: float, smoke: bool, prefetch: int = 4) -> float:
-    clock = StepClock(seconds, skip=2 * workers + 3)
+    skip = 2 * workers + 3
+    if RANKS > 1:  # ``seconds`` as steps: at 12 steps/s, 4 s
+        clock: Any = FixedSteps(skip, max(8, round(12 * seconds)))
+        fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20, max_steps=skip + clock.steps)
+        return clock.rate()
+    clock = StepClock(seconds, skip=skip)
     fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20)
     return clock.rate()
+
+
+def from_rank_zero(value: Any) -> Any:
+    """Rank zero's ``value`` on every rank (each rank's clock reads its own rates; the next fits must agree)."""
+    if RANKS == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def every_rank(value: Any) -> list[Any]:
+    if RANKS == 1:
+        return [value]
+    import torch.distributed as dist
+
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
 
 
 def ceiling(samples: list[tuple[str, int]], seconds: float, smoke: bool) -> float:
     """The same step on one batch already decoded (and pinned): no decode at all."""
     one = next(iter(DataLoader(PilDataset(samples), batch_size=BATCH)))
-    clock = StepClock(seconds, skip=5)
     ready = DataLoader([one] * 400, batch_size=None, pin_memory=torch.cuda.is_available())
+    if RANKS > 1:
+        clock: Any = FixedSteps(5, max(8, round(20 * seconds)))
+        fit(Classifier(smoke), ready, [clock], epochs=20, max_steps=5 + clock.steps)
+        return clock.rate()
+    clock = StepClock(seconds, skip=5)
     fit(Classifier(smoke), ready, [clock], epochs=20)
     return clock.rate()
+
+
+def jpegs(root: str, count: int) -> list[tuple[str, int]]:
+    """The uniform set, written by rank zero alone (the others wait for it: two writers of one file corrupt it)."""
+    done = os.path.join(root, "written")
+    if RANK == 0:
+        samples, _ = make_set(root, "uniform", count)
+        open(done, "w").close()
+        return samples
+    while not os.path.exists(done):
+        time.sleep(0.2)
+    return [(os.path.join(root, f"{i:06d}.jpg"), i % 1000) for i in range(count)]
 
 
 def main() -> None:
@@ -112,12 +197,14 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="interleaved pairs of the loop's pick against the best")
     parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds per grid measurement")
     parser.add_argument("--online-seconds", type=float, default=150.0)
+    parser.add_argument("--online-steps", type=int, default=1800, help="under DDP: the online fit's steps")
+    parser.add_argument("--root", default=None, help="the JPEGs' folder (under DDP: the same for every rank)")
     parser.add_argument("--smoke", action="store_true", help="CPU, a small CNN, no torchvision")
     parser.add_argument("--name", default="online_jpeg")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     random.seed(0)
-    samples, _ = make_set(tempfile.mkdtemp(dir=ROOT_DIR), "uniform", args.images)
+    samples = jpegs(args.root or tempfile.mkdtemp(dir=ROOT_DIR), args.images)
     samples = samples * max(1, 16_000 // len(samples))  # 125 steps an epoch
     accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     policy = recommend_loader_settings(probe_hardware(), accelerator=accelerator).num_workers
@@ -126,18 +213,25 @@ def main() -> None:
     for _ in range(args.reps):
         for workers in random.sample(grid, len(grid)):
             rates[workers].append(measure(samples, workers, args.seconds, args.smoke))
-            print(f"grid {workers} workers: {rates[workers][-1]:.2f} steps/s", flush=True)
+            if RANK == 0:
+                print(f"grid {workers} workers: {rates[workers][-1]:.2f} steps/s", flush=True)
+    rates = from_rank_zero(rates)
     median = {workers: statistics.median(values) for workers, values in rates.items()}
     best = max(median, key=median.get)
-    top = ceiling(samples, args.seconds, args.smoke)
+    top = from_rank_zero(ceiling(samples, args.seconds, args.smoke))
 
     module = Jpegs(samples, args.start, autotune=OnlineTuning())
-    clock = StepClock(args.online_seconds, skip=0)
     started = time.perf_counter()
-    fit(Classifier(args.smoke), module, [clock], epochs=400)
+    if RANKS > 1:
+        fit(Classifier(args.smoke), module, [FixedSteps(0, args.online_steps)], epochs=400, max_steps=args.online_steps)
+    else:
+        fit(Classifier(args.smoke), module, [StepClock(args.online_seconds, skip=0)], epochs=400)
     result = module.online_result
     assert result is not None and result.start is not None, "the online fit ended before its first trial"
     kept = result.kept or result.start
+    kept_by_rank = every_rank(kept.setting)
+    # one decision for every rank: the pairs below would hang on ranks that disagree
+    assert all(setting == kept_by_rank[0] for setting in kept_by_rank), kept_by_rank
     workers, prefetch = kept.setting.num_workers, kept.setting.prefetch_factor or 4
     pick, top_of_grid = (workers, prefetch), (best, 4)
     pairs: list[float] = []
@@ -145,7 +239,7 @@ def main() -> None:
         for pair in range(args.pairs):
             order = [pick, top_of_grid] if pair % 2 == 0 else [top_of_grid, pick]
             got = {key: measure(samples, key[0], args.seconds, args.smoke, key[1]) for key in order}
-            pairs.append(got[pick] / got[top_of_grid])
+            pairs.append(from_rank_zero(got[pick] / got[top_of_grid]))
     of_best = statistics.median(pairs) if pairs else median[workers] / median[best]
     row = {
         "grid": {str(workers): values for workers, values in rates.items()},
@@ -156,6 +250,8 @@ def main() -> None:
         "policy_of_best": median[policy] / median[best],
         "start": args.start,
         "start_of_best": median[args.start] / median[best],
+        "ranks": RANKS,
+        "kept_by_rank": [str(setting) for setting in kept_by_rank],
         "kept": [workers, kept.setting.prefetch_factor, kept.setting.pin_memory],
         "kept_rate_in_run": kept.steps_per_sec,
         "online_of_best": of_best,
@@ -174,12 +270,16 @@ def main() -> None:
             for t in result.trials
         ],
         "cost_s": result.cost_s,
+        "cap_s": result.cap_s,
+        "stop_reason": result.stop_reason,
         "cost_of_5min": result.cost_s / 300.0,
         "run_s": time.perf_counter() - started,
         "summary": result.summary(),
     }
+    if RANK != 0:
+        return
     print_table(
-        ["start", "policy", "of best", "grid best", "steps/s", "ceiling", "online kept", "of best", "cost", "of 5 min"],
+        ["start", "policy", "of best", "grid best", "steps/s", "ceiling", "online kept", "of best", "cost", "cap"],
         [
             [
                 f"{args.start}w ({100 * row['start_of_best']:.0f}%)",
@@ -191,7 +291,7 @@ def main() -> None:
                 f"{workers}w pf{kept.setting.prefetch_factor} pin={kept.setting.pin_memory}",
                 f"{100 * of_best:.1f}%",
                 f"{result.cost_s:.1f} s",
-                f"{100 * row['cost_of_5min']:.1f}%",
+                "-" if result.cap_s is None else f"{result.cap_s:.1f} s",
             ]
         ],
     )

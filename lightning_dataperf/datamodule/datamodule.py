@@ -131,6 +131,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         self._settings: LoaderSettings | None = None
         self._reported: set[str] = set()
         self._sharing: weakref.WeakSet[ShareBy] = weakref.WeakSet()  # how its loaders send by file name (teardown)
+        self._decoding: weakref.WeakSet[GpuDecodeLoader] = weakref.WeakSet()  # their threads stop at teardown
 
     @override
     @reclaims_itself
@@ -149,6 +150,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         self._give_back(fit=True)
 
     def _give_back(self, fit: bool) -> None:
+        # a fit stopped mid-epoch (max_steps, should_stop) leaves its decode threads running past it
+        for decoding in list(self._decoding):
+            decoding.close()
         self.reclaim_sharing()
         if fit and self._online is not None:
             self._online.close()
@@ -363,6 +367,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         for plan in plans:
             plan.notes.append(f"GPU decode: wrapped in GpuDecodeLoader({note})")
         decoding = GpuDecodeLoader(result, device=device, **keywords(self.gpu_decode))
+        self._decoding.add(decoding)
         if self._online is not None and self._online.current.gpu_share is not None:
             # the loop's share reaches the workers through it (a saved setting's share from the start)
             self._online.share_target = decoding.set_gpu_share

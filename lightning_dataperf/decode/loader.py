@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import os
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -24,6 +26,15 @@ from lightning_dataperf.loader.probe import TimedCollate
 __all__ = ["GpuDecodeLoader"]
 
 _FORK_GUARD: list[bool] = []
+# epochs whose decode thread runs: stopped before the interpreter exits, not left inside a CUDA call (abort)
+_RUNNING: weakref.WeakSet[_DecodeIterator] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for epoch in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            epoch.close()
 
 
 def guard_forked_workers() -> None:
@@ -262,6 +273,7 @@ class _DecodeIterator(Iterator):
         args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop, self._prepare_ahead)
         self._thread = threading.Thread(target=decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
         self._thread.start()
+        _RUNNING.add(self)
 
     def _first(self) -> bool:
         """Decode the first batch here, in the calling thread: its one-time work (the augment's graphs, their

@@ -51,3 +51,12 @@ def test_a_share_is_only_searched_for_a_split_decode_loader():
     split = list(space.neighbours(Setting(1, 2, False, 1, gpu_share=1.0)))
     assert {setting.gpu_share for setting in split} >= {0.0, 1.0}
     assert all(setting.gpu_share is None for setting in space.neighbours(Setting(1, 2, False, 1)))
+
+
+def test_a_split_decode_loader_tries_where_to_decode_before_its_worker_count():
+    """The GPU share's ends come first among the neighbours: on the H200 they moved a compiled ResNet-50 from 78% to
+    99% of its ceiling, more than any worker move; a loop whose cost cap ran out on worker counts never tried them."""
+    space = SettingSpace(max_workers=15, cpus=16, tune_threads=False, tune_pinning=True, tune_share=True)
+    order = list(space.neighbours(Setting(15, 2, True, 1, gpu_share=1.0)))
+    assert [setting.gpu_share for setting in order[:2]] == [0.0, 0.5]
+    assert all(setting.num_workers == 15 for setting in order[:2])

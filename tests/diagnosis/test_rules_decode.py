@@ -276,3 +276,29 @@ def test_a_cpu_run_with_a_custom_decode_backend_gets_a_cpu_verdict(tmp_path):
     verdict = perf.last_diagnosis.format()
     assert "input-bound (decode on the CPU (host backend))" in verdict, verdict
     assert "GPU decode" not in verdict and "on the GPU" not in verdict, verdict
+
+
+def test_a_fit_stopped_mid_epoch_leaves_no_decode_thread_running(tmp_path):
+    """A fit ended by ``max_steps`` mid-epoch left the epoch's decode and prepare threads running past it (and the
+    interpreter aborted at exit inside them): the datamodule's teardown stops them."""
+    pytest.importorskip("PIL")
+    import threading
+
+    from lightning_dataperf import TunedDataModule
+    from lightning_dataperf.decode.encoded import EncodedImageDataset
+
+    samples = write_files(str(tmp_path / "images"), 40)
+
+    class Images(TunedDataModule):
+        def train_dataloader(self):
+            return DataLoader(EncodedImageDataset(samples, seed=0), batch_size=4, shuffle=True, num_workers=0)
+
+    def decoding() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("dataperf-gpu") and t.is_alive()]
+
+    assert not decoding()
+    data = Images(seed=3, gpu_decode=GpuDecodeOptions(size=8), verbose=False)
+    trainer = pl.Trainer(max_steps=3, logger=False, **trainer_kwargs(tmp_path))
+    trainer.fit(TinyNet(), datamodule=data)
+    assert trainer.global_step == 3  # 3 of the epoch's 10 batches: the decode thread was still reading ahead
+    assert not decoding(), decoding()
