@@ -133,8 +133,9 @@ def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int,
 
 def measure(samples: list[tuple[str, int]], workers: int, seconds: float, smoke: bool, prefetch: int = 4) -> float:
     skip = 2 * workers + 3
-    if RANKS > 1:  # ``seconds`` as steps: at 12 steps/s, 4 s
-        clock: Any = FixedSteps(skip, max(8, round(12 * seconds)))
+    if RANKS > 1:  # ``seconds`` as steps (at 15 steps/s), after the batches queued while the workers started
+        skip = workers * prefetch + 3
+        clock: Any = FixedSteps(skip, max(8, round(15 * seconds)))
         fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20, max_steps=skip + clock.steps)
         return clock.rate()
     clock = StepClock(seconds, skip=skip)
