@@ -224,9 +224,13 @@ class OnlineIterator(Iterator[Any]):
             self._switch(setting)
         assert self.inner is not None
         started = time.perf_counter()
-        batch = next(self.inner)
+        try:
+            batch = next(self.inner)
+        finally:
+            # the sampler has read its start; a switch in the next() that ends the epoch leaves an empty iterator,
+            # and its position, kept, started every later epoch after its last batch
+            tuner.override = None
         tuner.fetched(time.perf_counter() - started)
-        tuner.override = None
         self.yielded += 1
         return batch
 

@@ -60,3 +60,30 @@ def test_a_split_decode_loader_tries_where_to_decode_before_its_worker_count():
     order = list(space.neighbours(Setting(15, 2, True, 1, gpu_share=1.0)))
     assert [setting.gpu_share for setting in order[:2]] == [0.0, 0.5]
     assert all(setting.num_workers == 15 for setting in order[:2])
+
+
+def test_a_switch_at_the_epochs_end_does_not_empty_the_epochs_after_it():
+    """The loop can switch in the ``next()`` that finds the epoch over (Lightning fetches one ahead; a decode thread
+    reads ahead): the new iterator, placed after the epoch's last batch, was empty, and its position outlived it, so
+    every later epoch started there too, empty: a fit spinning through epochs without a step. Seen on the CPU run
+    of benchmarks/decode_placement.py."""
+    dataset = IndexedDataset(24)
+    sampler = EpochAwareDistributedSampler(dataset, batch_size=4, num_replicas=1, rank=0, shuffle=False)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler)
+    threads = torch.get_num_threads()
+    start = Setting(0, None, False, threads)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    trainer = _trainer()
+    consumed = [0]
+    tuner = OnlineTuner(trainer, start, space, position=lambda: (trainer.current_epoch, consumed[0]))
+    sampler.position = tuner.position
+    make_online(loader, tuner)
+    iterator = iter(loader)
+    first = [next(iterator) for _ in range(6)]
+    iterator._switch(Setting(1, 2, False, threads))  # the epoch's six batches taken: the switch finds none left
+    assert list(iterator) == []
+    iterator.close()
+    trainer.current_epoch = 1  # Lightning's counters: the next epoch, from its start
+    second = list(iter(loader))
+    assert len(first) == 6 and len(second) == 6, "the next epoch has its batches"
+    assert torch.cat([batch[:, 0] for batch in second]).tolist() == list(range(24))
