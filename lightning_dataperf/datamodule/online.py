@@ -32,7 +32,6 @@ from lightning_dataperf.autotune.online import (
 from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey
 from lightning_dataperf.datamodule.online_ddp import WATCH_EVERY, Decision, DistributedResult, RankSync, sync_every
 from lightning_dataperf.datamodule.online_start import loader_words, saved_root, saved_setting, saver
-from lightning_dataperf.loader.handoff import start_workers
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.loader.wrapping import Layer, wrap_iterators
 
@@ -251,8 +250,7 @@ class OnlineIterator(Iterator[Any]):
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             # the loop's own trial of more workers than PyTorch suggests is not the user's setting
             warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-            # in the thread that takes the batches, where a decode thread reads this iterator for it
-            self.inner = start_workers(self.make_inner)
+            self.inner = self.make_inner()
         self.tuner.switched(time.perf_counter() - started, setting)
         self.tuner.restart_segment(_burst(loader))
 

@@ -21,7 +21,6 @@ from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD, DecodeStats, JpegDecoder
 from lightning_dataperf.decode.encoded import collate_encoded
 from lightning_dataperf.decode.split import CpuDecoder, SplitCollate, check_share
-from lightning_dataperf.loader.handoff import Handoff, ReadAhead
 from lightning_dataperf.loader.probe import TimedCollate
 
 __all__ = ["GpuDecodeLoader"]
@@ -258,7 +257,6 @@ class _DecodeIterator(Iterator):
         self._persistent = bool(getattr(owner.loader, "persistent_workers", False))
         self._queue: queue.Queue = queue.Queue(maxsize=owner.lookahead)
         self._stop = threading.Event()
-        self._handoff = Handoff(self._stop)
         self._done = False
         self._source: Iterator[Any] | None = None
         self._thread: threading.Thread | None = None
@@ -272,9 +270,7 @@ class _DecodeIterator(Iterator):
         if not self._first():
             return
         # the thread gets the parts, not this iterator: a dropped iterator is freed (and closed) at once
-        # the loop's switch inside next() starts its workers in this thread, not in the one reading ahead
-        source = ReadAhead(self._source, self._handoff)
-        args = (source, self._decoder, self._stream, self._device, self._queue, self._stop, self._prepare_ahead)
+        args = (self._source, self._decoder, self._stream, self._device, self._queue, self._stop, self._prepare_ahead)
         self._thread = threading.Thread(target=decode_batches, args=args, name="dataperf-gpu-decode", daemon=True)
         self._thread.start()
         _RUNNING.add(self)
@@ -330,7 +326,6 @@ class _DecodeIterator(Iterator):
 
     def _take(self) -> Any:
         while True:
-            self._handoff.serve()
             try:
                 return self._queue.get(timeout=POLL_S)
             except queue.Empty:

@@ -302,37 +302,3 @@ def test_a_fit_stopped_mid_epoch_leaves_no_decode_thread_running(tmp_path):
     trainer.fit(TinyNet(), datamodule=data)
     assert trainer.global_step == 3  # 3 of the epoch's 10 batches: the decode thread was still reading ahead
     assert not decoding(), decoding()
-
-
-def test_the_loops_switch_under_a_decode_thread_starts_its_workers_in_the_training_thread(tmp_path, monkeypatch):
-    """The loop switches inside ``next()``, which the GPU-decode loader calls from its prepare thread: the new workers
-    were forked there while the training thread ran the step (a child can inherit a lock held by that thread
-    forever; a benchmark's fit hung once at the next epoch waiting for them). They start in the training thread."""
-    pytest.importorskip("PIL")
-    import multiprocessing.process
-    import threading
-
-    from lightning_dataperf import OnlineTuning, TunedDataModule
-    from lightning_dataperf.decode.encoded import EncodedImageDataset
-
-    samples = write_files(str(tmp_path / "images"), 48)
-    started: list[str] = []
-    start = multiprocessing.process.BaseProcess.start
-
-    def recording_start(process):
-        started.append(threading.current_thread().name)
-        return start(process)
-
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", recording_start)
-
-    class Images(TunedDataModule):
-        def train_dataloader(self):
-            return DataLoader(EncodedImageDataset(samples, seed=0), batch_size=4, shuffle=True, num_workers=1)
-
-    quick = OnlineTuning(precision=10.0, max_batches=4, max_cost=10.0, min_seconds=0.0)
-    data = Images(seed=3, gpu_decode=GpuDecodeOptions(size=8), verbose=False, autotune=quick)
-    trainer = pl.Trainer(max_epochs=4, logger=False, **trainer_kwargs(tmp_path))
-    trainer.fit(TinyNet(), datamodule=data)
-    switched = [trial for trial in data.online_result.trials[1:] if trial.setting.num_workers]
-    assert switched, data.online_result.summary()  # a trial with workers after the start: workers started again
-    assert started and set(started) == {"MainThread"}, started
