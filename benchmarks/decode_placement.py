@@ -124,6 +124,7 @@ def _fit(gd, module, loader, warmup: int, steps: int, cuda: bool) -> dict:
 def loop_fit(gd, module, samples, args, cuda: bool) -> dict:
     """The ``loop`` column: one online fit from the defaults, timed over ``--loop-steps`` once the loop is done."""
     import lightning.pytorch as pl
+    from _common import quiet_trainer
     from torch.utils.data import DataLoader
 
     from lightning_dataperf import GpuDecodeOptions, OnlineTuning, TunedDataModule
@@ -151,11 +152,10 @@ def loop_fit(gd, module, samples, args, cuda: bool) -> dict:
             if over or (state["after"] is not None and trainer.global_step - state["after"] >= args.loop_steps):
                 trainer.should_stop = True
 
-    trainer = pl.Trainer(
-        accelerator="gpu" if cuda else "cpu", devices=1, precision="bf16-mixed", max_steps=args.loop_planned,
-        max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
-        callbacks=[StopWhenDone(), clock.callback], default_root_dir=tempfile.mkdtemp(prefix="placement_loop_"),
+    trainer = quiet_trainer(
+        accelerator="gpu" if cuda else "cpu", precision="bf16-mixed", max_steps=args.loop_planned, max_epochs=-1,
+        num_sanity_val_steps=0, limit_val_batches=0, callbacks=[StopWhenDone(), clock.callback],
+        default_root_dir=tempfile.mkdtemp(prefix="placement_loop_"),
     )  # fmt: skip
     trainer.fit(module, datamodule=data)
     result = data.online_result

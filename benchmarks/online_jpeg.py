@@ -21,6 +21,7 @@ grid's best again in ``--pairs`` interleaved pairs. Prints a table and writes ``
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import shutil
@@ -99,20 +100,6 @@ def _distributed(cuda: bool) -> dict[str, Any]:
     return {"strategy": "ddp", "devices": RANKS}
 
 
-class FixedSteps(pl.Callback):
-    """Times ``steps`` steps after ``skip`` on every rank; the fit ends there (``max_steps``), on all ranks at once."""
-
-    def __init__(self, skip: int, steps: int) -> None:
-        self.skip, self.steps, self.times = skip, steps, []
-
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        self.times.append(time.perf_counter())
-
-    def rate(self) -> float:
-        steady = self.times[self.skip :]
-        return (len(steady) - 1) / (steady[-1] - steady[0])
-
-
 def fit(model: pl.LightningModule, data: Any, callbacks: list[Any], epochs: int, max_steps: int = -1) -> None:
     cuda = torch.cuda.is_available()
     trainer = quiet_trainer(
@@ -135,8 +122,10 @@ def measure(samples: list[tuple[str, int]], workers: int, seconds: float, smoke:
     skip = 2 * workers + 3
     if RANKS > 1:  # ``seconds`` as steps (at 15 steps/s), after the batches queued while the workers started
         skip = workers * prefetch + 3
-        clock: Any = FixedSteps(skip, max(8, round(15 * seconds)))
-        fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20, max_steps=skip + clock.steps)
+        # no stop by time: max_steps ends the fit on every rank at once
+        clock = StepClock(math.inf, skip=skip)
+        steps = max(8, round(15 * seconds))
+        fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20, max_steps=skip + steps)
         return clock.rate()
     clock = StepClock(seconds, skip=skip)
     fit(Classifier(smoke), Jpegs(samples, workers, prefetch), [clock], epochs=20)
@@ -169,8 +158,8 @@ def ceiling(samples: list[tuple[str, int]], seconds: float, smoke: bool) -> floa
     one = next(iter(DataLoader(PilDataset(samples), batch_size=BATCH)))
     ready = DataLoader([one] * 400, batch_size=None, pin_memory=torch.cuda.is_available())
     if RANKS > 1:
-        clock: Any = FixedSteps(5, max(8, round(20 * seconds)))
-        fit(Classifier(smoke), ready, [clock], epochs=20, max_steps=5 + clock.steps)
+        clock = StepClock(math.inf, skip=5)
+        fit(Classifier(smoke), ready, [clock], epochs=20, max_steps=5 + max(8, round(20 * seconds)))
         return clock.rate()
     clock = StepClock(seconds, skip=5)
     fit(Classifier(smoke), ready, [clock], epochs=20)
@@ -224,7 +213,7 @@ def main() -> None:
     module = Jpegs(samples, args.start, autotune=OnlineTuning())
     started = time.perf_counter()
     if RANKS > 1:
-        fit(Classifier(args.smoke), module, [FixedSteps(0, args.online_steps)], epochs=400, max_steps=args.online_steps)
+        fit(Classifier(args.smoke), module, [StepClock(math.inf, skip=0)], epochs=400, max_steps=args.online_steps)
     else:
         fit(Classifier(args.smoke), module, [StepClock(args.online_seconds, skip=0)], epochs=400)
     result = module.online_result
