@@ -98,7 +98,7 @@ def online_run(name: str, threads: int, seconds: float, steps: int | None = None
                 "summary": "" if result is None else result.summary(),
             }
         raise SystemExit(f"{name}: the online run ended before its first trial; give it more --online-seconds")
-    # still searching when the run ended: the setting in use is the start's or a trial's, report the start's
+    # a fit that ends mid-search keeps the best it measured; a result from before that rule may lack it
     kept = result.kept or result.start
     return {
         "kept": [kept.setting.num_workers, kept.setting.threads, kept.setting.prefetch_factor],
@@ -150,6 +150,14 @@ def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple
             run["load"] = load()
             runs.append(run)
         torch.set_num_threads(cpus)
+        # the loop's own first look at the start against the grid's: far apart, the grid (and so each run's
+        # planned length) read a machine busy with something else
+        loop_start = statistics.median(run["trials"][0][3] for run in runs if run["trials"])
+        if abs(loop_start / median[start] - 1) > 0.25:
+            print(
+                f"WARNING {name}: the loop read its start at {loop_start:.1f} steps/s, the grid at"
+                f" {median[start]:.1f}: the runs were not planned at {seconds:g} s; measure again on a quiet machine"
+            )
         kept = [(run["kept"][0], run["kept"][1]) for run in runs]
         pairs = {pick: against_best(name, pick, best, args) for pick in set(kept)}
         of_best = {pick: statistics.median(values) for pick, values in pairs.items()}
@@ -158,6 +166,7 @@ def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple
             {
                 "seconds": seconds,
                 "steps": steps,
+                "loop_start_rate": loop_start,
                 "runs": runs,
                 "kept": {f"{w}w{t}t": kept.count((w, t)) for w, t in sorted(set(kept))},
                 "of_best_pairs": {f"{w}w{t}t": of_best[(w, t)] for w, t in pairs},

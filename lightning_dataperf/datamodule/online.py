@@ -152,10 +152,14 @@ class OnlineTuner:
         done = loop.result.done
         setting = loop.step(now, mark)
         if loop.result.done and not done:
-            rank_zero_info(loop.result.summary())
-            if self.on_decided is not None and loop.result.kept is not None:
-                self.on_decided(loop.result.kept.setting)
+            self._decided()
         return setting
+
+    def _decided(self) -> None:
+        result = self.loop.result
+        rank_zero_info(result.summary())
+        if self.on_decided is not None and result.kept is not None:
+            self.on_decided(result.kept.setting)
 
     def _exchange(self) -> Setting | None:
         """A sync point: rank zero's held decision and its result to every rank, each rank's wait to rank zero."""
@@ -178,10 +182,11 @@ class OnlineTuner:
 
     def _planned(self) -> float | None:
         trainer = self.trainer
+        max_steps = getattr(trainer, "max_steps", None)
+        # max_steps counts optimizer steps: each takes accumulate_grad_batches batches
+        batches = max_steps * getattr(trainer, "accumulate_grad_batches", 1) if max_steps and max_steps > 0 else None
         return planned_batches(
-            getattr(trainer, "max_epochs", None),
-            getattr(trainer, "max_steps", None),
-            getattr(trainer, "num_training_batches", None),
+            getattr(trainer, "max_epochs", None), batches, getattr(trainer, "num_training_batches", None)
         )
 
     def switched(self, switch_s: float, setting: Setting) -> None:
@@ -192,7 +197,10 @@ class OnlineTuner:
         torch.set_num_threads(setting.threads)
 
     def finish(self) -> None:
-        """At the fit's normal end, on every rank: under DDP, rank zero's result (and the last waits) everywhere."""
+        """At the fit's normal end, on every rank: a search still running ends on the best it measured (said);
+        under DDP, rank zero's result (and the last waits) everywhere."""
+        if (self.sync is None or self.sync.rank == 0) and self.loop.conclude():
+            self._decided()
         if self.sync is not None:
             decision = Decision(None, False, 0, self.loop.result) if self.sync.rank == 0 else None
             self.loop.result = self.sync.exchange(decision, self.current).result

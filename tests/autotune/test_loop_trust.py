@@ -179,7 +179,7 @@ def test_the_gpu_share_and_persistent_workers_are_searched_only_where_asked():
 
 
 def test_a_close_calls_look_runs_past_max_batches_to_the_error_it_was_asked():
-    from lightning_dataperf.autotune.online.loop import Segment
+    from lightning_dataperf.autotune.online import Segment
 
     loop = OnlineLoop(ZERO, CPU, max_batches=20, min_seconds=0.0)
     plain, close = Segment(ZERO, None), Segment(ZERO, None, precision=0.01)
@@ -190,7 +190,7 @@ def test_a_close_calls_look_runs_past_max_batches_to_the_error_it_was_asked():
 
 
 def test_a_close_calls_look_is_asked_no_finer_than_two_thirds_of_the_loops_own_precision():
-    from lightning_dataperf.autotune.online.loop import Segment
+    from lightning_dataperf.autotune.online import Segment
 
     def decided(precision):
         loop = OnlineLoop(ZERO, CPU, precision=precision, min_seconds=0.0)

@@ -198,7 +198,7 @@ def test_a_trial_of_fast_steps_lasts_its_minimum_seconds_past_max_batches(monkey
 
 def test_a_long_trial_reads_its_rate_at_a_few_of_its_steps(monkeypatch):
     # reading the rate is O(periods): read at every step, a trial of thousands of tiny steps slows them
-    from lightning_dataperf.autotune.online.loop import Segment
+    from lightning_dataperf.autotune.online import Segment
     from lightning_dataperf.datamodule import online
 
     reads = []

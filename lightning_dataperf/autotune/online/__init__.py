@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from lightning_dataperf.autotune.online.loop import OnlineLoop, Segment, planned_batches, refusal
+from lightning_dataperf.autotune.online.loop import OnlineLoop, planned_batches, refusal
 from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting, SettingSpace
 from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
+from lightning_dataperf.autotune.online.segment import Segment
 
 __all__ = [
     "Measured",

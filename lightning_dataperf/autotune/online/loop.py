@@ -15,10 +15,10 @@ from lightning_dataperf.autotune.online.records import (
     SettingSpace,
 )
 from lightning_dataperf.autotune.online.search import CLOSE_CALL_FINEST, NeighbourSearch, Phase
-from lightning_dataperf.autotune.trial import steady_rate
+from lightning_dataperf.autotune.online.segment import Segment
 from lightning_dataperf.loader.policy import first_workers
 
-__all__ = ["DRIFT", "FIRST_MOVES", "SLOWER_TRIAL", "OnlineLoop", "Segment", "planned_batches", "refusal"]
+__all__ = ["DRIFT", "ENDED", "FIRST_MOVES", "RAN_OUT", "SLOWER_TRIAL", "OnlineLoop", "planned_batches", "refusal"]
 
 #: After the search, a window of steps whose rate moved this far from the kept setting's (and beyond three
 #: standard errors), twice in a row, is drift: the loop looks again from the kept setting, within its cost cap.
@@ -31,65 +31,9 @@ SLOWER_TRIAL = 0.2
 #: The start's measured facts (load and compute per batch) choose this many first moves.
 FIRST_MOVES = 2
 
-
-class Segment:
-    """The step periods of the setting in use, since it was switched to (a trial, or a drift watch's window)."""
-
-    def __init__(self, setting: Setting, against: Measured | None, precision: float | None = None) -> None:
-        self.setting, self.against = setting, against
-        self.precision = precision
-        """The error it runs to where a close call needs more than the loop's own (then not cut at ``max_batches``)."""
-        self.skip = self.skipped = 0
-        self.switch_s = 0.0
-        self.periods: list[float] = []
-        self.total = 0.0
-        """``sum(periods)``, kept as they come: the per-step checks stay O(1) on a trial of thousands of steps."""
-        self.next_look = 0
-        """Periods at which the rate is read again (every eighth more: reading it is O(periods))."""
-        self.fresh = True
-        self.queued_in = 0
-        """Batches already queued as each segment's counting began: made before it, not at its rate."""
-        self.loads: list[float] = []
-        """Seconds each batch took to load in this process (``num_workers=0``), where the feeder reports them."""
-
-    def add(self, period: float) -> bool:
-        """Counts ``period`` (or skips it); ``True`` where it is the first counted one of a segment."""
-        if self.skip > 0:
-            self.skip, self.skipped = self.skip - 1, self.skipped + 1
-            self.switch_s += period
-            return False
-        self.periods.append(period)
-        self.total += period
-        first, self.fresh = self.fresh, False
-        return first
-
-    def rate(self) -> tuple[float, float, int]:
-        arrivals = [0.0]
-        for period in self.periods:
-            arrivals.append(arrivals[-1] + period)
-        return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
-
-    def measured(self, queued_out: int = 0) -> Measured:
-        """Its steady rate, no higher than the rate the batches were made at: those queued as counting began
-        (the workers' backlog from a switch's stall, up to ``workers x prefetch``) less those queued at its end
-        were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop and 25 alone)."""
-        _, error, counted = self.rate()
-        seconds = sum(self.periods[:counted]) if counted else self.total
-        batches = counted or len(self.periods)
-        made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
-        if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
-            batches, seconds = max(0, made), total
-        rate = batches / seconds if seconds else 0.0
-        # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
-        stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
-        measured = Measured(self.setting, rate, error, batches, seconds, stall)
-        return replace(measured, cost_s=self.cost())
-
-    def cost(self) -> float:
-        """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
-        rate = self.against.steps_per_sec if self.against is not None else 0.0
-        slower = max(0.0, self.total - len(self.periods) / rate) if rate else 0.0
-        return slower + (self.switch_s if self.against is not None else 0.0)
+#: Why a search ended undecided: its next look would outlast the planned run, or the fit ended mid-look.
+RAN_OUT = "the planned run ends before another look could be decided: the best measured beyond noise kept"
+ENDED = "the fit ended before the search did: the best measured beyond noise kept"
 
 
 class OnlineLoop:
@@ -144,6 +88,8 @@ class OnlineLoop:
         self._last: tuple[float, Hashable] | None = None
         self._incumbent: Measured | None = None
         self._drifts = 0
+        self.steps = 0
+        """Training steps fed so far: of the planned run, those already taken (a look must fit in the rest)."""
 
     @property
     def phase(self) -> Phase:
@@ -168,6 +114,7 @@ class OnlineLoop:
         trial = self.trial
         if trial is None and self.watch is None:
             return None
+        self.steps += 1
         last, self._last = self._last, (now, mark)
         if last is None or last[1] != mark:
             return None
@@ -197,13 +144,33 @@ class OnlineLoop:
         trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
         rate, error, counted = trial.rate()
         # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
-        asked = self.precision if trial.precision is None else max(trial.precision, CLOSE_CALL_FINEST * self.precision)
-        precision = min(self.precision, asked)
+        precision = self._precision(trial.precision)
         enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= precision
         enough = enough and trial.total >= self.min_seconds
         cut = trial.against is not None and counted >= 8 and trial.total >= self.min_seconds / 2
         against = trial.against
         return enough or (cut and against is not None and slower_for_sure(rate, error, *_rate_of(against)))
+
+    def _precision(self, asked: float | None) -> float:
+        """The error a look runs to: the loop's own, or finer where a close call asks (never finer than
+        :data:`CLOSE_CALL_FINEST` of it)."""
+        return self.precision if asked is None else min(self.precision, max(asked, CLOSE_CALL_FINEST * self.precision))
+
+    def _fits(self, setting: Setting, asked: float | None) -> bool:
+        """A look at ``setting`` can be decided before the planned run ends (a run of unknown length: it can)."""
+        planned, incumbent = self.planned(), self._incumbent
+        if planned is None or incumbent is None or not incumbent.steps_per_sec:
+            return True
+        # its rate and per-batch spread as last read, else the incumbent's
+        seen = next((t for t in reversed(self.result.trials) if t.setting == setting and t.trusted), incumbent)
+        rate, spread = seen.steps_per_sec or incumbent.steps_per_sec, seen.error * math.sqrt(seen.batches)
+        shortest = max(MIN_TRUSTED_BATCHES, 3 * max(1, setting.num_workers), self.min_seconds * rate)
+        needed = max(shortest, (spread / self._precision(asked)) ** 2)
+        # a close call's look has no cap on steps; any other ends at max_batches once it is trusted
+        most = self.max_seconds * rate
+        most = most if asked is not None else min(most, max(shortest, self.max_batches))
+        burst = setting.num_workers * (setting.prefetch_factor or 1)
+        return self.steps + burst + min(needed, most) <= planned
 
     def _full(self, segment: Segment) -> bool:
         """At its cap: ``max_batches`` steps (a close call's look: no cap on steps), but not under ``min_seconds``
@@ -292,14 +259,39 @@ class OnlineLoop:
         self._incumbent = against or self._incumbent
         if self._over_budget():
             # the setting the search stands on: a trial not yet confirmed against it is not kept, but said
-            lead = self.search.lead
-            if lead is not None and lead.setting != self._incumbent.setting:
+            if self._unconfirmed():
                 budget = self._budget_s() or 0.0
-                result.unconfirmed, result.cap_s = lead, budget
-                result.cap_left_s = max(0.0, budget - result.cost_s)
+                result.cap_s, result.cap_left_s = budget, max(0.0, budget - result.cost_s)
+            return self._decide(self._incumbent, current)
+        if not self._fits(setting, self.search.precision):
+            # a look cut by the run's end decides nothing: the rest of the run on the best measured beyond noise
+            self._ran_out(RAN_OUT)
             return self._decide(self._incumbent, current)
         self.trial = Segment(setting, against, self.search.precision)
         return setting if setting != current else None
+
+    def conclude(self) -> bool:
+        """The fit ended mid-search: the setting it stood on is kept (a lead not confirmed is said); ``True`` where
+        this decided (the start measured, nothing decided yet)."""
+        if self.trial is None or self._incumbent is None or self.result.done:
+            return False
+        self._ran_out(ENDED)
+        self._decide(self._incumbent, self._incumbent.setting)
+        self.watch = None
+        return True
+
+    def _ran_out(self, why: str) -> None:
+        self.result.stop_reason = why
+        if self._unconfirmed():
+            self.result.unconfirmed_because = f"{why.split(':', maxsplit=1)[0]}; a longer run would settle it"
+
+    def _unconfirmed(self) -> bool:
+        """The search's lead over the setting it stands on, not confirmed, recorded to be said; ``True`` if any."""
+        lead, incumbent = self.search.lead, self._incumbent
+        if lead is None or incumbent is None or lead.setting == incumbent.setting:
+            return False
+        self.result.unconfirmed = lead
+        return True
 
     def _decide(self, kept: Measured, current: Setting) -> Setting | None:
         result = self.result

@@ -171,8 +171,9 @@ class OnlineResult:
     """What the loop measured, what it kept, and what the trying cost.
 
     ``unconfirmed``: a setting that read ahead of the kept one but not beyond its error (or from too few batches)
-    when the cost cap ended the search; ``cap_s`` and ``cap_left_s``: the cap in seconds and what it allowed then;
-    ``notes``: what the loop said up front (a run too short to decide).
+    when the cost cap or the run's end ended the search; ``cap_s`` and ``cap_left_s``: the cap in seconds and what
+    it allowed then; ``unconfirmed_because``: why, where not the cap; ``notes``: what the loop said up front (a run
+    too short to decide).
     """
 
     start: Measured | None = None
@@ -187,6 +188,7 @@ class OnlineResult:
     cap_left_s: float | None = None
     max_cost: float | None = None
     notes: list[str] = field(default_factory=list)
+    unconfirmed_because: str = ""
 
     @property
     def gain(self) -> float | None:
@@ -260,13 +262,15 @@ class OnlineResult:
         change = lead.steps_per_sec / kept.steps_per_sec - 1
         error = math.hypot(lead.error, kept.error)
         error_words = f"± {error:.0%}" if math.isfinite(error) else "(error unknown)"
+        read = f"; {lead.setting.short()} read {change:+.0%} {error_words} in {lead.batches} batches; not confirmed:"
+        if self.unconfirmed_because:
+            return f"{read} {self.unconfirmed_because}"
         cap = f"the {self.max_cost:.0%} cap" if self.max_cost is not None else "the cost cap"
         cap += f" ({self.cap_s:.2f} s)" if self.cap_s is not None else ""
         left = self.cap_left_s or 0.0
         left_words = f" allows {left:.2f} s more" if left >= 0.005 else " was spent"
         return (
-            f"; {lead.setting.short()} read {change:+.0%} {error_words} in {lead.batches} batches; not confirmed:"
-            f" {cap}{left_words}; a longer run, or OnlineTuning(max_cost=...) above {self.max_cost or 0.05:g},"
+            f"{read} {cap}{left_words}; a longer run, or OnlineTuning(max_cost=...) above {self.max_cost or 0.05:g},"
             " would settle it"
         )
 

@@ -1,0 +1,70 @@
+"""The step periods of the setting in use, since it was switched to: its steady rate and what trying it cost."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lightning_dataperf.autotune.online.records import Measured, Setting
+from lightning_dataperf.autotune.trial import steady_rate
+
+__all__ = ["Segment"]
+
+
+class Segment:
+    """The step periods of the setting in use, since it was switched to (a trial, or a drift watch's window)."""
+
+    def __init__(self, setting: Setting, against: Measured | None, precision: float | None = None) -> None:
+        self.setting, self.against = setting, against
+        self.precision = precision
+        """The error it runs to where a close call needs more than the loop's own (then not cut at ``max_batches``)."""
+        self.skip = self.skipped = 0
+        self.switch_s = 0.0
+        self.periods: list[float] = []
+        self.total = 0.0
+        """``sum(periods)``, kept as they come: the per-step checks stay O(1) on a trial of thousands of steps."""
+        self.next_look = 0
+        """Periods at which the rate is read again (every eighth more: reading it is O(periods))."""
+        self.fresh = True
+        self.queued_in = 0
+        """Batches already queued as each segment's counting began: made before it, not at its rate."""
+        self.loads: list[float] = []
+        """Seconds each batch took to load in this process (``num_workers=0``), where the feeder reports them."""
+
+    def add(self, period: float) -> bool:
+        """Counts ``period`` (or skips it); ``True`` where it is the first counted one of a segment."""
+        if self.skip > 0:
+            self.skip, self.skipped = self.skip - 1, self.skipped + 1
+            self.switch_s += period
+            return False
+        self.periods.append(period)
+        self.total += period
+        first, self.fresh = self.fresh, False
+        return first
+
+    def rate(self) -> tuple[float, float, int]:
+        arrivals = [0.0]
+        for period in self.periods:
+            arrivals.append(arrivals[-1] + period)
+        return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
+
+    def measured(self, queued_out: int = 0) -> Measured:
+        """Its steady rate, no higher than the rate the batches were made at: those queued as counting began
+        (the workers' backlog from a switch's stall, up to ``workers x prefetch``) less those queued at its end
+        were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop and 25 alone)."""
+        _, error, counted = self.rate()
+        seconds = sum(self.periods[:counted]) if counted else self.total
+        batches = counted or len(self.periods)
+        made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
+        if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
+            batches, seconds = max(0, made), total
+        rate = batches / seconds if seconds else 0.0
+        # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
+        stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
+        measured = Measured(self.setting, rate, error, batches, seconds, stall)
+        return replace(measured, cost_s=self.cost())
+
+    def cost(self) -> float:
+        """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
+        rate = self.against.steps_per_sec if self.against is not None else 0.0
+        slower = max(0.0, self.total - len(self.periods) / rate) if rate else 0.0
+        return slower + (self.switch_s if self.against is not None else 0.0)
