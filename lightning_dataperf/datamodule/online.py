@@ -74,6 +74,7 @@ class OnlineTuner:
             min_seconds=min_seconds,
             max_seconds=max_seconds,
             planned=self._planned,
+            taken=self._taken,
         )
         self.override: tuple[int, int] | None = None
         self.user_threads = torch.get_num_threads()
@@ -188,6 +189,10 @@ class OnlineTuner:
         return planned_batches(
             getattr(trainer, "max_epochs", None), batches, getattr(trainer, "num_training_batches", None)
         )
+
+    def _taken(self) -> float:
+        """Batches of the planned run already taken: a resumed fit starts part way through it."""
+        return float(self.trainer.global_step * getattr(self.trainer, "accumulate_grad_batches", 1))
 
     def switched(self, switch_s: float, setting: Setting) -> None:
         # the job's stall is rank zero's (the steps are synchronous): counted once

@@ -55,6 +55,14 @@ def test_a_look_that_cannot_be_decided_before_the_planned_run_ends_is_not_starte
     assert not loop.result.done and loop.trial.setting == ZERO and len(loop.result.trials) == 2
 
 
+def test_a_resumed_fit_counts_the_steps_it_took_before():
+    # 900 of 1,000 planned steps taken before the resume: after the start, no look fits in the rest
+    loop = OnlineLoop(ZERO, CPU, min_seconds=0.0, max_cost=1.0, planned=lambda: 1000.0, taken=lambda: 900.0)
+    in_use = _drive(loop, 150)
+    assert loop.result.done and loop.result.stop_reason == RAN_OUT and len(loop.result.trials) == 1
+    assert in_use == ZERO
+
+
 def test_a_fit_that_ends_mid_search_keeps_the_best_it_measured():
     loop = OnlineLoop(ZERO, CPU, min_seconds=0.0, max_cost=1.0, planned=lambda: 1e6)
     _drive(loop, 330)
@@ -87,7 +95,8 @@ def test_a_fit_stopped_mid_search_reports_and_saves_what_it_kept(tmp_path):
 
 def test_max_steps_counts_the_batches_accumulate_grad_batches_takes():
     trainer = SimpleNamespace(max_epochs=-1, max_steps=100, accumulate_grad_batches=4, num_training_batches=1000)
+    trainer.global_step = 10
     tuner = OnlineTuner(trainer, ZERO, CPU, position=lambda: (0, 0))
-    assert tuner.loop.planned() == 400.0
+    assert tuner.loop.planned() == 400.0 and tuner.loop.taken() == 40.0
     trainer.max_epochs, trainer.max_steps = 2, -1
     assert tuner.loop.planned() == 2000.0

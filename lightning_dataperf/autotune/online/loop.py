@@ -52,6 +52,7 @@ class OnlineLoop:
         min_seconds: a trial's shortest length.
         max_seconds: a trial's longest length.
         planned: the run's planned training steps (``None``: unknown, no cost cap); read when the cap is.
+        taken: the planned steps already taken (a resumed fit's included); default: the steps it was fed.
 
     Example::
 
@@ -71,8 +72,10 @@ class OnlineLoop:
         min_seconds: float = 1.0,
         max_seconds: float = 10.0,
         planned: Callable[[], float | None] = lambda: None,
+        taken: Callable[[], float] | None = None,
     ) -> None:
         self.space, self.planned = space, planned
+        self.taken = taken or (lambda: self.steps)
         # 3%, the search's noise floor: two trials measured to it must then differ by 8.5% (twice their combined error)
         self.precision, self.max_batches = precision, max_batches
         # a share of the run, not seconds: a short run must not spend its length trying settings
@@ -156,7 +159,7 @@ class OnlineLoop:
         :data:`CLOSE_CALL_FINEST` of it)."""
         return self.precision if asked is None else min(self.precision, max(asked, CLOSE_CALL_FINEST * self.precision))
 
-    def _fits(self, setting: Setting, asked: float | None) -> bool:
+    def _fits(self, setting: Setting, asked: float | None, current: Setting) -> bool:
         """A look at ``setting`` can be decided before the planned run ends (a run of unknown length: it can)."""
         planned, incumbent = self.planned(), self._incumbent
         if planned is None or incumbent is None or not incumbent.steps_per_sec:
@@ -169,8 +172,8 @@ class OnlineLoop:
         # a close call's look has no cap on steps; any other ends at max_batches once it is trusted
         most = self.max_seconds * rate
         most = most if asked is not None else min(most, max(shortest, self.max_batches))
-        burst = setting.num_workers * (setting.prefetch_factor or 1)
-        return self.steps + burst + min(needed, most) <= planned
+        burst = setting.num_workers * (setting.prefetch_factor or 1) if setting != current else 0
+        return self.taken() + burst + min(needed, most) <= planned
 
     def _full(self, segment: Segment) -> bool:
         """At its cap: ``max_batches`` steps (a close call's look: no cap on steps), but not under ``min_seconds``
@@ -263,7 +266,7 @@ class OnlineLoop:
                 budget = self._budget_s() or 0.0
                 result.cap_s, result.cap_left_s = budget, max(0.0, budget - result.cost_s)
             return self._decide(self._incumbent, current)
-        if not self._fits(setting, self.search.precision):
+        if not self._fits(setting, self.search.precision, current):
             # a look cut by the run's end decides nothing: the rest of the run on the best measured beyond noise
             self._ran_out(RAN_OUT)
             return self._decide(self._incumbent, current)
