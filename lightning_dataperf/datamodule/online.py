@@ -32,6 +32,7 @@ from lightning_dataperf.autotune.online import (
 from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey
 from lightning_dataperf.datamodule.online_ddp import WATCH_EVERY, Decision, DistributedResult, RankSync, sync_every
 from lightning_dataperf.datamodule.online_start import loader_words, saved_root, saved_setting, saver
+from lightning_dataperf.datamodule.threads import set_threads
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.loader.wrapping import Layer, wrap_iterators
 
@@ -199,7 +200,7 @@ class OnlineTuner:
         if self.sync is None or self.sync.rank == 0:
             self.loop.switched(switch_s)
         self.current = setting
-        torch.set_num_threads(setting.threads)
+        set_threads(setting.threads)
 
     def finish(self) -> None:
         """At the fit's normal end, on every rank: a search still running ends on the best it measured (said);
@@ -212,7 +213,7 @@ class OnlineTuner:
 
     def close(self) -> None:
         """At teardown: the user's intra-op threads back (the kept setting lasts as long as the fit)."""
-        torch.set_num_threads(self.user_threads)
+        set_threads(self.user_threads)
 
 
 class OnlineIterator(Iterator[Any]):
@@ -369,7 +370,7 @@ def attach_online(
         # the loader starts at the saved setting: its first iterator is made after this
         loader.num_workers, loader.prefetch_factor = saved.num_workers, saved.prefetch_factor
         loader.pin_memory = saved.pin_memory
-        torch.set_num_threads(saved.threads)
+        set_threads(saved.threads)
     sampler.position = tuner.position
     # every batch is drawn from batch_seed(seed, epoch, rank, batch), in a worker or in this process alike
     numbered = number_batches(loader)

@@ -7,7 +7,14 @@ import torch
 from lightning_dataperf.loader.policy import intra_op_threads
 from lightning_dataperf.loader.settings import LoaderPlan
 
-__all__ = ["ThreadsBeside"]
+__all__ = ["ThreadsBeside", "set_threads"]
+
+
+def set_threads(count: int) -> None:
+    """``torch.set_num_threads(count)`` only where the count changes: a runtime call beside 2 workers on 2 cores
+    slowed the step to 0.72x even from 2 threads to 2 (``benchmarks/threads_at_runtime.py``)."""
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 class ThreadsBeside:
@@ -45,7 +52,7 @@ class ThreadsBeside:
             return
         (threads, reason), self._changed = chosen, True
         self.user = current if self.user is None else self.user
-        torch.set_num_threads(threads)
+        set_threads(threads)
         plan.chosen["intra_op_threads"] = threads
         plan.notes.append(
             f"torch.set_num_threads({threads}) (was {current}) <- {reason}; restored after fit"
@@ -54,6 +61,6 @@ class ThreadsBeside:
 
     def restore(self) -> None:
         """The count from before the fit back (after the online loop's own change, where it ran); once."""
-        if self.user is not None and torch.get_num_threads() != self.user:
-            torch.set_num_threads(self.user)
+        if self.user is not None:
+            set_threads(self.user)
         self.user, self._changed = None, False

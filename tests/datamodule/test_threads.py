@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -11,6 +12,8 @@ from helpers import IndexData, RecordingModel, trainer_kwargs
 from lightning.pytorch.callbacks import Callback
 
 from lightning_dataperf import OnlineTuning
+from lightning_dataperf.autotune.online import Setting, SettingSpace
+from lightning_dataperf.datamodule.online import OnlineTuner
 from lightning_dataperf.loader.policy import intra_op_threads
 
 
@@ -103,3 +106,23 @@ def test_a_fit_that_fails_mid_trial_gives_the_threads_back(
         pl.Trainer(max_epochs=1, **trainer_kwargs(tmp_path)).fit(model, datamodule=data)
     assert model.threads_then == 1, "the fit (or its loop) had changed the threads when it failed"
     assert torch.get_num_threads() == 2, "the user's count, not the fit's"
+
+
+def test_the_loop_calls_set_num_threads_only_where_the_count_changes(monkeypatch):
+    """A runtime call from 2 threads to 2 beside 2 workers slowed the step to 0.72x (threads_at_runtime.py)."""
+    calls = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda count: (calls.append(count), real(count)))
+    before = torch.get_num_threads()
+    trainer = SimpleNamespace(max_epochs=1, max_steps=-1, num_training_batches=100, global_step=0)
+    tuner = OnlineTuner(trainer, Setting(0, None, False, before), SettingSpace(4, 2, True, False), lambda: (0, 0))
+    try:
+        tuner.switched(0.0, Setting(2, 2, False, before))
+        tuner.switched(0.0, Setting(3, 2, False, before))
+        assert calls == [], "the same count: no call"
+        tuner.switched(0.0, Setting(3, 2, False, before + 1))
+        assert calls == [before + 1] and torch.get_num_threads() == before + 1
+        tuner.close()
+        assert calls == [before + 1, before] and torch.get_num_threads() == before
+    finally:
+        real(before)
