@@ -154,3 +154,25 @@ def test_a_climb_doubles_the_workers_then_goes_halfway_and_keeps_big_wins_at_onc
     # 8 and 16 are kept at once (2x); 32 reads no faster than 16, 24 (halfway) 50% faster
     assert workers[:5] == [4, 8, 16, 32, 24], workers
     assert len(asked) <= 12, f"{len(asked)} trials"
+
+
+def test_a_neighbour_read_behind_by_a_noisy_look_is_measured_again_where_it_stands():
+    # collate, 2 cores: 2 workers (30% faster) read 102 ± 17% beside the start's 107 ± 10% and were dropped
+    start, two = Setting(0, None, False, 2), Setting(2, 2, False, 1)
+    space = SettingSpace(max_workers=4, cpus=2, tune_threads=True, tune_pinning=False)
+    search = NeighbourSearch(start, space)
+    search.first = [two]
+    search.measured(Measured(start, 106.8, 0.10, 200, 1.87))
+    assert search.ask[0] == two
+    assert search.measured(Measured(two, 102.1, 0.17, 198, 1.94)) is Phase.CLOSE_CALL_NEIGHBOUR
+    assert search.ask[0] == two, "the setting in use again: no switch"
+    # the new look replaces the noisy one (pooled, 102 would drag 140 to a tie): 31% faster, kept at once
+    search.measured(Measured(two, 140.0, 0.03, 400, 2.86))
+    assert search.best.setting == two and search.best.steps_per_sec == 140.0
+    # read behind by a precise look, or far behind: dropped as before
+    for rate, error in ((102.1, 0.03), (50.0, 0.17)):
+        search = NeighbourSearch(start, space)
+        search.first = [two]
+        search.measured(Measured(start, 106.8, 0.03, 200, 1.87))
+        assert search.measured(Measured(two, rate, error, 198, 1.94)) is Phase.TRYING
+        assert search.ask[0] != two
