@@ -6,7 +6,8 @@ on CPU pipelines whose steps compute for real (``_cpu_pipelines.py``).
     PYTHONPATH=$PWD python benchmarks/online.py --pipelines tokeniser --runs 5 --online-seconds 10 60 --no-loadtune
 
 ``--runs N``: N loop runs from the same start per ``--online-seconds`` length, each a run planned that long
-(``max_steps`` from the start's grid rate, so the cost cap is 5% of it); the kept setting's distribution, each
+(``max_steps`` from the start's grid rate, so the cost cap is 5% of it; ``--plan-at best``: from the grid's best
+rate, so a run the loop tunes lasts that long); the kept setting's distribution, each
 kept setting's share of the grid's best (interleaved pairs), and whether a printed gain was measured to 10%.
 
 Per pipeline: loadtune 0.3 (``pip install loadtune==0.3.0``; skipped if absent) tunes the same dataset,
@@ -143,7 +144,8 @@ def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple
     cpus, start = usable_cpus(), (PIPELINES[name]["start"], usable_cpus())
     rows = []
     for seconds in args.online_seconds:
-        steps = max(10, round(seconds * median[start]))
+        # at the start's rate a run the loop speeds up 2x lasts half as long: --plan-at best plans it as tuned
+        steps = max(10, round(seconds * median[best if args.plan_at == "best" else start]))
         runs = []
         for _ in range(args.runs):
             run = online_run(name, cpus, seconds, steps)
@@ -166,6 +168,7 @@ def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple
             {
                 "seconds": seconds,
                 "steps": steps,
+                "plan_at": args.plan_at,
                 "loop_start_rate": loop_start,
                 "runs": runs,
                 "kept": {f"{w}w{t}t": kept.count((w, t)) for w, t in sorted(set(kept))},
@@ -286,6 +289,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="steady seconds per grid measurement")
     parser.add_argument("--online-seconds", type=float, nargs="+", default=[120.0])
     parser.add_argument("--runs", type=int, default=0, help="loop runs per length, each planned that long")
+    parser.add_argument("--plan-at", choices=["start", "best"], default="start", help="the rate runs are planned at")
     parser.add_argument("--no-loadtune", action="store_true", help="leave loadtune out")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of each pick against the grid's best")
     parser.add_argument("--name", default="online")
