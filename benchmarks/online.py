@@ -136,7 +136,8 @@ def load() -> float:
 def unmeasured_gain(run: dict[str, Any]) -> bool:
     """A gain printed as measured while its error exceeds 10% (the summary must call it a lead)."""
     moved = run["kept"][:2] != run["start"]
-    return moved and run["gain_error"] > MEASURED_ERROR and "a lead, not a gain" not in run["summary"]
+    printed = run["gain"] is not None and "a lead, not a gain" not in run["summary"]
+    return moved and printed and run["gain_error"] > MEASURED_ERROR
 
 
 def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple[int, int]) -> list[dict[str, Any]]:

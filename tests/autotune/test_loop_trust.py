@@ -201,3 +201,15 @@ def test_a_close_calls_look_is_asked_no_finer_than_two_thirds_of_the_loops_own_p
 
     assert decided(10.0), "a coarse precision of your own keeps a close call's looks coarse"
     assert not decided(0.03), "at the default 3%, the look runs on towards 2%"
+
+
+def test_after_a_drift_the_summary_gives_no_gain_from_rates_of_different_moments():
+    # dicts, 2 cores: kept 0 workers + 1 thread, last read 887.7 steps/s after two drifts; the start read 921.4 first
+    start = Measured(ZERO, 921.4, 0.01, 922, 1.0)
+    kept = Measured(Setting(0, None, False, 1), 887.7, 0.005, 888, 1.0)
+    result = OnlineResult(start=start, kept=kept, trials=[start, kept], done=True, stop_reason="...", looks=2)
+    summary = result.summary()
+    assert result.gain is None and "0.96x" not in summary
+    assert "no gain given: the step rate drifted after the start's 921.4 steps/s were measured" in summary
+    assert "looked again 2 times after the step rate drifted" in summary
+    assert OnlineResult(start=start, kept=kept, trials=[start, kept], done=True).gain == kept.steps_per_sec / 921.4

@@ -192,15 +192,16 @@ class OnlineResult:
 
     @property
     def gain(self) -> float | None:
-        """The kept setting's rate over the starting one's (measured on this run)."""
-        if self.start is None or self.kept is None:
+        """The kept setting's rate over the starting one's (measured on this run; ``None`` where the step rate
+        drifted after the start was measured and the search ran again: two rates of different moments)."""
+        if self.start is None or self.kept is None or self._drifted():
             return None
         return self.kept.steps_per_sec / self.start.steps_per_sec
 
     @property
     def gain_error(self) -> float:
         """The relative error of :attr:`gain` (``inf`` when unknown)."""
-        if self.start is None or self.kept is None:
+        if self.start is None or self.kept is None or self._drifted():
             return math.inf
         if self.kept.setting == self.start.setting:
             return 0.0
@@ -244,12 +245,19 @@ class OnlineResult:
             + "; ".join(trial.words() for trial in self.trials)
         )
 
+    def _drifted(self) -> bool:
+        kept, start = self.kept, self.start
+        return bool(self.looks) and kept is not None and start is not None and kept.setting != start.setting
+
     def _gain_words(self) -> str:
         gain, error = self.gain, self.gain_error
-        assert self.start is not None and gain is not None
+        assert self.start is not None
         start = f"the start's {self.start.steps_per_sec:.1f} steps/s"
         if self.kept is not None and self.kept.setting == self.start.setting:
             return f"the start kept (1.00x {start})"
+        if gain is None:
+            # a dicts run printed 0.96x for the setting it kept: its last look beside the start's first, moments apart
+            return f"no gain given: the step rate drifted after {start} were measured"
         if error > MEASURED_ERROR:
             # a lead from a noisy pair is no measured gain: said with its error, never as the run's gain
             return f"{gain:.2f}x ± {error:.0%} {start} (not measured to {MEASURED_ERROR:.0%}: a lead, not a gain)"

@@ -55,8 +55,8 @@ class NeighbourSearch:
     incumbent, measured again right after it, still reads slower (so a drifting step rate cannot make a setting
     look faster). A neighbour ahead by less than its error is a close call: both are measured again, up to
     :data:`CLOSE_CALL_ROUNDS` times; one behind by less than its error, read by a noisy look, is measured again
-    where it stands, the new look replacing the noisy one. A kept neighbour starts the search again from it; the search ends when
-    none of the kept setting's neighbours wins.
+    where it stands, the new look replacing the noisy one. A kept neighbour starts the search again from it; the
+    search ends when none of the kept setting's neighbours wins.
 
     Example::
 
