@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from lightning_dataperf.autotune.online import Phase, Setting, SettingSpace
-from lightning_dataperf.autotune.online.loop import OnlineLoop, planned_batches, refusal
+from lightning_dataperf.autotune.online.loop import ENDED, OnlineLoop, planned_batches, refusal
 
 START = Setting(1, 2, False, 2)
 TWO = Setting(2, 2, False, 2)
@@ -92,6 +92,9 @@ def test_two_drifted_windows_in_a_row_start_the_search_again_from_the_kept_setti
     _drive(loop, lambda setting: kept_period[0], 21)
     assert loop.phase is Phase.START and loop.result.looks == 1 and not loop.result.done
     assert loop.trial.setting == START and loop.trial.against is None, "the kept setting measured again: no switch"
+    # the fit ends during that first look: the setting kept before stays, with the reason said
+    assert loop.conclude() and loop.result.done and loop.result.kept.setting == START
+    assert loop.result.stop_reason == ENDED and "; ;" not in loop.result.summary()
 
 
 def test_a_steady_kept_rate_is_watched_without_a_new_search():

@@ -276,10 +276,12 @@ class OnlineLoop:
     def conclude(self) -> bool:
         """The fit ended mid-search: the setting it stood on is kept (a lead not confirmed is said); ``True`` where
         this decided (the start measured, nothing decided yet)."""
-        if self.trial is None or self._incumbent is None or self.result.done:
+        # a search started again after a drift stands on the setting it had kept until its first look ends
+        kept = self._incumbent or self.result.kept
+        if self.trial is None or kept is None or self.result.done:
             return False
         self._ran_out(ENDED)
-        self._decide(self._incumbent, self._incumbent.setting)
+        self._decide(kept, kept.setting)
         self.watch = None
         return True
 
