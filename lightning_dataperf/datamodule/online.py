@@ -193,7 +193,8 @@ class OnlineTuner:
 
     def _taken(self) -> float:
         """Batches of the planned run already taken: a resumed fit starts part way through it."""
-        return float(self.trainer.global_step * getattr(self.trainer, "accumulate_grad_batches", 1))
+        trainer = self.trainer
+        return float(getattr(trainer, "global_step", 0) * getattr(trainer, "accumulate_grad_batches", 1))
 
     def switched(self, switch_s: float, setting: Setting) -> None:
         # the job's stall is rank zero's (the steps are synchronous): counted once
