@@ -20,8 +20,8 @@ from lightning_dataperf.datamodule._options import Tuning, decode_options, tunin
 from lightning_dataperf.datamodule._reporting import publish_plans
 from lightning_dataperf.datamodule.from_loaders import TrainLoaders, TrainValLoaders
 from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
-from lightning_dataperf.datamodule.online import OnlineTuner, attach_online
-from lightning_dataperf.datamodule.online_start import machine_words, online_off
+from lightning_dataperf.datamodule.online import OnlineTuner
+from lightning_dataperf.datamodule.online_start import attach_online, machine_words, online_off
 from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader

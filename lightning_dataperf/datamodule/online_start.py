@@ -1,4 +1,5 @@
-"""Where the online loop starts: the setting a previous run kept on this machine and loader, or why it is off."""
+"""Where the online loop starts: its tuner set on the training loader, from the setting a previous run kept on this
+machine and loader, or why it is off."""
 
 from __future__ import annotations
 
@@ -6,14 +7,19 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from lightning_dataperf.autotune.online import OnlineResult, Setting
-from lightning_dataperf.autotune.online.saved import SavedKey, load_saved, save_setting
+from lightning_dataperf.autotune.online import OnlineResult, Setting, SettingSpace, refusal
+from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey, load_saved, save_setting
+from lightning_dataperf.datamodule.online import OnlineTuner, make_online
+from lightning_dataperf.datamodule.online_ddp import RankSync, sync_every
+from lightning_dataperf.datamodule.threads import set_threads
+from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.telemetry.hardware import Hardware
 
-__all__ = ["loader_words", "machine_words", "online_off", "saved_root", "saved_setting", "saver"]
+__all__ = ["attach_online", "loader_words", "machine_words", "online_off", "saved_root", "saved_setting", "saver"]
 
 
 def saved_root(trainer: Any) -> str:
@@ -74,3 +80,79 @@ def online_off(loader: DataLoader, notes: list[str]) -> OnlineResult:
     reason = f"{what}, and the loop rebuilds the loader's iterator mid-epoch at the next unconsumed batch"
     notes.append(f"online tuning off: {reason}; the loader keeps the settings above")
     return OnlineResult(stop_reason=f"off: {reason}")
+
+
+def attach_online(
+    loader: DataLoader,
+    trainer: Any,
+    cpus: int,
+    notes: list[str],
+    seeding: tuple[int, int],
+    options: dict[str, Any] | None = None,
+    machine: str = "",
+    gpu_share: float | None = None,
+    persistent: bool = False,
+) -> OnlineTuner | None:
+    """The tuner for the training ``loader``, or ``None`` with the reason in ``notes`` where the loop cannot run.
+
+    ``options``: :class:`OnlineTuner`'s ``precision``, ``max_batches`` (per trial) and ``max_cost`` (share of the run).
+    ``cpus``: this rank's share of the host's cores. ``machine``: the host in words, with ``trainer.world_size``
+    and the loader the key of the setting saved for the next run (``""``: none saved or read). ``gpu_share``: a
+    split-decode loader's share of GPU decode, tried by the loop (``None``: no split decode). ``persistent``: the
+    workers kept across epochs whatever count the loop moves to (the plan's ``persistent_workers``).
+    """
+    sampler = loader.sampler
+    refused = refusal(trainer.world_size, trainer.fast_dev_run, trainer.overfit_batches)
+    if refused:
+        notes.append(f"online tuning off: {refused}; the loader keeps the settings above")
+        return None
+    device = trainer.strategy.root_device.type
+    side_stream = "SideStream" in type(trainer.strategy).__name__
+    threads = torch.get_num_threads()
+    user = Setting(loader.num_workers, loader.prefetch_factor, loader.pin_memory, threads, gpu_share, persistent)
+    # the user's own worker_init_fn (TunedDataModule's keeps it as user_init) runs only in workers: never 0 of them
+    user_init = getattr(loader.worker_init_fn, "user_init", loader.worker_init_fn)
+    space = SettingSpace(
+        max_workers=max(2 * cpus, loader.num_workers),
+        cpus=cpus,
+        tune_threads=device == "cpu",
+        tune_pinning=device == "cuda" and not side_stream,
+        min_workers=1 if user_init is not None and loader.num_workers else 0,
+        tune_share=gpu_share is not None,
+    )
+    key = SavedKey(machine, trainer.world_size, loader_words(loader)) if machine else None
+    saved, said = saved_setting(trainer, key)
+    start = saved or user
+    ranks = trainer.world_size > 1
+    every = sync_every(int((options or {}).get("max_batches", 200)))
+    sync = RankSync(trainer.strategy, max(1, int(trainer.num_devices)), every) if ranks else None
+    space = space if saved is None else ConfirmSpace.around(space, user)
+    tuner = OnlineTuner(trainer, start, space, position=sampler.position, **(options or {}))
+    if sync is not None:
+        tuner.distribute(sync)
+    if key is not None and trainer.global_rank == 0:
+        tuner.on_decided = saver(saved_root(trainer), key)
+    if saved is not None:
+        # the loader starts at the saved setting: its first iterator is made after this
+        loader.num_workers, loader.prefetch_factor = saved.num_workers, saved.prefetch_factor
+        loader.pin_memory = saved.pin_memory
+        set_threads(saved.threads)
+    sampler.position = tuner.position
+    # every batch is drawn from batch_seed(seed, epoch, rank, batch), in a worker or in this process alike
+    numbered = number_batches(loader)
+    seed_batches_in_main_process(loader, *seeding, tuner.position, fetched=tuner.loop.fetched)
+    make_online(loader, tuner)
+    notes.append(
+        "online tuning: these settings are the start; neighbouring settings are tried on the training steps"
+        " and the fastest kept (same samples in the same order; the result in TunedDataModule.online_result)"
+        + ("; each batch's random draws are keyed by its number, whatever the workers" if numbered else "")
+        + ("; never fewer than 1 worker: your worker_init_fn runs only in workers" if space.min_workers else "")
+    )
+    if ranks:
+        notes.append(
+            f"online tuning under DDP: rank zero decides for all {trainer.world_size} ranks, each switching at the"
+            f" same batch (sync points every {every} batches while it searches); each rank's data wait gathered"
+        )
+    if said:
+        notes.append(f"online tuning: {said}" + (f" ({saved.describe()})" if saved is not None else ""))
+    return tuner

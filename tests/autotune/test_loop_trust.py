@@ -138,7 +138,7 @@ def test_min_workers_keeps_the_users_worker_init_running():
 
 
 def test_attach_online_keeps_a_worker_where_the_users_worker_init_fn_must_run():
-    from lightning_dataperf.datamodule.online import attach_online
+    from lightning_dataperf.datamodule.online_start import attach_online
     from lightning_dataperf.loader.seeding import EpochSeededWorkerInit, SharedEpoch
 
     def tuner_for(user_init):
