@@ -4,14 +4,17 @@
 
 Two parts. *Per batch*: a loader of tiny samples (batch 2) iterated in alternating blocks of ``--batches``
 batches, plain and through ``seed_batches_in_main_process``; the cost is the difference of the blocks' median
-time per batch (µs). *In a fit*: the ``tiny`` CPU pipeline of ``_cpu_pipelines.py`` (a ~0.2-ms step), fitted with
-``TunedDataModule`` (seeded) and with the same loader in a plain ``LightningDataModule``, alternating; the ratio
-of their steady steps/s. Writes ``<name>.json`` (default ``seeding.json``).
+time per batch (µs), for samples that draw from no generator and for samples that draw from ``random``, NumPy
+and torch each (all three seeded for every batch). *In a fit*: the ``tiny`` CPU pipeline of
+``_cpu_pipelines.py`` (a ~0.7-ms step), fitted with ``TunedDataModule`` (seeded) and with the same loader in a
+plain ``LightningDataModule``, alternating; the ratio of their steady steps/s. Writes ``<name>.json`` (default
+``seeding.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 from typing import Any
@@ -19,15 +22,29 @@ from typing import Any
 import _common
 import _cpu_pipelines as pipelines
 import lightning.pytorch as pl
+import numpy
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from lightning_dataperf.loader.seeding import seed_batches_in_main_process
 
 
-def per_batch(blocks: int, batches: int) -> dict[str, Any]:
+class Drawing(Dataset):
+    """Tiny samples that draw one number from each of ``random``, NumPy and torch."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[float, float, torch.Tensor]:
+        return random.random(), float(numpy.random.random()), torch.rand(())
+
+
+def per_batch(blocks: int, batches: int, draws: bool) -> dict[str, Any]:
     """Median µs per batch of each kind over alternating blocks, and the seeding's cost (their difference)."""
-    data = TensorDataset(torch.rand(batches * 2, 8), torch.arange(batches * 2))
+    data = Drawing(batches * 2) if draws else TensorDataset(torch.rand(batches * 2, 8), torch.arange(batches * 2))
     plain, seeded = DataLoader(data, batch_size=2), DataLoader(data, batch_size=2)
     seed_batches_in_main_process(seeded, seed=0, rank=0, position=lambda: (0, 0))
     times: dict[str, list[float]] = {"plain": [], "seeded": []}
@@ -73,8 +90,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds a fit")
     parser.add_argument("--name", default="seeding")
     args = parser.parse_args()
-    cost = per_batch(args.blocks, args.batches)
-    rows = [["per batch, µs", f"{cost['plain']:.1f}", f"{cost['seeded']:.1f}", f"+{cost['cost_us']:.1f}"]]
+    costs = {kind: per_batch(args.blocks, args.batches, kind == "draws") for kind in ("no draws", "draws")}
+    rows = [
+        [f"per batch, µs ({kind})", f"{cost['plain']:.1f}", f"{cost['seeded']:.1f}", f"+{cost['cost_us']:.1f}"]
+        for kind, cost in costs.items()
+    ]
     ratios: list[float] = []
     for _ in range(args.fits):
         plain = plain_rate(args.pipeline, args.seconds)
@@ -82,7 +102,7 @@ def main() -> None:
         ratios.append(seeded / plain)
         rows.append([f"{args.pipeline} fit, steps/s", f"{plain:.0f}", f"{seeded:.0f}", f"{seeded / plain:.2f}x"])
     _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
-    _common.write_json(args.name, {"args": vars(args), "per_batch": cost, "fit_ratios": ratios})
+    _common.write_json(args.name, {"args": vars(args), "per_batch": costs, "fit_ratios": ratios})
 
 
 if __name__ == "__main__":

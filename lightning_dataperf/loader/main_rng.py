@@ -1,5 +1,5 @@
-"""The training process's generators seeded for one batch and put back, in microseconds: ``random``'s and NumPy's
-Mersenne Twister words copied in and out of memory where their layout is the one checked, else their full states."""
+"""The training process's generators seeded for one batch and put back, in microseconds: only those the batches
+draw from, ``random``'s and NumPy's states copied in and out of memory where their layout is the one checked."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["MainGenerators", "main_process_seeded", "numpy_module", "rng_restored"]
+__all__ = ["LEARNING_FETCHES", "MainGenerators", "numpy_module", "rng_restored"]
 
 #: A Mersenne Twister's 624 32-bit words.
 _MT_WORDS = 624
+#: Batches of an iterator fetched with ``random`` and NumPy seeded whether or not they draw from them.
+LEARNING_FETCHES = 64
 
 
 class _PythonRaw:
@@ -29,6 +31,8 @@ class _PythonRaw:
         self.instance, self.address = instance, id(instance) + object.__basicsize__
         # one buffer, kept: a new 2.5-KB bytes object per batch cost 4 us in a fit
         self.saved, self.gauss_next = ctypes.create_string_buffer(self.SIZE), None
+        # the index and the first word, read in place
+        self.head = (ctypes.c_uint32 * 2).from_address(self.address)
 
     @classmethod
     def of(cls) -> _PythonRaw | None:
@@ -44,6 +48,11 @@ class _PythonRaw:
         words = ctypes.string_at(raw.address, cls.SIZE)
         return raw if words == struct.pack(f"<i{_MT_WORDS}I", state[-1], *state[:-1]) else None
 
+    def marker(self) -> tuple[int, int, float | None]:
+        """The index and first word, and the cached normal: any draw changes them (a twist rewrites every word)."""
+        head = self.head
+        return head[0], head[1], self.instance.gauss_next
+
     def save(self) -> None:
         ctypes.memmove(self.saved, self.address, self.SIZE)
         self.gauss_next = self.instance.gauss_next
@@ -52,6 +61,9 @@ class _PythonRaw:
         ctypes.memmove(self.address, self.saved, self.SIZE)
         self.instance.gauss_next = self.gauss_next
 
+    def seed(self, seed: int) -> None:
+        random.seed(seed)
+
 
 class _PythonState:
     """The global ``random`` generator's full state, saved and restored where its layout is not the one checked."""
@@ -59,11 +71,18 @@ class _PythonState:
     def __init__(self) -> None:
         self.state: Any = None
 
+    def marker(self) -> None:
+        """``None``: a draw is not cheaply seen here, so the generator is seeded for every batch."""
+        return None
+
     def save(self) -> None:
         self.state = random.getstate()
 
     def restore(self) -> None:
         random.setstate(self.state)
+
+    def seed(self, seed: int) -> None:
+        random.seed(seed)
 
 
 def numpy_module() -> Any:
@@ -92,95 +111,140 @@ def rng_restored(cuda: bool = True) -> Iterator[None]:
                 numpy.random.set_state(numpy_state)
 
 
-@contextlib.contextmanager
-def main_process_seeded(seed: int) -> Iterator[None]:
-    """Within the block ``random``, NumPy's global generator and torch's CPU generator start from
-    ``seed``; afterwards each is back in the state it had before (also when the block raises)."""
-    with rng_restored(cuda=False):  # CUDA's generators are neither seeded nor touched
-        random.seed(seed)
-        torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that also reseeds CUDA's
-        if (numpy := numpy_module()) is not None:
-            numpy.random.seed(seed % 2**32)
-        yield
-
-
 #: NumPy's MT19937 state in memory: 624 32-bit words and the position (checked against ``state`` before use).
 _MT_BYTES = _MT_WORDS * 4 + 4
+#: A cached normal no generator holds by chance, looked for in the generator's memory to find where it is kept.
+_PROBE_GAUSS = 0.123456789012345
 
 
 class _NumpyRaw:
-    """The global NumPy generator's MT19937 words, copied in and out of memory (a microsecond; ``get_state`` and
-    ``set_state`` took about 65 us a batch, most of a 1-ms step's seeding); ``None`` from :meth:`of` where the
-    layout is not the one checked."""
+    """The global NumPy generator's MT19937 words and cached normal, copied in and out of memory (about a
+    microsecond; ``get_state`` and ``set_state`` took 31 and 34 us); ``None`` from :meth:`of` where the layout
+    is not the one checked."""
 
-    def __init__(self, generator: Any) -> None:
-        self.generator, self.address = generator, generator._bit_generator.ctypes.state_address
+    def __init__(self, numpy: Any, words: int, gauss: int) -> None:
+        self.numpy, self.words = numpy, words
+        # a kept buffer: a new 2.5-KB bytes object per batch cost 4 us in a fit
+        self.saved_words = ctypes.create_string_buffer(_MT_BYTES)
+        # read and written in place: the words and position, the cached normal's flag and value
+        self.view = (ctypes.c_uint32 * (_MT_WORDS + 1)).from_address(words)
+        self.has_gauss, self.gauss = ctypes.c_int32.from_address(gauss), ctypes.c_double.from_address(gauss + 8)
+        self.saved_gauss = (0, 0.0)
 
     @classmethod
     def of(cls, numpy: Any) -> _NumpyRaw | None:
         generator = getattr(getattr(numpy.random, "mtrand", None), "_rand", None)
         try:
-            raw = cls(generator)
-            state = generator._bit_generator.state["state"]
-            words = state["key"].astype("<u4").tobytes() + int(state["pos"]).to_bytes(4, "little", signed=True)
-        except (AttributeError, KeyError, TypeError, ValueError):
+            words = generator._bit_generator.ctypes.state_address
+            state = generator.get_state()
+            expected = state[1].astype("<u4").tobytes() + int(state[2]).to_bytes(4, "little", signed=True)
+            if ctypes.string_at(words, _MT_BYTES) != expected:
+                return None
+            gauss = cls._find_gauss(generator, state)
+        except (AttributeError, IndexError, TypeError, ValueError):
             return None
-        return raw if raw.read() == words else None
+        return None if gauss is None else cls(numpy, words, gauss)
 
-    def read(self) -> bytes:
-        return ctypes.string_at(self.address, _MT_BYTES)
+    @staticmethod
+    def _find_gauss(generator: Any, state: tuple) -> int | None:
+        """Where the generator object keeps ``has_gauss`` and ``gauss``: found by a probe value, checked both ways."""
+        size = type(generator).__basicsize__
+        try:
+            generator.set_state((*state[:3], 1, _PROBE_GAUSS))
+            memory = ctypes.string_at(id(generator), size)
+            offset = memory.find(struct.pack("<d", _PROBE_GAUSS)) - 8
+            generator.set_state((*state[:3], 0, 0.0))
+            cleared = ctypes.string_at(id(generator), size)
+        finally:
+            generator.set_state(state)
+        # never read past the object: the flag and the value must both be inside it, and read as set
+        if offset < object.__basicsize__ or memory.count(struct.pack("<d", _PROBE_GAUSS)) != 1:
+            return None
+        # ``int has_gauss`` padded to 8 bytes, then ``double gauss``
+        flag, value = slice(offset, offset + 4), slice(offset + 8, offset + 16)
+        if memory[flag] != struct.pack("<i", 1) or cleared[flag] != bytes(4) or cleared[value] != bytes(8):
+            return None
+        return id(generator) + offset
 
-    def write(self, words: bytes) -> None:
-        ctypes.memmove(self.address, words, _MT_BYTES)
+    def marker(self) -> tuple[int, int, int, float]:
+        """The first word, the position and the cached normal: any draw changes them (a twist rewrites every word)."""
+        view = self.view
+        return view[0], view[_MT_WORDS], self.has_gauss.value, self.gauss.value
+
+    def save(self) -> None:
+        ctypes.memmove(self.saved_words, self.words, _MT_BYTES)
+        self.saved_gauss = (self.has_gauss.value, self.gauss.value)
+
+    def restore(self) -> None:
+        ctypes.memmove(self.words, self.saved_words, _MT_BYTES)
+        self.has_gauss.value, self.gauss.value = self.saved_gauss
+
+    def seed(self, seed: int) -> None:
+        self.numpy.random.seed(seed % 2**32)
+
+
+class _NumpyState:
+    """The global NumPy generator's full state, saved and restored where its layout is not the one checked."""
+
+    def __init__(self, numpy: Any) -> None:
+        self.numpy, self.state = numpy, None
+
+    def marker(self) -> None:
+        """``None``: a draw is not cheaply seen here, so the generator is seeded for every batch."""
+        return None
+
+    def save(self) -> None:
+        self.state = self.numpy.random.get_state()
+
+    def restore(self) -> None:
+        self.numpy.random.set_state(self.state)
+
+    def seed(self, seed: int) -> None:
+        self.numpy.random.seed(seed % 2**32)
 
 
 class MainGenerators:
     """Seeds the training process's generators for one batch and puts the user's states back, doing only what
-    exactness needs: NumPy's full state is read only where the user's generator moved (or holds a cached normal)
-    since it was last read, and written back in full only where the batch drew from it."""
+    exactness needs. torch's is seeded for every batch. ``random`` and NumPy are seeded for the first
+    :data:`LEARNING_FETCHES` batches of an iterator and afterwards only where one of those drew from them; one left
+    unseeded is watched (its state compared before and after), and a batch that draws from it is reported in
+    :attr:`missed`, the user's state put back, and the generator seeded from the next batch on."""
 
     def __init__(self) -> None:
         numpy = numpy_module()
-        self.numpy = numpy
-        self.raw = None if numpy is None else _NumpyRaw.of(numpy)
-        self.python: _PythonRaw | _PythonState = _PythonRaw.of() or _PythonState()
-        self.user_words: bytes | None = None
-        self.user_state: Any = None
+        watched: list[tuple[str, Any]] = [("random", _PythonRaw.of() or _PythonState())]
+        if numpy is not None:
+            watched.append(("numpy", _NumpyRaw.of(numpy) or _NumpyState(numpy)))
+        self.watched = watched
+        self.fetches = 0
+        #: The generators (``"random"``, ``"numpy"``) some batch of this iterator drew from: seeded for every batch.
+        self.drawn: set[str] = set()
+        #: The generators the last batch drew from unseeded (after the learning batches; reported by the caller).
+        self.missed: list[str] = []
 
     def fetch(self, seed: int, inner: Iterator[Any]) -> Any:
         """``next(inner)`` with the generators seeded from ``seed``, the user's states back afterwards."""
-        if self.numpy is not None and self.raw is None:  # an unknown layout: the full save and restore
-            with main_process_seeded(seed):
-                return next(inner)
-        self.python.save()
+        learning = self.fetches < LEARNING_FETCHES
+        self.fetches += 1
+        started: list[tuple[str, Any, bool, Any]] = []
+        for name, generator in self.watched:
+            generator.save()
+            seeded = learning or name in self.drawn or generator.marker() is None
+            if seeded:
+                generator.seed(seed)
+            started.append((name, generator, seeded, generator.marker()))
         torch_state = torch.get_rng_state()
-        seeded_words = self._seed_numpy(seed)
-        random.seed(seed)
         torch.default_generator.manual_seed(seed)
         try:
             return next(inner)
         finally:
-            self.python.restore()
             torch.set_rng_state(torch_state)
-            self._restore_numpy(seeded_words)
-
-    def _seed_numpy(self, seed: int) -> bytes | None:
-        raw = self.raw
-        if raw is None:
-            return None
-        words = raw.read()
-        # a user's cached normal (has_gauss) is used without moving the words: then the full state is read each time
-        if words != self.user_words or self.user_state is None or self.user_state[3]:
-            self.user_words, self.user_state = words, self.numpy.random.get_state()
-        self.numpy.random.seed(seed % 2**32)
-        return raw.read()
-
-    def _restore_numpy(self, seeded_words: bytes | None) -> None:
-        raw = self.raw
-        if raw is None or seeded_words is None:
-            return
-        if raw.read() == seeded_words and not self.user_state[3]:
-            # the batch drew nothing from NumPy, and the user's state held no cached normal for the seeding to clear
-            raw.write(self.user_words)  # type: ignore[arg-type]
-        else:
-            self.numpy.random.set_state(self.user_state)
+            self.missed = []
+            for name, generator, seeded, before in started:
+                drew = generator.marker() != before
+                if seeded or drew:
+                    generator.restore()
+                if drew:
+                    self.drawn.add(name)
+                    if not seeded:
+                        self.missed.append(name)

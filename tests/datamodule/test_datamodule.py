@@ -24,10 +24,9 @@ from torch.utils.data import DataLoader
 
 from lightning_dataperf import TunedDataModule, recommend_loader_settings
 from lightning_dataperf.loader import article_settings
-from lightning_dataperf.loader.main_rng import main_process_seeded
 from lightning_dataperf.loader.policy import check_loader_kwargs
 from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler, LoaderResumeState
-from lightning_dataperf.loader.seeding import batch_seed, worker_seed
+from lightning_dataperf.loader.seeding import worker_seed
 from lightning_dataperf.telemetry.hardware import StorageInfo
 
 NOT_RESUMABLE = "your dataloader is not resumable"
@@ -185,20 +184,6 @@ def test_main_process_seeding_leaves_the_training_generators_alone(tmp_path):
     quiet = fit(tmp_path / "b", DrawingData(seed=5, draws=False, verbose=False), epochs=2, model=DrawingModel())
     assert drawing.model_draws == quiet.model_draws
     assert [row[:2] for row in drawing.rows] == [row[:2] for row in quiet.rows]
-
-
-def test_main_process_seeded_restores_each_generator():
-    before = (random.getstate(), torch.get_rng_state(), numpy.random.get_state()[1].copy())
-    seed = batch_seed(5, 1, 0, 3)
-    with main_process_seeded(seed):
-        first = (random.random(), torch.rand(1).item(), numpy.random.random())
-    with main_process_seeded(seed):
-        assert (random.random(), torch.rand(1).item(), numpy.random.random()) == first
-    with pytest.raises(KeyError), main_process_seeded(seed):
-        raise KeyError("restored also when the fetch raises")
-    assert random.getstate() == before[0] and torch.equal(torch.get_rng_state(), before[1])
-    assert (numpy.random.get_state()[1] == before[2]).all()
-    assert len({batch_seed(5, epoch, rank, batch) for epoch in (0, 1) for rank in (0, 1) for batch in (0, 1)}) == 8
 
 
 def resume_warnings(tmp_path, datamodule):
