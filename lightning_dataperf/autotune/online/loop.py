@@ -208,13 +208,18 @@ class OnlineLoop:
         return bool(self._too_short(Measured(trial.setting, len(trial.periods) / trial.total, math.inf, 0, 0.0)))
 
     def _first_moves(self, start: Measured) -> list[Setting]:
-        """From ``num_workers=0`` on a CPU run: the moves the start's load and compute per batch point to."""
+        """From ``num_workers=0`` on a CPU run: the moves the start's load and compute per batch point to (below a
+        hand-over's cost, the intra-op threads at 0 workers)."""
         loads, at = self.trial.loads if self.trial is not None else [], start.setting
         if at.num_workers or not self.space.tune_threads or len(loads) < 2 or not start.steps_per_sec:
             return []
         load = sum(loads) / len(loads)
         compute = max(0.0, 1.0 / start.steps_per_sec - load)
         pairs = first_workers(load, compute, self.space.cpus)[:FIRST_MOVES]
+        if not pairs:
+            # loading below a worker's hand-over cost: no worker count pays for itself, the threads are the moves
+            # left (tiny, 2 cores: four worker trials first, and 0 workers + 1 thread read 15 s after the start)
+            return [replace(at, threads=threads) for threads in sorted({1, self.space.cpus} - {at.threads})]
         return [replace(self.space.moved(at, workers), threads=threads) for workers, threads in pairs]
 
     def _too_short(self, start: Measured) -> str:
