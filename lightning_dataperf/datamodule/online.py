@@ -26,6 +26,7 @@ from lightning_dataperf.autotune.online import (
     Segment,
     Setting,
     SettingSpace,
+    burst_of,
     planned_batches,
 )
 from lightning_dataperf.datamodule.online_ddp import WATCH_EVERY, Decision, DistributedResult, RankSync
@@ -223,6 +224,7 @@ class OnlineIterator(Iterator[Any]):
         self.inner: Iterator[Any] | None = make_inner()
         own = weakref.ref(self)  # held weakly: an iterator kept alive by the tuner keeps its workers past the fit
         tuner.queued = lambda: queued_batches(iterator.inner) if (iterator := own()) is not None else 0
+        tuner.loop.epoch_batches = _epoch_batches(loader)
         tuner.restart_segment(_burst(loader))
 
     def __next__(self) -> Any:
@@ -278,18 +280,15 @@ class OnlineIterator(Iterator[Any]):
 
 
 def _burst(loader: DataLoader) -> int:
-    """Batches a new iterator's workers had queued while the others started: not the steady rate.
+    """:func:`burst_of` the loader as it is now."""
+    return burst_of(loader.num_workers, loader.prefetch_factor, _epoch_batches(loader))
 
-    At most a quarter of an epoch: each epoch skips its burst again, and 32 workers x 4 prefetched would skip
-    all 125 batches of the H200 JPEG benchmark's epoch, a trial that never measures.
-    """
-    if not loader.num_workers:
-        return 1
-    queued = loader.num_workers * (loader.prefetch_factor or 1)
+
+def _epoch_batches(loader: DataLoader) -> int | None:
     try:
-        return max(1, min(queued, len(loader) // 4))
+        return len(loader)
     except TypeError:  # an iterable dataset without a length
-        return queued
+        return None
 
 
 class _OnlineWrapper:

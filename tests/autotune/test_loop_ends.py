@@ -100,3 +100,16 @@ def test_max_steps_counts_the_batches_accumulate_grad_batches_takes():
     assert tuner.loop.planned() == 400.0 and tuner.loop.taken() == 40.0
     trainer.max_epochs, trainer.max_steps = 2, -1
     assert tuner.loop.planned() == 2000.0
+
+
+def test_a_switchs_burst_is_capped_at_a_quarter_of_the_epoch_as_the_glue_skips_it():
+    from lightning_dataperf.autotune.online import Measured, burst_of
+
+    assert burst_of(16, 4) == 64 and burst_of(16, 4, epoch_batches=40) == 10 and burst_of(0, None, 40) == 1
+    many = Setting(16, 4, False, 1)
+    loop = OnlineLoop(ZERO, SettingSpace(16, 2, True, False), min_seconds=0.0, planned=lambda: 100.0)
+    loop._incumbent = Measured(ZERO, 10.0, 0.01, 100, 10.0)
+    # a look of 48 batches (3 a worker) after 64 queued ones does not fit 100 planned; after the 10 skipped, it does
+    assert not loop._fits(many, None, ZERO)
+    loop.epoch_batches = 40
+    assert loop._fits(many, None, ZERO)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from lightning_dataperf.autotune.online.loop import OnlineLoop, planned_batches, refusal
 from lightning_dataperf.autotune.online.records import Measured, OnlineResult, Setting, SettingSpace
 from lightning_dataperf.autotune.online.search import NeighbourSearch, Phase
-from lightning_dataperf.autotune.online.segment import Segment
+from lightning_dataperf.autotune.online.segment import Segment, burst_of
 
 __all__ = [
     "Measured",
@@ -16,6 +16,7 @@ __all__ = [
     "Segment",
     "Setting",
     "SettingSpace",
+    "burst_of",
     "planned_batches",
     "refusal",
 ]

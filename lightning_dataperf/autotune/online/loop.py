@@ -15,7 +15,7 @@ from lightning_dataperf.autotune.online.records import (
     SettingSpace,
 )
 from lightning_dataperf.autotune.online.search import CLOSE_CALL_FINEST, NeighbourSearch, Phase
-from lightning_dataperf.autotune.online.segment import Segment
+from lightning_dataperf.autotune.online.segment import Segment, burst_of
 from lightning_dataperf.loader.policy import first_workers
 
 __all__ = ["DRIFT", "ENDED", "FIRST_MOVES", "RAN_OUT", "SLOWER_TRIAL", "OnlineLoop", "planned_batches", "refusal"]
@@ -88,6 +88,8 @@ class OnlineLoop:
         self.watch: Segment | None = None
         self.queued: Callable[[], int] = lambda: 0
         """Batches the loader's workers made that training has not taken yet (set by whoever feeds the loop)."""
+        self.epoch_batches: int | None = None
+        """Batches an epoch of the loader holds, where known (set by whoever feeds the loop): caps a switch's burst."""
         self._last: tuple[float, Hashable] | None = None
         self._incumbent: Measured | None = None
         self._drifts = 0
@@ -172,7 +174,7 @@ class OnlineLoop:
         # a close call's look has no cap on steps; any other ends at max_batches once it is trusted
         most = self.max_seconds * rate
         most = most if asked is not None else min(most, max(shortest, self.max_batches))
-        burst = setting.num_workers * (setting.prefetch_factor or 1) if setting != current else 0
+        burst = burst_of(setting.num_workers, setting.prefetch_factor, self.epoch_batches) if setting != current else 0
         return self.taken() + burst + min(needed, most) <= planned
 
     def _full(self, segment: Segment) -> bool:
