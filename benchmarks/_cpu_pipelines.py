@@ -265,7 +265,9 @@ def measure(name: str, workers: int, threads: int, seconds: float) -> float:
     torch.set_num_threads(threads)
     clock = StepClock(seconds, skip=2 * workers + 3)
     (busy, own), started = _cpu_seconds(), time.perf_counter()
-    trainer([clock]).fit(PIPELINES[name]["model"](), datamodule=Pipeline(name, workers))
+    # intra_op_threads=None: "auto" set 1 thread beside any workers on 2 cores, so every "Nw 2t" point ran at 1
+    module = Pipeline(name, workers, intra_op_threads=None)
+    trainer([clock]).fit(PIPELINES[name]["model"](), datamodule=module)
     (busy_after, own_after), wall = _cpu_seconds(), time.perf_counter() - started
     OTHERS.append(max(0.0, (busy_after - busy) - (own_after - own)) / wall)
     return clock.rate()

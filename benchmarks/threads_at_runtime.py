@@ -54,7 +54,9 @@ class SwitchThreads(Callback):
 def fit(name: str, workers: int, start: int, to: int | None, at: int, mkl_dynamic: bool) -> SwitchThreads:
     set_num_threads(start, mkl_dynamic)
     clock = SwitchThreads(at, to, mkl_dynamic)
-    pipelines.trainer([clock]).fit(pipelines.PIPELINES[name]["model"](), datamodule=pipelines.Pipeline(name, workers))
+    # intra_op_threads=None: TunedDataModule's "auto" would set 1 thread beside 2 workers at the fit's start
+    module = pipelines.Pipeline(name, workers, intra_op_threads=None)
+    pipelines.trainer([clock]).fit(pipelines.PIPELINES[name]["model"](), datamodule=module)
     return clock
 
 
