@@ -11,8 +11,8 @@ __all__ = ["ThreadsBeside", "set_threads"]
 
 
 def set_threads(count: int) -> None:
-    """``torch.set_num_threads(count)`` only where the count changes: a runtime call beside 2 workers on 2 cores
-    slowed the step to 0.72x even from 2 threads to 2 (``benchmarks/threads_at_runtime.py``)."""
+    """``torch.set_num_threads(count)`` only where the count changes: every switch of the online loop would make
+    one, and a call with the same count changes nothing."""
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
 

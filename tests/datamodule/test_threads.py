@@ -109,7 +109,7 @@ def test_a_fit_that_fails_mid_trial_gives_the_threads_back(
 
 
 def test_the_loop_calls_set_num_threads_only_where_the_count_changes(monkeypatch):
-    """A runtime call from 2 threads to 2 beside 2 workers slowed the step to 0.72x (threads_at_runtime.py)."""
+    """Every switch of the loop sets the threads it names; a count already in force is not set again."""
     calls = []
     real = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda count: (calls.append(count), real(count)))
