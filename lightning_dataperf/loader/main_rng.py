@@ -7,8 +7,8 @@ import contextlib
 import ctypes
 import random
 import struct
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Hashable, Iterator
+from typing import Any, Protocol
 
 import torch
 
@@ -203,6 +203,19 @@ class _NumpyState:
         self.numpy.random.seed(seed % 2**32)
 
 
+class _Watched(Protocol):
+    """One generator as :class:`MainGenerators` handles it."""
+
+    def marker(self) -> Hashable | None:
+        """What any draw changes (``None``: nothing cheap to read; the generator is seeded for every batch)."""
+
+    def save(self) -> None: ...
+
+    def restore(self) -> None: ...
+
+    def seed(self, seed: int) -> None: ...
+
+
 class MainGenerators:
     """Seeds the training process's generators for one batch and puts the user's states back, doing only what
     exactness needs. torch's is seeded for every batch. ``random`` and NumPy are seeded for the first
@@ -212,7 +225,7 @@ class MainGenerators:
 
     def __init__(self) -> None:
         numpy = numpy_module()
-        watched: list[tuple[str, Any]] = [("random", _PythonRaw.of() or _PythonState())]
+        watched: list[tuple[str, _Watched]] = [("random", _PythonRaw.of() or _PythonState())]
         if numpy is not None:
             watched.append(("numpy", _NumpyRaw.of(numpy) or _NumpyState(numpy)))
         self.watched = watched
@@ -226,7 +239,7 @@ class MainGenerators:
         """``next(inner)`` with the generators seeded from ``seed``, the user's states back afterwards."""
         learning = self.fetches < LEARNING_FETCHES
         self.fetches += 1
-        started: list[tuple[str, Any, bool, Any]] = []
+        started: list[tuple[str, _Watched, bool, Hashable | None]] = []
         for name, generator in self.watched:
             generator.save()
             seeded = learning or name in self.drawn or generator.marker() is None
