@@ -18,23 +18,29 @@ def load(out_dir, mode):
     return [json.loads((out_dir / f"{mode}_rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
+#: Each run of the module's fixture takes about 10 s; past this it fails with each rank's stacks.
+RUN_TIMEOUT = 120.0
+
+# the six runs of the fixture under one test's timeout: a hung run must reach its stack dump (it once did not, at
+# the 300-s default: the dump comes 30 s before RUN_TIMEOUT and the launcher's shutdown takes up to 45 s more)
+pytestmark = pytest.mark.timeout(6 * (RUN_TIMEOUT + 45) + 60)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ddp_online")
     saved_root = str(out_dir / "root")
-    run_two_ranks("ddp_online_script.py", out_dir, "untuned")
-    run_two_ranks("ddp_online_script.py", out_dir, "online", str(out_dir / "online"))
+
+    def run(*args: str) -> None:
+        run_two_ranks("ddp_online_script.py", out_dir, *args, timeout=RUN_TIMEOUT)
+
+    run("untuned")
+    run("online", str(out_dir / "online"))
     # 120 samples per rank in batches of 4: step 20 is mid-epoch 0, mid-trial (a trial is 8 batches and its start-up)
-    run_two_ranks(
-        "ddp_online_script.py",
-        out_dir,
-        "resume",
-        str(out_dir / "fresh"),
-        str(out_dir / "ckpt" / "epoch=0-step=20.ckpt"),
-    )
-    run_two_ranks("ddp_online_script.py", out_dir, "saving", saved_root)
-    run_two_ranks("ddp_online_script.py", out_dir, "again", saved_root)
-    run_two_ranks("ddp_online_script.py", out_dir, "changed", saved_root)
+    run("resume", str(out_dir / "fresh"), str(out_dir / "ckpt" / "epoch=0-step=20.ckpt"))
+    run("saving", saved_root)
+    run("again", saved_root)
+    run("changed", saved_root)
     return out_dir
 
 
