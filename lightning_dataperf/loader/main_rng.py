@@ -26,6 +26,8 @@ class _PythonRaw:
 
     #: The C struct after the object header: ``int index; uint32_t state[624]``.
     SIZE = 4 + _MT_WORDS * 4
+    #: A draw is seen in place (:meth:`marker`): the generator may be left unseeded.
+    watchable = True
 
     def __init__(self, instance: random.Random) -> None:
         self.instance, self.address = instance, id(instance) + object.__basicsize__
@@ -68,11 +70,13 @@ class _PythonRaw:
 class _PythonState:
     """The global ``random`` generator's full state, saved and restored where its layout is not the one checked."""
 
+    watchable = False
+
     def __init__(self) -> None:
         self.state: Any = None
 
     def marker(self) -> None:
-        """``None``: a draw is not cheaply seen here, so the generator is seeded for every batch."""
+        """``None``: a draw is not cheaply seen here (not :attr:`watchable`: seeded for every batch)."""
         return None
 
     def save(self) -> None:
@@ -121,6 +125,8 @@ class _NumpyRaw:
     """The global NumPy generator's MT19937 words and cached normal, copied in and out of memory (about a
     microsecond; ``get_state`` and ``set_state`` took 31 and 34 us); ``None`` from :meth:`of` where the layout
     is not the one checked."""
+
+    watchable = True
 
     def __init__(self, numpy: Any, words: int, gauss: int) -> None:
         self.numpy, self.words = numpy, words
@@ -186,11 +192,13 @@ class _NumpyRaw:
 class _NumpyState:
     """The global NumPy generator's full state, saved and restored where its layout is not the one checked."""
 
+    watchable = False
+
     def __init__(self, numpy: Any) -> None:
         self.numpy, self.state = numpy, None
 
     def marker(self) -> None:
-        """``None``: a draw is not cheaply seen here, so the generator is seeded for every batch."""
+        """``None``: a draw is not cheaply seen here (not :attr:`watchable`: seeded for every batch)."""
         return None
 
     def save(self) -> None:
@@ -206,8 +214,11 @@ class _NumpyState:
 class _Watched(Protocol):
     """One generator as :class:`MainGenerators` handles it."""
 
+    #: Whether :meth:`marker` sees a draw; a generator that is not is seeded for every batch.
+    watchable: bool
+
     def marker(self) -> Hashable | None:
-        """What any draw changes (``None``: nothing cheap to read; the generator is seeded for every batch)."""
+        """What any draw changes (``None`` where not :attr:`watchable`)."""
 
     def save(self) -> None: ...
 
@@ -242,7 +253,7 @@ class MainGenerators:
         started: list[tuple[str, _Watched, bool, Hashable | None]] = []
         for name, generator in self.watched:
             generator.save()
-            seeded = learning or name in self.drawn or generator.marker() is None
+            seeded = learning or name in self.drawn or not generator.watchable
             if seeded:
                 generator.seed(seed)
             started.append((name, generator, seeded, generator.marker()))
