@@ -221,7 +221,7 @@ class OnlineLoop:
         if not pairs:
             # loading below a worker's hand-over cost: no worker count pays for itself, the threads are the moves
             # left (tiny, 2 cores: four worker trials first, and 0 workers + 1 thread read 15 s after the start)
-            return [replace(at, threads=threads) for threads in sorted({1, self.space.cpus} - {at.threads})]
+            return list(self.space.thread_moves(at))
         return [replace(self.space.moved(at, workers), threads=threads) for workers, threads in pairs]
 
     def _too_short(self, start: Measured) -> str:

@@ -138,15 +138,20 @@ class SettingSpace:
             # workers and intra-op threads share the cores: a move of one alone can hide the pair that wins
             if self.tune_threads and (left := max(1, self.cpus - count)) != at.threads:
                 yield replace(moved, threads=left)
-        if self.tune_threads:
-            for threads in sorted({1, max(1, self.cpus - workers), self.cpus} - {at.threads}):
-                yield replace(at, threads=threads)
+        yield from self.thread_moves(at)
         if workers and at.prefetch_factor is not None and at.prefetch_factor < 8:
             yield replace(at, prefetch_factor=at.prefetch_factor * 2)
         if self.tune_pinning:
             yield replace(at, pin_memory=not at.pin_memory)
         if self.tune_persistent and workers and not at.persistent_workers:
             yield replace(at, persistent_workers=True)
+
+    def thread_moves(self, at: Setting) -> Iterator[Setting]:
+        """``at`` with each other intra-op thread count worth a trial: 1, the cores its workers leave, all cores (a
+        CPU run only)."""
+        if self.tune_threads:
+            for threads in sorted({1, max(1, self.cpus - at.num_workers), self.cpus} - {at.threads}):
+                yield replace(at, threads=threads)
 
     def moved(self, at: Setting, workers: int) -> Setting:
         """``at`` with ``workers`` workers (its prefetch and persistence kept where they apply)."""
