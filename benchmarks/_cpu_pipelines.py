@@ -263,10 +263,24 @@ def _cpu_seconds() -> tuple[float, float]:
 def measure(name: str, workers: int, threads: int, seconds: float) -> float:
     """One fit's steady steps/s at ``workers`` loader workers and ``threads`` intra-op threads."""
     torch.set_num_threads(threads)
-    clock = StepClock(seconds, skip=2 * workers + 3)
-    (busy, own), started = _cpu_seconds(), time.perf_counter()
     # intra_op_threads=None: "auto" set 1 thread beside any workers on 2 cores, so every "Nw 2t" point ran at 1
-    module = Pipeline(name, workers, intra_op_threads=None)
+    return _timed_fit(name, Pipeline(name, workers, intra_op_threads=None), 2 * workers + 3, seconds)
+
+
+def measure_default(name: str, seconds: float) -> tuple[float, tuple[int, int]]:
+    """One fit's steady steps/s with ``TunedDataModule`` at its defaults (torch's own thread count before it), and
+    the (workers, threads) it chose."""
+    cpus = usable_cpus()
+    torch.set_num_threads(cpus)
+    module = Pipeline(name, None)
+    rate = _timed_fit(name, module, 2 * cpus + 3, seconds)
+    (plan,) = module.loader_plans["train"]
+    return rate, (plan.chosen["num_workers"], plan.chosen.get("intra_op_threads", cpus))
+
+
+def _timed_fit(name: str, module: Pipeline, skip: int, seconds: float) -> float:
+    clock = StepClock(seconds, skip=skip)
+    (busy, own), started = _cpu_seconds(), time.perf_counter()
     trainer([clock]).fit(PIPELINES[name]["model"](), datamodule=module)
     (busy_after, own_after), wall = _cpu_seconds(), time.perf_counter() - started
     OTHERS.append(max(0.0, (busy_after - busy) - (own_after - own)) / wall)

@@ -4,11 +4,13 @@ on CPU pipelines whose steps compute for real (``_cpu_pipelines.py``).
     PYTHONPATH=$PWD python benchmarks/online.py --name online_2core
     PYTHONPATH=$PWD python benchmarks/online.py --pipelines quickstart fft --reps 3 --online-seconds 90
     PYTHONPATH=$PWD python benchmarks/online.py --pipelines tokeniser --runs 5 --online-seconds 10 60 --no-loadtune
+    PYTHONPATH=$PWD python benchmarks/online.py --grid-only --no-loadtune --pairs 2
 
 ``--runs N``: N loop runs from the same start per ``--online-seconds`` length, each a run planned that long
 (``max_steps`` from the start's grid rate, so the cost cap is 5% of it; ``--plan-at best``: from the grid's best
 rate, so a run the loop tunes lasts that long); the kept setting's distribution, each
 kept setting's share of the grid's best (interleaved pairs), and whether a printed gain was measured to 10%.
+``--grid-only``: the grid, and ``TunedDataModule`` at its defaults against its best (no loop runs).
 
 Per pipeline: loadtune 0.3 (``pip install loadtune==0.3.0``; skipped if absent) tunes the same dataset,
 model and step in its own runs, and its pick joins the grid; every grid point (workers x intra-op
@@ -32,11 +34,22 @@ from typing import Any
 
 import torch
 from _common import print_table, write_json
-from _cpu_pipelines import OTHERS, PIPELINES, ROOT_DIR, Pipeline, StepClock, measure, trainer, usable_cpus
+from _cpu_pipelines import (
+    OTHERS,
+    PIPELINES,
+    ROOT_DIR,
+    Pipeline,
+    StepClock,
+    measure,
+    measure_default,
+    trainer,
+    usable_cpus,
+)
 
-from lightning_dataperf import probe_hardware, recommend_loader_settings
 from lightning_dataperf.autotune.online.records import MEASURED_ERROR
-from lightning_dataperf.loader.policy import intra_op_threads
+
+#: The grid's point that is TunedDataModule at its defaults: what it chooses, measured as it chooses it.
+DEFAULT = (-1, -1)
 
 
 def loadtune_pick(name: str, cpus: int) -> tuple[int, int] | None:
@@ -187,19 +200,24 @@ def repeated_runs(name: str, args: argparse.Namespace, median: dict, best: tuple
 
 def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cpus, measured_before = usable_cpus(), len(OTHERS)
-    workers = recommend_loader_settings(probe_hardware(), accelerator="cpu").num_workers
-    # TunedDataModule's intra_op_threads="auto": the threads cut to the cores the workers leave
-    policy = (workers, (intra_op_threads(workers, cpus, cpus) or (cpus, ""))[0])
     peer = None if args.no_loadtune else loadtune_pick(name, cpus)
     load_before = load()
-    # the online loop may go up to 2 x cpus workers: the grid covers what it can keep, the policy and the peer
-    grid = {(w, t) for w in range(0, 2 * cpus + 1) for t in sorted({1, cpus})} | {policy} | ({peer} if peer else set())
-    rates: dict[tuple[int, int], list[float]] = {point: [] for point in sorted(grid)}
+    # the online loop may go up to 2 x cpus workers: the grid covers what it can keep, and the peer's pick
+    grid = {(w, t) for w in range(0, 2 * cpus + 1) for t in sorted({1, cpus})} | ({peer} if peer else set())
+    rates: dict[tuple[int, int], list[float]] = {point: [] for point in [*sorted(grid), DEFAULT]}
+    policies = set()
     for _ in range(args.reps):
-        for workers, threads in random.sample(sorted(grid), len(grid)):
-            rates[(workers, threads)].append(measure(name, workers, threads, args.seconds))
+        # TunedDataModule at its defaults (what it chooses may depend on what it measures) among the grid's points
+        for point in random.sample([*sorted(grid), DEFAULT], len(grid) + 1):
+            if point == DEFAULT:
+                rate, chosen = measure_default(name, args.seconds)
+                policies.add(chosen)
+            else:
+                rate = measure(name, *point, args.seconds)
+            rates[point].append(rate)
     median = {point: statistics.median(values) for point, values in rates.items()}
-    best = max(median, key=median.get)
+    best = max((point for point in median if point != DEFAULT), key=median.get)
+    policy = min(policies)
     start = (PIPELINES[name]["start"], cpus)
     # the grid's figures, the same in both kinds of row
     row = {
@@ -210,8 +228,12 @@ def run_pipeline(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "start": list(start),
         "start_rate": median[start],
         "policy": list(policy),
-        "policy_of_best": median[policy] / median[best],
+        "policies": sorted(list(chosen) for chosen in policies),
+        "policy_of_best": median[DEFAULT] / median[best],
     }
+    if args.grid_only:
+        pairs = against_best(name, DEFAULT, best, args)
+        return {**row, "policy_pairs": pairs, "policy_of_best_pairs": statistics.median(pairs), "load": load()}
     if args.runs:
         repeated = repeated_runs(name, args, median, best)
         return {
@@ -245,9 +267,13 @@ def against_best(name: str, pick: tuple[int, int], best: tuple[int, int], args: 
     ratios = []
     for pair in range(args.pairs if pick != best else 0):
         order = [pick, best] if pair % 2 == 0 else [best, pick]
-        got = {point: measure(name, *point, args.seconds) for point in order}
+        got = {point: rate_of(name, point, args.seconds) for point in order}
         ratios.append(got[pick] / got[best])
     return ratios or [1.0]
+
+
+def rate_of(name: str, point: tuple[int, int], seconds: float) -> float:
+    return measure_default(name, seconds)[0] if point == DEFAULT else measure(name, *point, seconds)
 
 
 def setting(point: list[int] | None) -> str:
@@ -283,6 +309,22 @@ def print_repeated(rows: list[dict[str, Any]]) -> None:
     print_table(headers, table)
 
 
+def print_defaults(rows: list[dict[str, Any]]) -> None:
+    headers = ["pipeline", "grid best, steps/s", "defaults chose", "defaults of best (grid)", "of best (pairs)", "load"]
+    table = [
+        [
+            row["pipeline"],
+            f"{setting(row['best'])}, {row['best_rate']:.1f}",
+            ", ".join(setting(chosen) for chosen in row["policies"]),
+            share(row["policy_of_best"]),
+            ", ".join(share(value) for value in row["policy_pairs"]),
+            f"{row['load']:.1f}",
+        ]
+        for row in rows
+    ]
+    print_table(headers, table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=list(PIPELINES))
@@ -293,6 +335,7 @@ def main() -> None:
     parser.add_argument("--plan-at", choices=["start", "best"], default="start", help="the rate runs are planned at")
     parser.add_argument("--no-loadtune", action="store_true", help="leave loadtune out")
     parser.add_argument("--pairs", type=int, default=3, help="interleaved pairs of each pick against the grid's best")
+    parser.add_argument("--grid-only", action="store_true", help="the grid and the defaults against its best only")
     parser.add_argument("--name", default="online")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -301,6 +344,10 @@ def main() -> None:
     for name in args.pipelines:
         rows.append(run_pipeline(name, args))
         write_json(args.name, {"args": vars(args), "rows": rows})
+    if args.grid_only:
+        print_defaults(rows)
+        shutil.rmtree(ROOT_DIR, ignore_errors=True)
+        return
     if args.runs:
         print_repeated(rows)
         write_json(args.name, {"args": vars(args), "rows": rows})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import weakref
@@ -26,6 +27,7 @@ from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
+from lightning_dataperf.loader.in_process import in_process_workers
 from lightning_dataperf.loader.policy import (
     check_loader_kwargs,
     iterable_workers,
@@ -67,17 +69,16 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
             training steps themselves, keeping the fastest (:attr:`online_result`); samples and their order are
             unchanged. :class:`~lightning_dataperf.SearchTuning`: measure loader settings on the real training set
             before training (:func:`lightning_dataperf.autotune_loader`, :attr:`autotune_result`). ``None``: the
-            policy's settings, nothing measured. (``True``, ``"online"`` and ``autotune_options``: deprecated.)
+            policy's settings, on CPU its workers set by two batches timed here as the loader is built (docs/loader.md,
+            section 1). (``True``, ``"online"`` and ``autotune_options``: deprecated.)
         verbose: print the chosen settings and reasons once on rank zero.
         intra_op_threads: CPU training: ``"auto"`` cuts ``torch.set_num_threads`` where the training loader's workers
             and the intra-op threads would outnumber the cores; an ``int`` sets it; ``None``: left alone.
         gpu_decode: decode JPEGs on the GPU with these :class:`~lightning_dataperf.GpuDecodeOptions`, e.g.
-            ``GpuDecodeOptions(size=224, dtype=torch.bfloat16)``: a loader over an
-            :class:`~lightning_dataperf.decode.encoded.EncodedImageDataset`
-            gets ``collate_fn=collate_encoded`` (unless you pass one), at most 4 workers unless you say (they
-            only read files) and is returned wrapped in a ``GpuDecodeLoader`` on the run's device; the step
-            receives ``(images, labels)`` there. A hook's single ``DataLoader`` is wrapped; a list or dict of
-            loaders, and loaders over other datasets, are left alone.
+            ``GpuDecodeOptions(size=224, dtype=torch.bfloat16)``: a hook's single loader over an
+            :class:`~lightning_dataperf.decode.encoded.EncodedImageDataset` gets ``collate_fn=collate_encoded``,
+            at most 4 workers unless you say (they only read files) and comes back wrapped in a
+            ``GpuDecodeLoader``; the step receives ``(images, labels)`` on the run's device (docs/gpu_decode.md).
 
     Example::
 
@@ -92,9 +93,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         trainer.fit(model, datamodule=datamodule)
         print(datamodule.loader_plans["train"][0].format())   # what was chosen, and why
 
-    TunedDataModule installs its own ``DistributedSampler`` subclass in distributed runs, so Lightning
-    does not inject a second one; it uses the same seed (``seed_everything``'s), and its worker seeding
-    replaces Lightning's ``pl_worker_init_function`` rather than adding to it.
+    Its own ``DistributedSampler`` and worker seeding replace Lightning's (docs/datamodule.md).
     """
 
     #: Read by DataPerfCallback: this module checks ``num_workers`` against the CPU budget itself.
@@ -136,9 +135,8 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
     @override
     @reclaims_itself
     def teardown(self, stage: str) -> None:
-        """Once Lightning has stopped the loaders: remove what the workers it made send by file name had sent and
-        nobody received (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`; a loader stopped before its end
-        leaves them in ``/dev/shm`` until the process exits). Your own ``teardown`` runs first, super or not."""
+        """Once the loaders stopped: what their workers sent by file name and nobody received is removed
+        (:meth:`~lightning_dataperf.loader.sharing.ShareBy.reclaim`). Your own ``teardown`` runs first."""
         if stage == "fit" and self._online is not None:
             # reached on every rank at a normal end only (a failed fit gets on_exception instead): safe to sync
             self._online.finish()
@@ -196,8 +194,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         """The policy's recommendation for this hardware (or the autotuned one)."""
         if self._settings is None:
             trainer = self._trainer_or_none()
-            max_epochs = None if trainer is None else trainer.max_epochs
-            self._settings = recommend_loader_settings(self.hardware, max_epochs=max_epochs)
+            self._settings = recommend_loader_settings(self.hardware, max_epochs=trainer and trainer.max_epochs)
         return self._settings
 
     def _accelerator(self) -> str | None:
@@ -227,6 +224,11 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         plan = LoaderPlan(stage, {key: value for key, value in explicit.items() if key != "dataset"})
         updates: dict[str, Any] = {}
         settings = self.loader_settings
+        # CPU training at the policy's workers: how a batch loads here sets them (a loop or a search measures itself)
+        ours = self.autotune is None and "num_workers" not in explicit and not encoded and self._accelerator() == "cpu"
+        if ours and (measured := in_process_workers(explicit, self.hardware.cpus_per_rank)) is not None:
+            reasons = {**settings.reasons, "num_workers": measured[1]}
+            settings = dataclasses.replace(settings, num_workers=measured[0], reasons=reasons)
         workers = explicit.get("num_workers", settings.num_workers)
         for name in POLICY_FIELDS:
             if name in explicit or (name in {"prefetch_factor", "persistent_workers"} and workers == 0):

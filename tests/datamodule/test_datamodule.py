@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from lightning_dataperf import TunedDataModule, recommend_loader_settings
-from lightning_dataperf.loader import article_settings
+from lightning_dataperf.loader import article_settings, in_process
 from lightning_dataperf.loader.policy import check_loader_kwargs
 from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler, LoaderResumeState
 from lightning_dataperf.loader.seeding import worker_seed
@@ -90,7 +90,8 @@ class ExplicitData(TunedDataModule):
         return DataLoader(IndexedDataset(8), 4, False)  # positional: dataset, batch_size, shuffle
 
 
-def test_user_values_win_and_the_policy_fills_the_rest(tmp_path, capsys):
+def test_user_values_win_and_the_policy_fills_the_rest(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(in_process, "HANDOVER_FLOOR_S", 0.0)  # no batch loads "fast": the policy's workers
     datamodule = ExplicitData(seed=3)
     fit(tmp_path, datamodule, epochs=1)
     (train,) = datamodule.loader_plans["train"]

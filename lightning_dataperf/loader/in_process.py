@@ -1,0 +1,149 @@
+"""CPU training: batches loaded in the training process as a loader is planned, to set its workers by measurement.
+
+The rules and their readings are in docs/loader.md, section 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, default_collate
+
+from lightning_dataperf.loader.policy import HANDOVER_FLOOR_S, MAX_WORKERS
+
+__all__ = ["TIMING_BUDGET_S", "WAITING_SHARE", "InProcessLoad", "in_process_workers", "time_in_process"]
+
+#: Wall time a batch may take in the timing before it is cut (two batches at most are timed).
+TIMING_BUDGET_S = 0.05
+#: Below this share of its wall time on a CPU, loading mostly waits (storage, network): workers beyond the cores pay.
+WAITING_SHARE = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class InProcessLoad:
+    """Batches fetched and collated in this process, as the policy timed them before any worker starts.
+
+    Attributes:
+        batch_s: the fastest complete batch, or the time a batch had taken when the budget cut it (a lower bound).
+        cpu_share: this process's CPU seconds over the wall seconds of everything timed (all its threads).
+        batches: complete batches timed.
+        cut: a batch passed the budget before it was complete.
+    """
+
+    batch_s: float
+    cpu_share: float
+    batches: int
+    cut: bool
+
+
+def time_in_process(
+    dataset: Any,
+    batch_size: int,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    budget_s: float = TIMING_BUDGET_S,
+    batches: int = 2,
+) -> InProcessLoad | None:
+    """Up to ``batches`` batches of a map-style ``dataset`` (its first indices) loaded here, a batch cut once it has
+    taken ``budget_s``; ``None`` where it cannot be timed (iterable, empty, or the fetch raised: training reports it).
+
+    The fetch runs on a shallow copy, so a file a sample opens lazily stays out of the dataset the workers inherit,
+    and the random generators are put back: the timed samples draw nothing from the run's streams.
+
+    Example::
+
+        load = time_in_process(dataset, batch_size=8)
+        if load is not None and not load.cut and load.batch_s < 0.002:
+            ...  # a worker's hand-over would cost about as much as the batch
+    """
+    if isinstance(dataset, IterableDataset) or batch_size < 1:
+        return None
+    try:
+        length = len(dataset)
+        probe = copy.copy(dataset)
+    except Exception:  # no len() or not copyable: nothing timed, the policy's setting stands
+        return None
+    if length < 1:
+        return None
+    collate = collate_fn or default_collate
+    many = getattr(probe, "__getitems__", None)
+    # as the loader's fetcher: one __getitems__ call a batch where the dataset has it, else sample by sample
+    fetch = many if many is not None else (lambda chunk: [probe[index] for index in chunk])
+    states = _generator_states()
+    fastest, wall, cpu = math.inf, 0.0, 0.0
+    try:
+        for number in range(batches):
+            indices = [(number * batch_size + k) % length for k in range(batch_size)]
+            began, began_cpu = time.perf_counter(), time.process_time()
+            samples: list[Any] = []
+            for chunk in [indices] if many is not None else [[index] for index in indices]:
+                samples += fetch(chunk)
+                if (spent := time.perf_counter() - began) >= budget_s:
+                    share = (cpu + time.process_time() - began_cpu) / (wall + spent)
+                    return InProcessLoad(spent, share, number, cut=True)
+            collate(samples)
+            spent = time.perf_counter() - began
+            wall, cpu = wall + spent, cpu + time.process_time() - began_cpu
+            fastest = min(fastest, spent)
+    except Exception:  # the loader raises it again where training fetches, with the run's own context
+        return None
+    finally:
+        _restore(states)
+    return InProcessLoad(fastest, cpu / wall if wall > 0 else 1.0, batches, cut=False)
+
+
+def in_process_workers(explicit: Mapping[str, Any], cpus: int) -> tuple[int, str] | None:
+    """CPU training: the workers a DataLoader built from ``explicit`` arguments gets by measurement, and why, or
+    ``None`` where the hardware policy's count (a worker per core) stands.
+
+    - ``0`` where a batch loads here in less than :data:`HANDOVER_FLOOR_S`: a worker's hand-over costs about as
+      much (the verdict's rule);
+    - ``2 x cpus`` (at most :data:`MAX_WORKERS`) where loading is on a CPU less than :data:`WAITING_SHARE` of its
+      time: the workers wait, and more of them than cores keep the step fed (the online loop's upper bound too).
+
+    Example::
+
+        in_process_workers({"dataset": dataset, "batch_size": 8}, cpus=2)   # (0, "a batch loaded in 0.31 ms ...")
+    """
+    if explicit.get("batch_sampler") is not None:
+        return None
+    batch = explicit.get("batch_size", 1) or 1
+    load = time_in_process(explicit.get("dataset"), batch, explicit.get("collate_fn"))
+    if load is None:
+        return None
+    measured = f"{'at least ' if load.cut else ''}{1e3 * load.batch_s:.2f} ms a batch"
+    yours = " (num_workers=N in your DataLoader keeps yours)"
+    if not load.cut and load.batch_s < HANDOVER_FLOOR_S:
+        return 0, (
+            f"loaded in this process as the loader was planned: {measured}, below a worker's hand-over cost "
+            f"(~{1e3 * HANDOVER_FLOOR_S:.0f} ms), so loading stays in the training process" + yours
+        )
+    if load.cpu_share < WAITING_SHARE:
+        workers = min(MAX_WORKERS, 2 * cpus)
+        return workers, (
+            f"loaded in this process as the loader was planned: {measured}, on a CPU {100 * load.cpu_share:.0f}% "
+            f"of the time (waiting on storage or the network), so {workers} workers on {cpus} cores" + yours
+        )
+    return None
+
+
+def _generator_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = numpy.random.get_state()
+    return states
+
+
+def _restore(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["random"])
+    if "numpy" in states:
+        sys.modules["numpy"].random.set_state(states["numpy"])
