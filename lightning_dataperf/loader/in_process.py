@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 import sys
 import time
@@ -18,12 +19,14 @@ import torch
 from torch.utils.data import IterableDataset, default_collate
 
 from lightning_dataperf.loader.policy import HANDOVER_FLOOR_S, MAX_WORKERS
+from lightning_dataperf.telemetry.processes import threads_runqueue_wait
 
 __all__ = ["TIMING_BUDGET_S", "WAITING_SHARE", "InProcessLoad", "in_process_workers", "time_in_process"]
 
 #: Wall time a batch may take in the timing before it is cut (two batches at most are timed).
 TIMING_BUDGET_S = 0.05
-#: Below this share of its wall time on a CPU, loading mostly waits (storage, network): workers beyond the cores pay.
+#: Above this share of its wall time off a CPU and not queued for one, loading waits on storage or the network:
+#: workers beyond the cores pay.
 WAITING_SHARE = 0.5
 
 
@@ -34,12 +37,15 @@ class InProcessLoad:
     Attributes:
         batch_s: the fastest complete batch, or the time a batch had taken when the budget cut it (a lower bound).
         cpu_share: this process's CPU seconds over the wall seconds of everything timed (all its threads).
+        blocked_share: the wall seconds neither on a CPU nor queued for one (Linux schedstat; elsewhere the queue
+            is not seen), over the same: what the fetch waited on (storage, network, a sleep).
         batches: complete batches timed.
         cut: a batch passed the budget before it was complete.
     """
 
     batch_s: float
     cpu_share: float
+    blocked_share: float
     batches: int
     cut: bool
 
@@ -77,26 +83,35 @@ def time_in_process(
     # as the loader's fetcher: one __getitems__ call a batch where the dataset has it, else sample by sample
     fetch = many if many is not None else (lambda chunk: [probe[index] for index in chunk])
     states = _generator_states()
-    fastest, wall, cpu = math.inf, 0.0, 0.0
+    start = (time.perf_counter(), time.process_time(), threads_runqueue_wait(os.getpid())[0])
+    fastest = math.inf
     try:
         for number in range(batches):
             indices = [(number * batch_size + k) % length for k in range(batch_size)]
-            began, began_cpu = time.perf_counter(), time.process_time()
+            began = time.perf_counter()
             samples: list[Any] = []
             for chunk in [indices] if many is not None else [[index] for index in indices]:
                 samples += fetch(chunk)
                 if (spent := time.perf_counter() - began) >= budget_s:
-                    share = (cpu + time.process_time() - began_cpu) / (wall + spent)
-                    return InProcessLoad(spent, share, number, cut=True)
+                    return _load(spent, number, True, start)
             collate(samples)
-            spent = time.perf_counter() - began
-            wall, cpu = wall + spent, cpu + time.process_time() - began_cpu
+            if (spent := time.perf_counter() - began) >= budget_s:
+                return _load(spent, number, True, start)
             fastest = min(fastest, spent)
+        return _load(fastest, batches, False, start)
     except Exception:  # the loader raises it again where training fetches, with the run's own context
         return None
     finally:
         _restore(states)
-    return InProcessLoad(fastest, cpu / wall if wall > 0 else 1.0, batches, cut=False)
+
+
+def _load(batch_s: float, batches: int, cut: bool, start: tuple[float, float, float | None]) -> InProcessLoad:
+    wall, cpu = time.perf_counter() - start[0], time.process_time() - start[1]
+    queued = threads_runqueue_wait(os.getpid())[0]
+    waited = queued - start[2] if queued is not None and start[2] is not None else 0.0
+    if wall <= 0:
+        return InProcessLoad(batch_s, 1.0, 0.0, batches, cut)
+    return InProcessLoad(batch_s, min(1.0, cpu / wall), max(0.0, wall - cpu - waited) / wall, batches, cut)
 
 
 def in_process_workers(explicit: Mapping[str, Any], cpus: int) -> tuple[int, str] | None:
@@ -105,8 +120,9 @@ def in_process_workers(explicit: Mapping[str, Any], cpus: int) -> tuple[int, str
 
     - ``0`` where a batch loads here in less than :data:`HANDOVER_FLOOR_S`: a worker's hand-over costs about as
       much (the verdict's rule);
-    - ``2 x cpus`` (at most :data:`MAX_WORKERS`) where loading is on a CPU less than :data:`WAITING_SHARE` of its
-      time: the workers wait, and more of them than cores keep the step fed (the online loop's upper bound too).
+    - ``2 x cpus`` (at most :data:`MAX_WORKERS`) where loading waits more than :data:`WAITING_SHARE` of its time,
+      neither on a CPU nor queued for one (a busy machine's queue is not a wait that more workers hide): more
+      workers than cores keep the step fed (the online loop's upper bound too).
 
     Example::
 
@@ -125,11 +141,12 @@ def in_process_workers(explicit: Mapping[str, Any], cpus: int) -> tuple[int, str
             f"loaded in this process as the loader was planned: {measured}, below a worker's hand-over cost "
             f"(~{1e3 * HANDOVER_FLOOR_S:.0f} ms), so loading stays in the training process" + yours
         )
-    if load.cpu_share < WAITING_SHARE:
+    if load.blocked_share > WAITING_SHARE:
         workers = min(MAX_WORKERS, 2 * cpus)
         return workers, (
-            f"loaded in this process as the loader was planned: {measured}, on a CPU {100 * load.cpu_share:.0f}% "
-            f"of the time (waiting on storage or the network), so {workers} workers on {cpus} cores" + yours
+            f"loaded in this process as the loader was planned: {measured}, waiting (on storage or the network, "
+            f"neither on a CPU nor queued for one) {100 * load.blocked_share:.0f}% of the time, so {workers} workers"
+            f" on {cpus} cores" + yours
         )
     return None
 

@@ -25,6 +25,7 @@ __all__ = [
     "pss_mb",
     "read_chars",
     "runs_this_interpreter",
+    "threads_runqueue_wait",
 ]
 
 _MB = 2**20
@@ -217,7 +218,7 @@ class ProcessSource:
             "workers_rss_mb": worker_rss,
             **self._proportional_memory(alive),
         }
-        waited, threads = _threads_runqueue_wait(self.main.pid)
+        waited, threads = threads_runqueue_wait(self.main.pid)
         if threads:
             values["main_threads"] = float(threads)
         queued = None if waited is None else _change(self._runqueue, self.main.pid, waited)
@@ -268,7 +269,7 @@ class ProcessSource:
         pass
 
 
-def _threads_runqueue_wait(pid: int) -> tuple[float | None, int]:
+def threads_runqueue_wait(pid: int) -> tuple[float | None, int]:
     """Seconds all of ``pid``'s threads (intra-op ones too) spent runnable but waiting for a CPU, and how many
     threads it has (Linux ``/proc/<pid>/task/*/schedstat``; ``(None, 0)`` elsewhere)."""
     total, threads = 0.0, 0
