@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lightning_dataperf.autotune.noise import ahead, as_fast, faster, gap, slower_for_sure
+from lightning_dataperf.autotune.noise import ahead, as_fast, faster, faster_in_looks, gap, slower_for_sure
 from lightning_dataperf.autotune.online import Measured, NeighbourSearch, Setting, SettingSpace
 from lightning_dataperf.autotune.trial import Trial, decided, margin
 
@@ -49,3 +49,18 @@ def test_the_loop_search_calls_faster_what_gap_calls_faster():
     # gap(0.02, 0.02, 0.03) is 5.7%: 10.5 steps/s is ahead by the noise floor, within the errors: a close call
     search.measured(Measured(two, 10.5, 0.02, 50, 50 / 10.5))
     assert search.ask == (start, None)
+
+
+def test_a_small_lead_steady_over_looks_in_turn_is_faster_and_a_drift_or_a_noisy_look_is_not():
+    # tiny, 2 cores: 1 thread against 2 in three looks each (1 s, ±0.3-0.5% each)
+    one = [(1364.6, 0.003), (1362.8, 0.003), (1368.4, 0.003)]
+    two = [(1326.2, 0.005), (1329.3, 0.005), (1336.0, 0.005)]
+    assert faster_in_looks(one, two) and not faster_in_looks(two, one)
+    assert not faster_in_looks(one[:2], two[:2]), "two looks each: the spread is a guess"
+    # the same means, the looks spread by a drift of the step rate: 2.7% is within it
+    drifting = [(1300.0, 0.003), (1365.0, 0.003), (1430.0, 0.003)]
+    assert not faster_in_looks(drifting, two)
+    # steady, but each look only to 3%: their own errors say 2.7% is not decided
+    assert not faster_in_looks([(rate, 0.03) for rate, _ in one], [(rate, 0.03) for rate, _ in two])
+    # under the 1% floor however steady
+    assert not faster_in_looks([(rate * 1.008, 0.001) for rate, _ in two], [(rate, 0.001) for rate, _ in two])

@@ -66,6 +66,13 @@ class Measured:
     """Seconds the switch to this setting stalled training (old workers stopped, new ones started)."""
     cost_s: float = 0.0
     """What trying it cost: its seconds beyond the setting it stood in for would have taken, and the switch's stall."""
+    looks: tuple[tuple[float, float], ...] = ()
+    """Each look pooled into it, ``(rate, relative error)``, in the order taken (empty: this one look alone)."""
+
+    @property
+    def every_look(self) -> tuple[tuple[float, float], ...]:
+        """Its looks, ``(rate, relative error)`` each; a single look's own figures where none were pooled."""
+        return self.looks or ((self.steps_per_sec, self.error),)
 
     @property
     def trusted(self) -> bool:
@@ -79,9 +86,11 @@ class Measured:
         terms = [count * error for count, error in ((self.batches, self.error), (again.batches, again.error)) if count]
         error = math.hypot(*terms) / batches if batches else math.inf
         cost = self.cost_s + again.cost_s
+        looks = self.every_look + again.every_look
         return replace(
-            self, steps_per_sec=batches / seconds, error=error, batches=batches, seconds=seconds, cost_s=cost
-        )
+            self, steps_per_sec=batches / seconds, error=error, batches=batches, seconds=seconds, cost_s=cost,
+            looks=looks,
+        )  # fmt: skip
 
     def words(self) -> str:
         """``2 workers + 1 thread: 31.2 steps/s ± 2% (140 batches, 4.5 s)``."""

@@ -6,7 +6,7 @@ import enum
 import math
 from collections.abc import Iterator, Sequence
 
-from lightning_dataperf.autotune.noise import ahead, as_fast, faster, gap
+from lightning_dataperf.autotune.noise import ahead, as_fast, faster, faster_in_looks, gap
 from lightning_dataperf.autotune.online.records import Measured, Setting, SettingSpace
 
 __all__ = ["CLOSE_CALL_MARGIN", "CLOSE_CALL_ROUNDS", "CONFIRM_BELOW", "NeighbourSearch", "Phase"]
@@ -51,7 +51,8 @@ class NeighbourSearch:
     """Coordinate search over ``space`` from ``start``, one measurement at a time; :attr:`kept` once :attr:`phase`
     is :attr:`Phase.DONE`.
 
-    A neighbour that reads faster beyond noise, by less than :data:`CONFIRM_BELOW`, is kept only after the
+    A neighbour that reads faster beyond noise (or, in :data:`~lightning_dataperf.autotune.noise.LOOKS_DECIDE`
+    looks of each, steadily ahead by their spread), by less than :data:`CONFIRM_BELOW`, is kept only after the
     incumbent, measured again right after it, still reads slower (so a drifting step rate cannot make a setting
     look faster). A neighbour ahead by less than its error is a close call: both are measured again, up to
     :data:`CLOSE_CALL_ROUNDS` times; one behind by less than its error, read by a noisy look, is measured again
@@ -131,6 +132,8 @@ class NeighbourSearch:
         # a lead read from too few batches has an error that is itself a guess: it decides nothing
         if not (trial.trusted and than.trusted):
             return False
+        if faster_in_looks(trial.every_look, than.every_look):  # a small lead, steady over looks taken in turn
+            return True
         return faster(trial.steps_per_sec, than.steps_per_sec, gap(trial.error, than.error, self.noise))
 
     def _ask(self, phase: Phase, setting: Setting, against: Measured | None, precision: float | None = None) -> None:
