@@ -33,8 +33,8 @@ LOOKS_DECIDE = 3
 #: The least lead the looks decide: on the tiny pipeline, 2 cores, 0 workers + 1 thread read 2.4-2.9% ahead of 2
 #: threads in each of three looks (±0.3% between looks), 5-8% in the grid, and the 3% floor kept 2 threads.
 LOOKS_FLOOR = 0.01
-#: Standard errors of the difference of the looks' means a lead must exceed (3: about one in a thousand by chance,
-#: Student's t with two looks' worth of freedom each about one in thirty).
+#: Standard errors of the difference of the looks' means a lead must exceed (by chance: one in a thousand for a
+#: normal spread; with three looks a setting, Student's t, one in 20 to 50).
 LOOKS_SE = 3.0
 
 
