@@ -119,6 +119,8 @@ def attach_online(
         tune_pinning=device == "cuda" and not side_stream,
         min_workers=1 if user_init is not None and loader.num_workers else 0,
         tune_share=gpu_share is not None,
+        # the policy's count on a GPU run: every core of the rank but the training process's
+        decode_workers=max(1, cpus - 1) if gpu_share is not None else 0,
     )
     key = SavedKey(machine, trainer.world_size, loader_words(loader)) if machine else None
     saved, said = saved_setting(trainer, key)

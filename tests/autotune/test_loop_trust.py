@@ -178,6 +178,19 @@ def test_the_gpu_share_and_persistent_workers_are_searched_only_where_asked():
     assert "decode on the CPU only 30.0 steps/s, on the GPU only 20.0" in result.summary()
 
 
+def test_a_move_of_the_share_toward_the_cpu_carries_workers_for_its_part_of_the_decode():
+    # the GPU end's 4 workers only read files; decoding every image on the CPU takes the policy's 15
+    space = SettingSpace(32, 16, False, True, tune_share=True, decode_workers=15)
+    gpu_end = Setting(4, 2, True, 16, gpu_share=1.0)
+    moves = {s.gpu_share: s for s in space.neighbours(gpu_end) if s.gpu_share != 1.0}
+    assert moves[0.0].num_workers == 15 and moves[0.0].prefetch_factor == 2
+    assert moves[0.5].num_workers == 4 + 6, "half the images: half the decode workers more"
+    # toward the GPU, or from as many workers already: the count stays (worker moves follow)
+    cpu_end = Setting(15, 2, True, 16, gpu_share=0.0)
+    assert {s.num_workers for s in space.neighbours(cpu_end) if s.gpu_share != 0.0} == {15}
+    assert [s.num_workers for s in SettingSpace(32, 16, False, True, tune_share=True).neighbours(gpu_end)][:2] == [4, 4]
+
+
 def test_a_close_calls_look_runs_past_max_batches_to_the_error_it_was_asked():
     from lightning_dataperf.autotune.online import Segment
 
