@@ -14,7 +14,8 @@ spread reported). Columns, images/s:
 - ``dali``: DALI's pipeline on the same files (``benchmarks/gpu_decode_dali.py``), where ``nvidia.dali`` imports;
 - ``loop``: a ``TunedDataModule(gpu_decode=GpuDecodeOptions(...), autotune=OnlineTuning())`` at its defaults (the
   policy's workers, the GPU end: what a GPU-decode user upgrading runs), planned for ``--loop-planned`` steps (its
-  cost cap is ``max_cost`` of those), stopped ``--loop-steps`` steps after the loop is done: the setting it kept,
+  cost cap is ``max_cost`` of those), timed over ``--loop-steps`` steps from ``--loop-settle`` steps after the loop
+  is done (the switch to the kept setting left out): the setting it kept,
   its rate over those steps, and the search's cost beside its cap.
 
 Prints a table and writes JSON (``$OUT`` or ``benchmarks/results``). torchvision and DALI are imported lazily.
@@ -66,6 +67,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-loop", action="store_true", help="leave the online loop's column out")
     parser.add_argument("--loop-planned", type=int, default=20_000, help="the loop's run, planned steps (its cap)")
     parser.add_argument("--loop-steps", type=int, default=150, help="steps timed once the loop is done")
+    parser.add_argument("--loop-settle", type=int, default=30, help="steps after the loop is done before the timing")
     parser.add_argument("--loop-seconds", type=float, default=150.0, help="the loop's fit stops here regardless")
     parser.add_argument("--loop-rounds", type=int, default=None, help="the loop's column in the last N rounds only")
     parser.add_argument("--quick", action="store_true", help="fewer steps, one CPU worker count, shares 0.5 only")
@@ -81,7 +83,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         args.modes, args.models, args.cpu_workers = ["eager"], args.models[:1], [0]
         args.gpu_workers = args.split_workers = 0
         args.no_dali = True
-        args.loop_steps, args.loop_seconds = 4, 20.0
+        args.loop_steps, args.loop_seconds, args.loop_settle = 4, 20.0, 0
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     return args
@@ -141,12 +143,16 @@ def loop_fit(gd, module, samples, args, cuda: bool) -> dict:
     options = GpuDecodeOptions(size=gd.SIZE, dtype=torch.bfloat16, cpu_decoder=args.cpu_decoder)
     data = Jpegs(seed=0, verbose=False, autotune=tuning, gpu_decode=options)
     clock = gd._Clock(0, cuda)
-    state = {"after": None, "began": time.perf_counter()}
+    state = {"done": None, "after": None, "began": time.perf_counter()}
 
     class StopWhenDone(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             result = data.online_result
-            if state["after"] is None and result is not None and result.done:
+            if state["done"] is None and result is not None and result.done:
+                state["done"] = trainer.global_step
+            # timed from --loop-settle steps on: the switch to the kept setting (workers restarting) stays out
+            settled = state["done"] is not None and trainer.global_step - state["done"] >= args.loop_settle
+            if state["after"] is None and settled:
                 state["after"], clock.begin = trainer.global_step, clock._mark()
             over = time.perf_counter() - state["began"] > args.loop_seconds
             if over or (state["after"] is not None and trainer.global_step - state["after"] >= args.loop_steps):
@@ -177,7 +183,7 @@ def loop_fit(gd, module, samples, args, cuda: bool) -> dict:
         "stop_reason": result.stop_reason if result is not None else "",
         "share_ends": {f"{k:g}": v.steps_per_sec * gd.BATCH for k, v in result.share_ends.items()} if result else {},
         "summary": result.summary() if result is not None else "",
-        "search_steps": state["after"],
+        "search_steps": state["done"],
     }
 
 
@@ -225,7 +231,8 @@ def run_round(gd, sets: dict, modules: dict, args, cuda: bool, rates: dict, loop
                     traceback.print_exc()
                     continue
                 loops.setdefault((arch, mode, kind), []).append(got)
-                rates.setdefault((arch, mode, kind, "loop"), []).append(got["images_per_s"])
+                if got["images_per_s"]:  # 0: not timed, the search had not ended (its record says so)
+                    rates.setdefault((arch, mode, kind, "loop"), []).append(got["images_per_s"])
                 print(f"  {kind:8s} {'loop':12s} {got['images_per_s']:8.0f} img/s  kept {got['kept']}", flush=True)
 
 
@@ -242,6 +249,8 @@ def _loop_cell(records: list[dict] | None, rates: list[float] | None, ceiling: f
     if not records:
         return "-"
     kept = ", ".join(sorted({record["kept"] for record in records}))
+    if not rates:
+        return f"{kept}: not timed (the search had not ended by --loop-seconds)"
     return f"{kept}: {_cell(rates, ceiling)}"
 
 
