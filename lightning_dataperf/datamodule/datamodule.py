@@ -209,9 +209,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
 
     def _ranks(self) -> tuple[int, int]:
         trainer = self._trainer_or_none()
-        if trainer is None:
-            return 0, 1
-        return trainer.global_rank, trainer.world_size
+        return (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
 
     # ------------------------------------------------------------------ planning one DataLoader
     def plan_loader(self, stage: str, explicit: dict[str, Any]) -> tuple[LoaderPlan, dict[str, Any]]:
@@ -224,8 +222,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         plan = LoaderPlan(stage, {key: value for key, value in explicit.items() if key != "dataset"})
         updates: dict[str, Any] = {}
         settings = self.loader_settings
-        # CPU training at the policy's workers: how a batch loads here sets them (a loop or a search measures itself)
-        ours = self.autotune is None and "num_workers" not in explicit and not encoded and self._accelerator() == "cpu"
+        # CPU training: a batch timed here sets the workers, the loop's start on one rank (under DDP: the policy's)
+        timed = self.autotune is None or (isinstance(self.autotune, OnlineTuning) and self._ranks()[1] == 1)
+        ours = timed and "num_workers" not in explicit and not encoded and self._accelerator() == "cpu"
         if ours and (measured := in_process_workers(explicit, self.hardware.cpus_per_rank)) is not None:
             reasons = {**settings.reasons, "num_workers": measured[1]}
             settings = dataclasses.replace(settings, num_workers=measured[0], reasons=reasons)

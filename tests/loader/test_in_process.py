@@ -148,7 +148,7 @@ def test_cpu_training_at_the_defaults_keeps_a_fast_loader_in_the_training_proces
         assert sorted(row[1] for row in model.rows if row[0] == epoch) == list(range(30)), "each sample once"
 
 
-def test_a_slow_loader_explicit_workers_and_the_loops_keep_the_policys_workers(tmp_path, monkeypatch):
+def test_a_slow_loader_and_explicit_workers_keep_the_policys_count(tmp_path, monkeypatch):
     monkeypatch.setattr(in_process, "HANDOVER_FLOOR_S", 0.0)  # every batch "slow" and computing
     monkeypatch.setattr(in_process, "WAITING_SHARE", 1.0)
     slow = IndexData(length=16, seed=3, verbose=False)
@@ -160,5 +160,22 @@ def test_a_slow_loader_explicit_workers_and_the_loops_keep_the_policys_workers(t
     calls = []
     monkeypatch.setattr(datamodule_module, "in_process_workers", lambda explicit, cpus: calls.append(cpus) or (0, ""))
     _fit(tmp_path / "explicit", IndexData(length=16, workers=1, seed=3, verbose=False), epochs=1)
-    _fit(tmp_path / "online", IndexData(length=16, seed=3, verbose=False, autotune=OnlineTuning()), epochs=1)
-    assert calls == [], "your num_workers, and the loop's start, are not timed over"
+    assert calls == [], "your num_workers is not timed over"
+
+
+def test_the_loop_starts_from_the_measured_workers_on_one_rank_and_from_the_policys_under_ddp(tmp_path, monkeypatch):
+    monkeypatch.setattr(in_process, "HANDOVER_FLOOR_S", 10.0)  # every batch "fast"
+    monkeypatch.setattr(in_process, "TIMING_BUDGET_S", 20.0)
+    online = IndexData(length=64, seed=3, verbose=False, autotune=OnlineTuning())
+    _fit(tmp_path / "one", online, epochs=1)
+    (plan,) = online.loader_plans["train"]
+    assert plan.chosen["num_workers"] == 0 and "hand-over" in plan.reasons["num_workers"]
+    assert online.online_result is not None and online._online.current.num_workers == 0, "the loop starts there"
+    # every rank starts from the same count: the hardware policy's, untimed
+    calls = []
+    monkeypatch.setattr(datamodule_module, "in_process_workers", lambda explicit, cpus: calls.append(cpus) or (0, ""))
+    ranked = IndexData(length=64, seed=3, verbose=False, autotune=OnlineTuning())
+    monkeypatch.setattr(type(ranked), "_ranks", lambda self: (0, 2))
+    ranked.trainer = pl.Trainer(**trainer_kwargs(tmp_path / "ddp", logger=False))
+    plan, _ = ranked.plan_loader("train", {"dataset": IndexedDataset(64), "batch_size": 4})
+    assert calls == [] and plan.chosen["num_workers"] == ranked.loader_settings.num_workers
