@@ -69,8 +69,9 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
             training steps themselves, keeping the fastest (:attr:`online_result`); samples and their order are
             unchanged. :class:`~lightning_dataperf.SearchTuning`: measure loader settings on the real training set
             before training (:func:`lightning_dataperf.autotune_loader`, :attr:`autotune_result`). ``None``: the
-            policy's settings, on CPU its workers set by two batches timed here as the loader is built (docs/loader.md,
-            section 1). (``True``, ``"online"`` and ``autotune_options``: deprecated.)
+            policy's settings. On CPU (and for the loop's start on one rank) the policy's workers come from two
+            batches timed here as the loader is built (docs/loader.md, section 1). (``True``, ``"online"`` and
+            ``autotune_options``: deprecated.)
         verbose: print the chosen settings and reasons once on rank zero.
         intra_op_threads: CPU training: ``"auto"`` cuts ``torch.set_num_threads`` where the training loader's workers
             and the intra-op threads would outnumber the cores; an ``int`` sets it; ``None``: left alone.
