@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import weakref
@@ -27,7 +26,7 @@ from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
-from lightning_dataperf.loader.in_process import in_process_workers
+from lightning_dataperf.loader.in_process import with_timed_workers
 from lightning_dataperf.loader.policy import (
     check_loader_kwargs,
     iterable_workers,
@@ -195,7 +194,8 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         """The policy's recommendation for this hardware (or the autotuned one)."""
         if self._settings is None:
             trainer = self._trainer_or_none()
-            self._settings = recommend_loader_settings(self.hardware, max_epochs=trainer and trainer.max_epochs)
+            max_epochs = None if trainer is None else trainer.max_epochs
+            self._settings = recommend_loader_settings(self.hardware, max_epochs=max_epochs)
         return self._settings
 
     def _accelerator(self) -> str | None:
@@ -225,10 +225,8 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
         settings = self.loader_settings
         # CPU training: a batch timed here sets the workers, the loop's start on one rank (under DDP: the policy's)
         timed = self.autotune is None or (isinstance(self.autotune, OnlineTuning) and self._ranks()[1] == 1)
-        ours = timed and "num_workers" not in explicit and not encoded and self._accelerator() == "cpu"
-        if ours and (measured := in_process_workers(explicit, self.hardware.cpus_per_rank)) is not None:
-            reasons = {**settings.reasons, "num_workers": measured[1]}
-            settings = dataclasses.replace(settings, num_workers=measured[0], reasons=reasons)
+        if timed and "num_workers" not in explicit and not encoded and self._accelerator() == "cpu":
+            settings = with_timed_workers(settings, explicit, self.hardware.cpus_per_rank)
         workers = explicit.get("num_workers", settings.num_workers)
         for name in POLICY_FIELDS:
             if name in explicit or (name in {"prefetch_factor", "persistent_workers"} and workers == 0):

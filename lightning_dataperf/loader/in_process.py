@@ -8,20 +8,26 @@ from __future__ import annotations
 import copy
 import math
 import os
-import random
-import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, default_collate
 
+from lightning_dataperf.loader.main_rng import rng_restored
 from lightning_dataperf.loader.policy import HANDOVER_FLOOR_S, MAX_WORKERS
+from lightning_dataperf.loader.settings import LoaderSettings
 from lightning_dataperf.telemetry.processes import threads_runqueue_wait
 
-__all__ = ["TIMING_BUDGET_S", "WAITING_SHARE", "InProcessLoad", "in_process_workers", "time_in_process"]
+__all__ = [
+    "TIMING_BUDGET_S",
+    "WAITING_SHARE",
+    "InProcessLoad",
+    "in_process_workers",
+    "time_in_process",
+    "with_timed_workers",
+]
 
 #: Wall time a batch may take in the timing before it is cut (two batches at most are timed).
 TIMING_BUDGET_S = 0.05
@@ -54,11 +60,12 @@ def time_in_process(
     dataset: Any,
     batch_size: int,
     collate_fn: Callable[[list[Any]], Any] | None = None,
-    budget_s: float = TIMING_BUDGET_S,
+    budget_s: float | None = None,
     batches: int = 2,
 ) -> InProcessLoad | None:
     """Up to ``batches`` batches of a map-style ``dataset`` (its first indices) loaded here, a batch cut once it has
-    taken ``budget_s``; ``None`` where it cannot be timed (iterable, empty, or the fetch raised: training reports it).
+    taken ``budget_s`` (default :data:`TIMING_BUDGET_S`); ``None`` where it cannot be timed (iterable, empty, or the
+    fetch raised: training reports it).
 
     The fetch runs on a shallow copy, so a file a sample opens lazily stays out of the dataset the workers inherit,
     and the random generators are put back: the timed samples draw nothing from the run's streams.
@@ -82,27 +89,26 @@ def time_in_process(
     many = getattr(probe, "__getitems__", None)
     # as the loader's fetcher: one __getitems__ call a batch where the dataset has it, else sample by sample
     fetch = many if many is not None else (lambda chunk: [probe[index] for index in chunk])
-    states = _generator_states()
+    budget = TIMING_BUDGET_S if budget_s is None else budget_s
     start = (time.perf_counter(), time.process_time(), threads_runqueue_wait(os.getpid())[0])
     fastest = math.inf
     try:
-        for number in range(batches):
-            indices = [(number * batch_size + k) % length for k in range(batch_size)]
-            began = time.perf_counter()
-            samples: list[Any] = []
-            for chunk in [indices] if many is not None else [[index] for index in indices]:
-                samples += fetch(chunk)
-                if (spent := time.perf_counter() - began) >= budget_s:
+        with rng_restored(cuda=False):
+            for number in range(batches):
+                indices = [(number * batch_size + k) % length for k in range(batch_size)]
+                began = time.perf_counter()
+                samples: list[Any] = []
+                for chunk in [indices] if many is not None else [[index] for index in indices]:
+                    samples += fetch(chunk)
+                    if (spent := time.perf_counter() - began) >= budget:
+                        return _load(spent, number, True, start)
+                collate(samples)
+                if (spent := time.perf_counter() - began) >= budget:
                     return _load(spent, number, True, start)
-            collate(samples)
-            if (spent := time.perf_counter() - began) >= budget_s:
-                return _load(spent, number, True, start)
-            fastest = min(fastest, spent)
-        return _load(fastest, batches, False, start)
+                fastest = min(fastest, spent)
+            return _load(fastest, batches, False, start)
     except Exception:  # the loader raises it again where training fetches, with the run's own context
         return None
-    finally:
-        _restore(states)
 
 
 def _load(batch_s: float, batches: int, cut: bool, start: tuple[float, float, float | None]) -> InProcessLoad:
@@ -151,16 +157,16 @@ def in_process_workers(explicit: Mapping[str, Any], cpus: int) -> tuple[int, str
     return None
 
 
-def _generator_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
-    return states
+def with_timed_workers(settings: LoaderSettings, explicit: Mapping[str, Any], cpus: int) -> LoaderSettings:
+    """``settings`` with the workers :func:`in_process_workers` sets for a loader built from ``explicit``, and its
+    reason; ``settings`` as they were where the timing leaves the policy's count.
 
+    Example::
 
-def _restore(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    random.setstate(states["random"])
-    if "numpy" in states:
-        sys.modules["numpy"].random.set_state(states["numpy"])
+        settings = with_timed_workers(recommend_loader_settings(), {"dataset": dataset, "batch_size": 8}, cpus=2)
+    """
+    measured = in_process_workers(explicit, cpus)
+    if measured is None:
+        return settings
+    workers, reason = measured
+    return replace(settings, num_workers=workers, reasons={**settings.reasons, "num_workers": reason})

@@ -13,7 +13,6 @@ from helpers import IndexData, IndexedDataset, RecordingModel, trainer_kwargs
 from torch.utils.data import Dataset, IterableDataset
 
 from lightning_dataperf import OnlineTuning
-from lightning_dataperf.datamodule import datamodule as datamodule_module
 from lightning_dataperf.loader import in_process
 from lightning_dataperf.loader.in_process import in_process_workers, time_in_process
 
@@ -158,7 +157,7 @@ def test_a_slow_loader_and_explicit_workers_keep_the_policys_count(tmp_path, mon
     assert "loaded in this process" not in plan.reasons["num_workers"]
 
     calls = []
-    monkeypatch.setattr(datamodule_module, "in_process_workers", lambda explicit, cpus: calls.append(cpus) or (0, ""))
+    monkeypatch.setattr(in_process, "in_process_workers", lambda explicit, cpus: calls.append(cpus) or (0, ""))
     _fit(tmp_path / "explicit", IndexData(length=16, workers=1, seed=3, verbose=False), epochs=1)
     assert calls == [], "your num_workers is not timed over"
 
@@ -173,7 +172,7 @@ def test_the_loop_starts_from_the_measured_workers_on_one_rank_and_from_the_poli
     assert online.online_result is not None and online._online.current.num_workers == 0, "the loop starts there"
     # every rank starts from the same count: the hardware policy's, untimed
     calls = []
-    monkeypatch.setattr(datamodule_module, "in_process_workers", lambda explicit, cpus: calls.append(cpus) or (0, ""))
+    monkeypatch.setattr(in_process, "in_process_workers", lambda explicit, cpus: calls.append(cpus) or (0, ""))
     ranked = IndexData(length=64, seed=3, verbose=False, autotune=OnlineTuning())
     monkeypatch.setattr(type(ranked), "_ranks", lambda self: (0, 2))
     ranked.trainer = pl.Trainer(**trainer_kwargs(tmp_path / "ddp", logger=False))

@@ -132,9 +132,9 @@ class NeighbourSearch:
         # a lead read from too few batches has an error that is itself a guess: it decides nothing
         if not (trial.trusted and than.trusted):
             return False
-        if faster_in_looks(trial.every_look, than.every_look):  # a small lead, steady over looks taken in turn
+        if faster(trial.steps_per_sec, than.steps_per_sec, gap(trial.error, than.error, self.noise)):
             return True
-        return faster(trial.steps_per_sec, than.steps_per_sec, gap(trial.error, than.error, self.noise))
+        return faster_in_looks(trial.every_look, than.every_look)  # a small lead, steady over looks taken in turn
 
     def _ask(self, phase: Phase, setting: Setting, against: Measured | None, precision: float | None = None) -> None:
         self.phase, self.ask, self.precision = phase, (setting, against), precision
