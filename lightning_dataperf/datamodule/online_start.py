@@ -16,6 +16,7 @@ from lightning_dataperf.autotune.online.saved import ConfirmSpace, SavedKey, loa
 from lightning_dataperf.datamodule.online import OnlineTuner, make_online
 from lightning_dataperf.datamodule.online_ddp import RankSync, sync_every
 from lightning_dataperf.datamodule.threads import set_threads
+from lightning_dataperf.loader.policy import rank_workers
 from lightning_dataperf.loader.seeding import number_batches, seed_batches_in_main_process
 from lightning_dataperf.telemetry.hardware import Hardware
 
@@ -119,8 +120,8 @@ def attach_online(
         tune_pinning=device == "cuda" and not side_stream,
         min_workers=1 if user_init is not None and loader.num_workers else 0,
         tune_share=gpu_share is not None,
-        # the policy's count on a GPU run: every core of the rank but the training process's
-        decode_workers=max(1, cpus - 1) if gpu_share is not None else 0,
+        # the policy's count for the GPU run split decode is made for
+        decode_workers=rank_workers(cpus, "cuda") if gpu_share is not None else 0,
     )
     key = SavedKey(machine, trainer.world_size, loader_words(loader)) if machine else None
     saved, said = saved_setting(trainer, key)

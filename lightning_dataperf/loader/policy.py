@@ -23,6 +23,7 @@ __all__ = [
     "first_workers",
     "intra_op_threads",
     "iterable_workers",
+    "rank_workers",
     "recommend_loader_settings",
     "seeded_over_generator",
     "workers_needed",
@@ -69,9 +70,8 @@ def recommend_loader_settings(
     reasons: dict[str, str] = {}
 
     budget = hardware.cpus_per_rank
-    # CPU training: the step waits for its batch part of the time, so a core for the main process alone idles
     main = 0 if accelerator == "cpu" else 1
-    workers = min(MAX_WORKERS, max(1, budget - main))
+    workers = rank_workers(budget, accelerator)
     reasons["num_workers"] = (
         f"{hardware.usable_cpus} usable CPUs ({hardware.usable_cpus_source}) / {hardware.local_world_size} "
         f"local rank(s) = {budget} per rank"
@@ -97,6 +97,19 @@ def recommend_loader_settings(
         else "a single epoch: nothing to keep alive"
     )
     return LoaderSettings(workers, pin, persistent, prefetch, reasons)
+
+
+def rank_workers(cpus: int, accelerator: str) -> int:
+    """The policy's workers for a rank of ``cpus`` cores: all of them on CPU training, else all but the training
+    process's, between 1 and :data:`MAX_WORKERS`.
+
+    Example::
+
+        rank_workers(16, "cuda")   # 15
+    """
+    # CPU training: the step waits for its batch part of the time, so a core for the main process alone idles
+    main = 0 if accelerator == "cpu" else 1
+    return min(MAX_WORKERS, max(1, cpus - main))
 
 
 def intra_op_threads(workers: int, cpus: int, current: int) -> tuple[int, str] | None:
