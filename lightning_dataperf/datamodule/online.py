@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
+from dataclasses import replace
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -248,6 +249,11 @@ class OnlineIterator(Iterator[Any]):
 
     def _switch(self, setting: Setting) -> None:
         started = time.perf_counter()
+        if self.inner is not None and replace(setting, threads=self.tuner.current.threads) == self.tuner.current:
+            # the intra-op threads are the training process's alone: the workers and their queue stay as they are
+            self.tuner.switched(time.perf_counter() - started, setting)
+            self.tuner.restart_segment(1)
+            return
         self.close()
         loader = self.loader
         loader.num_workers = setting.num_workers

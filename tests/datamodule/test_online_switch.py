@@ -87,3 +87,31 @@ def test_a_switch_at_the_epochs_end_does_not_empty_the_epochs_after_it():
     second = list(iter(loader))
     assert len(first) == 6 and len(second) == 6, "the next epoch has its batches"
     assert torch.cat([batch[:, 0] for batch in second]).tolist() == list(range(24))
+
+
+def test_a_switch_of_the_threads_alone_keeps_the_workers_and_their_queue():
+    """The intra-op threads are the training process's: a trial of them restarted the workers (a stall and a burst
+    of start-up on every thread trial of a run with workers)."""
+    dataset = IndexedDataset(24)
+    sampler = EpochAwareDistributedSampler(dataset, batch_size=4, num_replicas=1, rank=0, shuffle=False)
+    loader = DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=1)
+    threads = torch.get_num_threads()
+    start = Setting(1, 2, False, threads)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=True, tune_pinning=False)
+    tuner = OnlineTuner(_trainer(), start, space, position=lambda: (0, 0))
+    sampler.position = tuner.position
+    make_online(loader, tuner)
+    iterator = iter(loader)
+    try:
+        first = next(iterator)
+        inner = iterator.inner
+        other = 1 if threads != 1 else 2
+        iterator._switch(Setting(1, 2, False, other))
+        assert iterator.inner is inner, "the same workers go on"
+        assert torch.get_num_threads() == other and tuner.current.threads == other
+        rest = list(iterator)
+        assert torch.cat([batch[:, 0] for batch in [first, *rest]]).tolist() == list(range(24))
+    finally:
+        iterator.close()
+        tuner.close()
+    assert torch.get_num_threads() == threads, "the user's threads back at teardown"
