@@ -13,11 +13,15 @@ __all__ = [
     "LOOKS_FLOOR",
     "LOOKS_SE",
     "TIE_BAND",
+    "TURNS_DECIDE",
     "ahead",
     "as_fast",
     "faster",
     "faster_in_looks",
+    "faster_in_turns",
     "gap",
+    "lead_in_turns",
+    "no_lead_in_turns",
     "slower_for_sure",
 ]
 
@@ -36,6 +40,9 @@ LOOKS_FLOOR = 0.01
 #: Standard errors of the difference of the looks' means a lead must exceed (by chance: one in a thousand for a
 #: normal spread; with three looks a setting, Student's t, one in 20 to 50).
 LOOKS_SE = 3.0
+#: Looks of a neighbour, each beside the incumbent's on either side, from which :func:`faster_in_turns` decides (at
+#: three, Student's t passes 3 standard errors one time in 20 by chance; at five, one in 50).
+TURNS_DECIDE = 5
 
 
 def gap(error: float, other: float, noise: float) -> float:
@@ -101,3 +108,45 @@ def faster_in_looks(looks: Sequence[tuple[float, float]], than: Sequence[tuple[f
 
     standard = math.sqrt(variance(looks) + variance(than))
     return math.isfinite(standard) and mean - other > LOOKS_SE * standard
+
+
+def lead_in_turns(turns: Sequence[tuple[bool, float]]) -> tuple[float, float, int]:
+    """Looks ``(is the neighbour, rate)`` in the order taken: the neighbour's mean lead over the incumbent, its
+    standard error, and the looks it is read from. Each neighbour look is set against the mean of the incumbent's
+    looks right before and after it (one where it has a single side), so a drift of the step that is slow beside
+    a look cancels, a linear one on either side too.
+
+    Example::
+
+        lead_in_turns([(True, 104), (False, 100), (True, 95), (False, 91), (True, 99)])  # (0.041, 0.027, 3)
+    """
+    leads = []
+    for index, (neighbour, rate) in enumerate(turns):
+        if not neighbour:
+            continue
+        beside = [turns[i][1] for i in (index - 1, index + 1) if 0 <= i < len(turns) and not turns[i][0]]
+        if beside and min(beside) > 0:
+            leads.append(rate / statistics.fmean(beside) - 1)
+    if not leads:
+        return 0.0, math.inf, 0
+    spread = statistics.stdev(leads) if len(leads) > 1 else math.inf
+    return statistics.fmean(leads), spread / math.sqrt(len(leads)), len(leads)
+
+
+def faster_in_turns(turns: Sequence[tuple[bool, float]]) -> bool:
+    """The neighbour faster than the incumbent in looks taken in turn (:func:`lead_in_turns`): at least
+    :data:`TURNS_DECIDE` of its looks, its mean lead above :data:`LOOKS_FLOOR` and :data:`LOOKS_SE` standard errors.
+
+    Example::
+
+        faster_in_turns([(True, 104), (False, 100), (True, 97), (False, 92), (True, 99), (False, 96)] * 2)
+    """
+    lead, error, looks = lead_in_turns(turns)
+    return looks >= TURNS_DECIDE and lead > LOOKS_FLOOR and lead > LOOKS_SE * error
+
+
+def no_lead_in_turns(turns: Sequence[tuple[bool, float]], floor: float) -> bool:
+    """In looks taken in turn, no lead above ``floor`` is left to find: at least :data:`TURNS_DECIDE` neighbour
+    looks, the mean lead two standard errors under it."""
+    lead, error, looks = lead_in_turns(turns)
+    return looks >= TURNS_DECIDE and lead + 2 * error < floor

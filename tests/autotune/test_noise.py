@@ -7,7 +7,18 @@ import math
 
 import pytest
 
-from lightning_dataperf.autotune.noise import ahead, as_fast, faster, faster_in_looks, gap, slower_for_sure
+from lightning_dataperf.autotune.noise import (
+    TURNS_DECIDE,
+    ahead,
+    as_fast,
+    faster,
+    faster_in_looks,
+    faster_in_turns,
+    gap,
+    lead_in_turns,
+    no_lead_in_turns,
+    slower_for_sure,
+)
 from lightning_dataperf.autotune.online import Measured, NeighbourSearch, Setting, SettingSpace
 from lightning_dataperf.autotune.trial import Trial, decided, margin
 
@@ -64,3 +75,17 @@ def test_a_small_lead_steady_over_looks_in_turn_is_faster_and_a_drift_or_a_noisy
     assert not faster_in_looks([(rate, 0.03) for rate, _ in one], [(rate, 0.03) for rate, _ in two])
     # under the 1% floor however steady
     assert not faster_in_looks([(rate * 1.008, 0.001) for rate, _ in two], [(rate, 0.001) for rate, _ in two])
+
+
+def test_looks_in_turn_set_each_neighbour_look_against_the_incumbents_beside_it():
+    # a step slowing 5% a look: the neighbour 3% ahead at every moment, its looks at times 1, 3, 5 ...
+    turns = [(slot % 2 == 1, (103.0 if slot % 2 else 100.0) * (1 - 0.05 * slot)) for slot in range(13)]
+    lead, _, looks = lead_in_turns(turns)
+    assert looks == 6 and lead == pytest.approx(0.03, abs=0.004), "a linear drift cancels"
+    assert faster_in_turns(turns) and not no_lead_in_turns(turns, 0.03)
+    # the looks' own means: the drift is their spread, and the same lead is not called
+    assert not faster_in_looks([(r, 0.003) for n, r in turns if n], [(r, 0.003) for n, r in turns if not n])
+    assert not faster_in_turns(turns[: 2 * TURNS_DECIDE - 2]), "too few looks to call a lead"
+    level = [(neighbour, rate * (1.004 if slot % 4 == 1 else 0.996)) for slot, (neighbour, rate) in enumerate(turns)]
+    level = [(neighbour, rate / 1.03 if neighbour else rate) for neighbour, rate in level]
+    assert not faster_in_turns(level) and no_lead_in_turns(level, 0.03)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from lightning_dataperf.autotune.noise import TURNS_DECIDE, faster_in_looks
 from lightning_dataperf.autotune.online import Measured, NeighbourSearch, Phase, Setting, SettingSpace
-from lightning_dataperf.autotune.online.search import CLOSE_CALL_ROUNDS
+from lightning_dataperf.autotune.online.search import CLOSE_CALL_ROUNDS, TURNS_ROUNDS
 
 
 def _measured(setting, rate, error=0.01):
@@ -185,14 +188,15 @@ def test_pooled_looks_keep_each_look_in_turn():
     assert first.pooled(second).pooled(first).every_look == ((40.0, 0.01), (44.0, 0.02), (40.0, 0.01))
 
 
-def _scripted(search, reads):
-    """Drives a search with each setting's looks read in turn from ``reads[setting]`` (its last one repeated)."""
+def _scripted(search, reads, other=None):
+    """Drives a search with each setting's looks read in turn from ``reads[setting]`` (its last one repeated; a
+    setting not in ``reads`` reads ``other``)."""
     looks: dict[Setting, int] = {}
     asked = []
     while search.phase is not Phase.DONE:
         setting, _ = search.ask
         asked.append(setting)
-        values = reads[setting]
+        values = reads.get(setting, [other])
         rate = values[min(looks.get(setting, 0), len(values) - 1)]
         looks[setting] = looks.get(setting, 0) + 1
         search.measured(Measured(setting, rate, 0.003, batches=1300, seconds=1300 / rate))
@@ -201,12 +205,51 @@ def _scripted(search, reads):
 
 def test_a_lead_under_the_noise_floor_steady_over_three_looks_each_is_kept():
     # tiny, 2 cores: 1 thread read 2.4-2.9% ahead of 2 in each of three looks (±0.3%); the 3% floor kept 2 threads
+    # (here between worker counts: a change of threads alone is judged in turns, below)
+    start, more = Setting(1, 2, False, 1), Setting(2, 2, False, 1)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    reads = {start: [1326.2, 1329.3, 1336.0, 1330.0], more: [1364.6, 1362.8, 1368.4]}
+    kept, asked = _scripted(NeighbourSearch(start, space), reads, other=500.0)
+    assert kept.setting == more
+    assert asked[:7] == [start, more, start, more, start, more, start], "two close-call rounds, then the start again"
+    # the same reads, one look of 2 workers drifting: its spread covers the lead, the start stays
+    drifting = {start: reads[start], more: [1364.6, 1300.0, 1368.4]}
+    assert _scripted(NeighbourSearch(start, space), drifting, other=500.0)[0].setting == start
+
+
+def _drift(slot):
+    """The step's own drift at a look's place in time: up to 15%, a few percent from one look to the next."""
+    return 1 + 0.15 * math.sin((slot + 10) / 3)
+
+
+def test_a_change_of_threads_alone_is_judged_in_turns_against_the_drift():
+    """The dicts pipeline, 2 cores: 1 thread led 2 by 4% while the step moved 10-15% between looks; three looks of
+    each, compared by their means, kept either in 6 of 10 runs. Looks in turn cancel a drift that is slow beside one
+    look: the neighbour's looks (times 0, 2, 4, ...) against the incumbent's (1, 3, 5, ...)."""
     two, one = Setting(0, None, False, 2), Setting(0, None, False, 1)
     space = SettingSpace(max_workers=0, cpus=2, tune_threads=True, tune_pinning=False)
-    reads = {two: [1326.2, 1329.3, 1336.0, 1330.0], one: [1364.6, 1362.8, 1368.4]}
+    reads = {
+        two: [1000 * _drift(-1)] + [1000 * _drift(2 * k + 1) for k in range(TURNS_ROUNDS + 1)],
+        one: [1040 * _drift(2 * k) for k in range(TURNS_ROUNDS + 1)],
+    }
     kept, asked = _scripted(NeighbourSearch(two, space), reads)
     assert kept.setting == one
-    assert asked[:7] == [two, one, two, one, two, one, two], "two close-call rounds, then the start once more"
-    # the same reads, one look of 1 thread drifting: its spread covers the lead, the start stays
-    drifting = {two: reads[two], one: [1364.6, 1300.0, 1368.4]}
-    assert _scripted(NeighbourSearch(two, space), drifting)[0].setting == two
+    assert asked[1:10] == [one, two] * 4 + [one], "in turns, from the neighbour's first look (1% behind)"
+    # the same looks compared by their means: the drift is their spread, and no lead is called
+    looks = asked.count(one)
+    assert not faster_in_looks([(r, 0.003) for r in reads[one][:looks]], [(r, 0.003) for r in reads[two][1:looks]])
+
+
+def test_threads_that_lead_by_nothing_end_their_turns_early_and_the_start_stays():
+    two, one = Setting(0, None, False, 2), Setting(0, None, False, 1)
+    space = SettingSpace(max_workers=0, cpus=2, tune_threads=True, tune_pinning=False)
+    reads = {
+        two: [1000 * _drift(-1)] + [1000 * _drift(2 * k + 1) for k in range(TURNS_ROUNDS + 1)],
+        one: [1000 * _drift(2 * k) * (1.01 if k % 2 else 0.99) for k in range(TURNS_ROUNDS + 1)],
+    }
+    kept, asked = _scripted(NeighbourSearch(two, space), reads)
+    assert kept.setting == two
+    assert TURNS_DECIDE <= asked.count(one) < TURNS_ROUNDS, "settled once no lead above the floor is left"
+    # a first look slower beyond noise is dropped at once, as before
+    slow = {two: [1000.0], one: [850.0]}
+    assert _scripted(NeighbourSearch(two, space), slow)[1] == [two, one]
