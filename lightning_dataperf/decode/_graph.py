@@ -6,9 +6,28 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["GraphedAugment"]
+__all__ = ["GraphedAugment", "release_collected"]
 
 Augment = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+#: The graphs of augments collected since the last :func:`release_collected`: a CUDA graph destroyed in a thread that
+#: is capturing one (a garbage collection inside a compiled step's recording) invalidates that recording, 40 of 40
+#: times on an H100 (benchmarks/capture_beside_decode.py, ``graph_freed_inside``).
+_COLLECTED: list[torch.cuda.CUDAGraph] = []
+
+
+def release_collected() -> int:
+    """Destroy the graphs of collected augments now, unless this thread's stream is capturing; how many.
+
+    :class:`~lightning_dataperf.decode.loader.GpuDecodeLoader` calls it where no step runs (an epoch's start, its
+    ``close``), in the training thread."""
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return 0
+    released = 0
+    while _COLLECTED:
+        _COLLECTED.pop()
+        released += 1
+    return released
 
 
 class GraphedAugment:
@@ -56,6 +75,12 @@ class GraphedAugment:
         self._graph.replay()
         images, labels = self._out
         return images.clone(memory_format=torch.preserve_format), labels.clone()
+
+    def __del__(self) -> None:
+        # never destroyed here: this may be a garbage collection inside another graph's capture
+        graph = getattr(self, "_graph", None)
+        if graph is not None:
+            _COLLECTED.append(graph)
 
     def capture(self, augment: Augment) -> None:
         """Capture ``augment`` over the static buffers now (their contents need not be ready), unless done."""

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from lightning_dataperf._lightning_hooks import shutdown_loader_iterator
+from lightning_dataperf.decode._graph import release_collected
 from lightning_dataperf.decode._pipeline import END, POLL_S, Failed, decode_batches, decode_one
 from lightning_dataperf.decode.backend import DecodeBackend
 from lightning_dataperf.decode.decoder import IMAGENET_MEAN, IMAGENET_STD, DecodeStats, JpegDecoder
@@ -164,6 +165,8 @@ class GpuDecodeLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._active is not None:
             self._active.close()
+        # between steps, in the training thread: no capture of a compiled step's graphs is running
+        release_collected()
         self._active = _DecodeIterator(self)
         return self._active
 
@@ -233,15 +236,20 @@ class GpuDecodeLoader:
         return self.decoder.stats()
 
     def close(self) -> None:
-        """Stop the decode thread of the running epoch, if any (also done at the epoch's end)."""
+        """Stop the decode thread of the running epoch, if any (also done at the epoch's end), and destroy the
+        CUDA graphs of decoders collected since (not in a garbage collection: ``_graph.release_collected``)."""
+        self._stop_epoch()
+        release_collected()
+
+    def _stop_epoch(self) -> None:
         if self._active is not None:
             self._active.close()
             self._active = None
 
     def __del__(self) -> None:
-        # may run at interpreter shutdown
+        # may run at interpreter shutdown, or in a garbage collection inside a compiled step's capture
         with contextlib.suppress(Exception):
-            self.close()
+            self._stop_epoch()
 
 
 class _DecodeIterator(Iterator):
