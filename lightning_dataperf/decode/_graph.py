@@ -47,6 +47,8 @@ class GraphedAugment:
     """
 
     def __init__(self, batch: int, capacity: int, columns: int, device: torch.device) -> None:
+        # made at a decoder's first batch, outside any step: earlier decoders' graphs go now, not at the loader's
+        release_collected()
         self.batch, self.capacity, self.device = batch, capacity, device
         self.flat = torch.zeros(capacity, dtype=torch.uint8, device=device)
         self.table = torch.zeros(batch, columns, dtype=torch.int64, device=device)

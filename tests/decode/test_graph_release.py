@@ -37,6 +37,11 @@ def test_a_collected_augment_keeps_its_graph_until_released():
     assert _Graph.destroyed == 0 and len(_COLLECTED) == 1, "not destroyed where it was collected"
     assert release_collected() == 1 and _Graph.destroyed == 1
     assert release_collected() == 0
+    again = GraphedAugment(batch=2, capacity=16, columns=3, device=torch.device("cpu"))
+    again._graph = _Graph()
+    del again
+    GraphedAugment(batch=2, capacity=16, columns=3, device=torch.device("cpu"))
+    assert _Graph.destroyed == 2, "a decoder's first graphs made: the collected ones go (no loader needed)"
 
 
 def test_the_loader_releases_collected_graphs_at_an_epochs_start_and_at_close_but_not_when_collected():
