@@ -5,11 +5,10 @@ from __future__ import annotations
 import functools
 import os
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from lightning_dataperf._lightning_hooks import resume_position
@@ -22,24 +21,14 @@ from lightning_dataperf.datamodule.from_loaders import TrainLoaders, TrainValLoa
 from lightning_dataperf.datamodule.hooks import TunedHooks, reclaims_itself
 from lightning_dataperf.datamodule.online import OnlineTuner
 from lightning_dataperf.datamodule.online_start import attach_online, machine_words, online_off
+from lightning_dataperf.datamodule.samplers import Sharding, plan_sampler
 from lightning_dataperf.datamodule.threads import ThreadsBeside
 from lightning_dataperf.decode.encoded import encoded_loader_defaults, is_encoded_dataset
 from lightning_dataperf.decode.loader import GpuDecodeLoader
 from lightning_dataperf.decode.options import GpuDecodeOptions
 from lightning_dataperf.loader.in_process import with_timed_workers
-from lightning_dataperf.loader.policy import (
-    check_loader_kwargs,
-    iterable_workers,
-    recommend_loader_settings,
-    seeded_over_generator,
-)
-from lightning_dataperf.loader.sampler import (
-    EpochAwareDistributedSampler,
-    EpochAwareSamplerWrapper,
-    EpochPublishingSampler,
-    UnpaddedDistributedSampler,
-    make_resumable,
-)
+from lightning_dataperf.loader.policy import check_loader_kwargs, iterable_workers, recommend_loader_settings
+from lightning_dataperf.loader.sampler import EpochAwareDistributedSampler, make_resumable
 from lightning_dataperf.loader.seeding import (
     MAIN_PROCESS_SEEDING,
     EpochSeededWorkerInit,
@@ -246,7 +235,7 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
                     plan.chosen[name], plan.reasons[name] = value, reason
             workers = updates.get("num_workers", workers)
         shared = SharedEpoch()
-        updates.update(self._sampler(stage, explicit, plan, shared, workers))
+        updates.update(plan_sampler(stage, explicit, plan, shared, self._sharding(workers)))
         online = isinstance(self.autotune, OnlineTuning)
         if workers or online:  # the loop may start workers later
             user_init = explicit.get("worker_init_fn")
@@ -261,74 +250,13 @@ class TunedDataModule(TunedHooks, pl.LightningDataModule):
                 plan.notes.append(f"hand-over: {tuned.sharing_detail} (autotune), so the workers send that way")
         return plan, updates
 
-    def _sampler(
-        self, stage: str, explicit: dict[str, Any], plan: LoaderPlan, shared: SharedEpoch, workers: int
-    ) -> dict[str, Any]:
-        dataset = explicit.get("dataset")
-        if isinstance(dataset, IterableDataset) or explicit.get("batch_sampler") is not None:
-            plan.sampler = "unchanged (iterable dataset or your batch_sampler)"
-            return {}
+    def _sharding(self, workers: int) -> Sharding:
         rank, world = self._ranks()
-        sampler = explicit.get("sampler")
-        custom = sampler is not None and not isinstance(sampler, (RandomSampler, SequentialSampler))
-        if stage == "train":
-            return self._train_sampler(explicit, plan, shared, workers, sampler if custom else None, rank, world)
-        if stage in {"val", "test"} and world > 1 and not custom:
-            length = len(dataset)  # type: ignore[arg-type]
-            if self.unpadded_eval:
-                unpadded = UnpaddedDistributedSampler(dataset, num_replicas=world, rank=rank)  # type: ignore[arg-type]
-                plan.sampler = f"UnpaddedDistributedSampler (rank {rank} of {world}, no duplicates)"
-                plan.padded_samples_avoided = unpadded.padded_samples_avoided
-                return {"sampler": unpadded, "shuffle": None}
-            plan.sampler = "Lightning's DistributedSampler (pads with duplicates; unpadded_eval=True avoids it)"
-            plan.padded_samples = -(-length // world) * world - length
-        return {}
-
-    def _train_sampler(
-        self,
-        explicit: dict[str, Any],
-        plan: LoaderPlan,
-        shared: SharedEpoch,
-        workers: int,
-        custom: Sampler | None,
-        rank: int,
-        world: int,
-    ) -> dict[str, Any]:
-        dataset = explicit.get("dataset")
         trainer = self._trainer_or_none()
-        position: Callable[[], tuple[int, int]] | None = None
-        if trainer is not None:
-            position = functools.partial(resume_position, trainer)
-        listeners = [shared.set]
+        position = None if trainer is None else functools.partial(resume_position, trainer)
         # the online loop may load in this process later: its copy of the dataset follows the epochs too
-        if (not workers or isinstance(self.autotune, OnlineTuning)) and callable(getattr(dataset, "set_epoch", None)):
-            listeners.append(dataset.set_epoch)  # type: ignore[union-attr]
-        options = dict(position=position, batch_size=explicit.get("batch_size", 1) or 1, on_epoch=listeners)
-        if custom is not None and world > 1:
-            plan.sampler = f"your sampler, sharded across {world} ranks (EpochAwareSamplerWrapper)"
-            wrapper = EpochAwareSamplerWrapper(custom, num_replicas=world, rank=rank, shuffle=False, **options)
-            plan.padded_samples, plan.dropped_samples = wrapper.padded_samples, wrapper.dropped_samples
-            return {"sampler": wrapper}
-        if custom is not None:
-            plan.sampler = "your sampler (epoch published to workers)"
-            return {"sampler": EpochPublishingSampler(custom, **options)}
-        shuffle = bool(explicit.get("shuffle") or isinstance(explicit.get("sampler"), RandomSampler))
-        sampler = EpochAwareDistributedSampler(
-            dataset,  # type: ignore[arg-type]
-            num_replicas=world,
-            rank=rank,
-            shuffle=shuffle,
-            seed=self._seed(),
-            drop_last=self.shard_drop_last,
-            **options,
-        )
-        order = "new order each epoch" if shuffle else "the same order every epoch (shuffle=False)"
-        plan.sampler = (
-            f"EpochAwareDistributedSampler(rank {rank} of {world}, shuffle={shuffle}, seed={self._seed()}, "
-            f"drop_last={self.shard_drop_last}): {order}, same order after a resume{seeded_over_generator(explicit)}"
-        )
-        plan.padded_samples, plan.dropped_samples = sampler.padded_samples, sampler.dropped_samples
-        return {"sampler": sampler, "shuffle": None}
+        loads_here = not workers or isinstance(self.autotune, OnlineTuning)
+        return Sharding(rank, world, self._seed(), self.shard_drop_last, self.unpadded_eval, position, loads_here)
 
     def finish_loader(self, stage: str, loader: DataLoader, plan: LoaderPlan) -> None:
         """After construction: a training loader with our own sampler becomes resumable (Lightning's

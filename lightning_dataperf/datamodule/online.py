@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 import warnings
 import weakref
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
