@@ -104,7 +104,9 @@ def test_the_first_moves_come_from_the_starts_load_and_compute():
     # the tokeniser pipeline: 29 ms of loading beside 59 of compute, 0 workers and 2 threads on 2 cores
     loop = OnlineLoop(ZERO, CPU, min_seconds=0.0, planned=lambda: 1e6)
     _, switched = _drive(loop, ZERO, lambda s: 0.088, 200, load_of=lambda s: 0.029)
-    assert switched[:2] == [Setting(2, 2, False, 1), Setting(1, 2, False, 1)], switched[:3]
+    # every setting ties here: the start, read once, is looked at again between them
+    moves = list(dict.fromkeys(setting for setting in switched if setting != ZERO))
+    assert moves[:2] == [Setting(2, 2, False, 1), Setting(1, 2, False, 1)], switched[:4]
     # without load figures (a feeder that reports none), the fixed order: 2 workers beside the start's threads
     loop = OnlineLoop(ZERO, CPU, min_seconds=0.0, planned=lambda: 1e6)
     _, switched = _drive(loop, ZERO, lambda s: 0.088, 200)

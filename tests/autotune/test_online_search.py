@@ -253,3 +253,18 @@ def test_threads_that_lead_by_nothing_end_their_turns_early_and_the_start_stays(
     # a first look slower beyond noise is dropped at once, as before
     slow = {two: [1000.0], one: [850.0]}
     assert _scripted(NeighbourSearch(two, space), slow)[1] == [two, one]
+
+
+def test_a_tie_behind_a_start_read_once_measures_the_start_again():
+    """The collate pipeline, 2 cores: the start read 156 steps/s in its one look (131 in the grid), 2 workers tied at
+    154 and were dropped, and the run kept the start at 75% of the grid's best."""
+    start, two = Setting(0, None, False, 2), Setting(2, 2, False, 2)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+    reads = {start: [155.8, 131.0, 131.0], two: [154.2, 150.0, 150.0]}
+    kept, asked = _scripted(NeighbourSearch(start, space), reads, other=60.0)
+    assert asked[:4] == [start, two, start, two], "the start looked at again before the tie is dropped"
+    assert kept.setting == two
+    # a start read twice is not looked at a third time for a tie
+    steady = {start: [150.0, 150.0, 150.0], two: [148.0, 148.0, 148.0]}
+    kept, asked = _scripted(NeighbourSearch(start, space), steady, other=60.0)
+    assert kept.setting == start and asked.count(start) == 2
