@@ -47,7 +47,8 @@ from torch.utils.data import DataLoader, Dataset, RandomSampler
 
 from lightning_dataperf.decode import GpuDecodeLoader
 from lightning_dataperf.decode.decoder import crop_resize_flip
-from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded, random_resized_crop_params
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode.headers import random_resized_crop_params
 
 BATCH, SIZE = 128, 224
 MEAN = torch.tensor([0.485, 0.456, 0.406]) * 255

@@ -9,7 +9,8 @@ import torch
 from lightning_dataperf.decode._slots import pil_decode
 from lightning_dataperf.decode._state import PreparedBatch
 from lightning_dataperf.decode.backend import DecodeBackend
-from lightning_dataperf.decode.encoded import KIND_BAD, KIND_GPU, EncodedBatch
+from lightning_dataperf.decode.encoded import EncodedBatch
+from lightning_dataperf.decode.headers import KIND_BAD, KIND_GPU
 from lightning_dataperf.decode.split import CpuDecoder, share_count, split_on_host
 
 __all__ = ["DecodeError", "HostStages", "pil_decode"]

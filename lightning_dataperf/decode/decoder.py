@@ -17,7 +17,8 @@ from lightning_dataperf.decode._prepare import DecodeError, HostStages
 from lightning_dataperf.decode._slots import host_layout, slot_view
 from lightning_dataperf.decode._state import PreparedBatch, Telemetry, jpeg_utilisation
 from lightning_dataperf.decode.backend import DecodeBackend
-from lightning_dataperf.decode.encoded import KIND_GPU, EncodedBatch
+from lightning_dataperf.decode.encoded import EncodedBatch
+from lightning_dataperf.decode.headers import KIND_GPU
 from lightning_dataperf.decode.split import CPU_DECODERS, CpuDecoder, check_share
 from lightning_dataperf.decode.stats import DecodeStats
 

@@ -14,7 +14,8 @@ import torch
 from torch.nn.functional import interpolate
 
 from lightning_dataperf.decode._slots import pil_decode
-from lightning_dataperf.decode.encoded import KIND_CPU, KIND_GPU, EncodedBatch, collate_encoded
+from lightning_dataperf.decode.encoded import EncodedBatch, collate_encoded
+from lightning_dataperf.decode.headers import KIND_CPU, KIND_GPU
 
 __all__ = [
     "CPU_DECODERS",

@@ -10,14 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from lightning_dataperf.decode import DecodeError, GpuDecodeLoader, JpegDecoder
-from lightning_dataperf.decode.encoded import (
-    KIND_BAD,
-    KIND_CPU,
-    KIND_GPU,
-    EncodedImageDataset,
-    collate_encoded,
-    probe_image,
-)
+from lightning_dataperf.decode.encoded import EncodedImageDataset, collate_encoded
+from lightning_dataperf.decode.headers import KIND_BAD, KIND_CPU, KIND_GPU, probe_image
 
 pytest.importorskip("PIL")
 from helpers import encode, odd_files, reference, smooth_pixels, write_files
