@@ -41,7 +41,10 @@ LOOKS_FLOOR = 0.01
 #: normal spread; with three looks a setting, Student's t, one in 20 to 50).
 LOOKS_SE = 3.0
 #: Looks of a neighbour, each beside the incumbent's on either side, from which :func:`faster_in_turns` decides (at
-#: three, Student's t passes 3 standard errors one time in 20 by chance; at five, one in 50).
+#: three, Student's t passes 3 standard errors one time in 20 by chance; at five, one in 50 for one check). The
+#: search checks again after every look up to its 13th, and neighbouring leads share an incumbent look: simulated
+#: with 3% noise a look, a neighbour as fast as the incumbent was kept in 8% of searches (4% before the turns), one
+#: 2% slower in about 1%, one 4% faster in 80-84% (30-38% before).
 TURNS_DECIDE = 5
 
 
@@ -113,8 +116,8 @@ def faster_in_looks(looks: Sequence[tuple[float, float]], than: Sequence[tuple[f
 def lead_in_turns(turns: Sequence[tuple[bool, float]]) -> tuple[float, float, int]:
     """Looks ``(is the neighbour, rate)`` in the order taken: the neighbour's mean lead over the incumbent, its
     standard error, and the looks it is read from. Each neighbour look is set against the mean of the incumbent's
-    looks right before and after it (one where it has a single side), so a drift of the step that is slow beside
-    a look cancels, a linear one on either side too.
+    looks right before and after it (one where it has a single side, as the first has), so a drift of the step
+    that is slow beside a look cancels, a linear one too for every look with both sides.
 
     Example::
 

@@ -24,10 +24,12 @@ def release_collected() -> int:
     if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
         return 0
     released = 0
-    while _COLLECTED:
-        _COLLECTED.pop()
+    while True:
+        try:
+            _COLLECTED.pop()  # one at a time: another thread may be releasing too
+        except IndexError:
+            return released
         released += 1
-    return released
 
 
 class GraphedAugment:
