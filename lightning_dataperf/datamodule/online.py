@@ -6,7 +6,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -249,7 +248,7 @@ class OnlineIterator(Iterator[Any]):
 
     def _switch(self, setting: Setting) -> None:
         started = time.perf_counter()
-        if self.inner is not None and replace(setting, threads=self.tuner.current.threads) == self.tuner.current:
+        if self.inner is not None and self.tuner.current.threads_alone(setting):
             # the intra-op threads are the training process's alone: the workers and their queue stay as they are
             self.tuner.switched(time.perf_counter() - started, setting)
             self.tuner.restart_segment(1)

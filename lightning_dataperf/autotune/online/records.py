@@ -41,6 +41,11 @@ class Setting:
             words += f", gpu_share={self.gpu_share:g}"
         return words
 
+    def threads_alone(self, other: Setting) -> bool:
+        """``other`` differs from this setting in intra-op threads alone (or not at all): a switch that restarts
+        nothing, the training process's threads set."""
+        return replace(other, threads=self.threads) == self
+
     def short(self) -> str:
         """The setting in a few words: ``2 workers + 1 thread``."""
         workers = f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 from lightning_dataperf.autotune.noise import (
     ahead,
@@ -156,7 +155,7 @@ class NeighbourSearch:
 
     def _in_turns(self, trial: Measured, best: Measured) -> bool:
         """The two differ in intra-op threads alone: judged in looks taken in turn (:data:`TURNS_ROUNDS`)."""
-        return replace(trial.setting, threads=best.setting.threads) == best.setting
+        return best.setting.threads_alone(trial.setting)
 
     def _neighbour(self) -> Setting:
         """The neighbour on trial."""
