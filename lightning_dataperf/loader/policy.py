@@ -70,7 +70,7 @@ def recommend_loader_settings(
     reasons: dict[str, str] = {}
 
     budget = hardware.cpus_per_rank
-    main = 0 if accelerator == "cpu" else 1
+    main = _main_cores(accelerator)
     workers = rank_workers(budget, accelerator)
     reasons["num_workers"] = (
         f"{hardware.usable_cpus} usable CPUs ({hardware.usable_cpus_source}) / {hardware.local_world_size} "
@@ -107,9 +107,13 @@ def rank_workers(cpus: int, accelerator: str) -> int:
 
         rank_workers(16, "cuda")   # 15
     """
-    # CPU training: the step waits for its batch part of the time, so a core for the main process alone idles
-    main = 0 if accelerator == "cpu" else 1
-    return min(MAX_WORKERS, max(1, cpus - main))
+    return min(MAX_WORKERS, max(1, cpus - _main_cores(accelerator)))
+
+
+def _main_cores(accelerator: str) -> int:
+    """Cores the policy leaves to the training process: none on CPU training (the step waits for its batch part of
+    the time, so a core for the main process alone idles), else one."""
+    return 0 if accelerator == "cpu" else 1
 
 
 def intra_op_threads(workers: int, cpus: int, current: int) -> tuple[int, str] | None:
