@@ -204,26 +204,27 @@ class NeighbourSearch:
         best = self.best
         assert best is not None
         self._trial = trial
-        if self._in_turns(trial, best) and (len(self.turns) > 1 or not self._faster(trial, best)):
+        won = self._faster(trial, best)
+        if self._in_turns(trial, best) and (len(self.turns) > 1 or not won):
             self._judge_in_turns(trial, best)
             return
         # any lead, not only one past the noise floor: one look of the tokeniser's 4 workers read -2% to +7% of
         # 2 workers, 5-7% apart over 25-s runs
-        unsure = not self._faster(trial, best) and ahead(trial.steps_per_sec, best.steps_per_sec, 0.0)
-        if unsure or self._faster(trial, best):
+        unsure = not won and ahead(trial.steps_per_sec, best.steps_per_sec, 0.0)
+        if unsure or won:
             self.lead = trial
         # a tie behind the start read by one look, which may have been its lucky one: on the collate pipeline the
         # start read 156 steps/s once (131 in the grid), 2 workers tied at 154 and were dropped, and the run kept
         # the start at 75% of the grid's best
         once = best.setting == self._start and len(best.every_look) == 1
-        tie = not unsure and once and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        tie = not (won or unsure) and once and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
         if self._blurred(trial, best) and self._rounds < CLOSE_CALL_ROUNDS:
             # measured again where it stands (no switch): the look, not the setting, was noisy
             self._again = True
             self._ask(Phase.CLOSE_CALL_NEIGHBOUR, trial.setting, best, _look_precision(trial, best))
-        elif (unsure or (tie and not self._faster(trial, best))) and self._rounds < CLOSE_CALL_ROUNDS:
+        elif (unsure or tie) and self._rounds < CLOSE_CALL_ROUNDS:
             self._ask(Phase.CLOSE_CALL_INCUMBENT, best.setting, None, _look_precision(best, trial))
-        elif not self._faster(trial, best):
+        elif not won:
             self.lead = None
             self._next_neighbour()
         elif trial.steps_per_sec > best.steps_per_sec * (1 + CONFIRM_BELOW):
