@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["LEARNING_FETCHES", "MainGenerators", "numpy_module", "rng_restored"]
+__all__ = ["LEARNING_FETCHES", "MainGenerators", "numpy_key", "numpy_module", "rng_restored"]
 
 #: A Mersenne Twister's 624 32-bit words.
 _MT_WORDS = 624
@@ -96,6 +96,17 @@ def numpy_module() -> Any:
     except ImportError:  # pragma: no cover - numpy is optional
         return None
     return numpy
+
+
+#: Mixed into NumPy's key so that it never equals torch's for a seed below 2**32.
+_NUMPY_KEY_MIX = 0x5851F42D
+
+
+def numpy_key(seed: int) -> int:
+    """NumPy's 32-bit seed for ``seed``. torch's CPU generator and NumPy's legacy one both seed a Mersenne Twister
+    from the low 32 bits alone: seeded alike, a coin flip from one is the other's, so NumPy's key mixes in the high
+    bits and a constant."""
+    return ((seed & 0xFFFFFFFF) ^ (seed >> 32) ^ _NUMPY_KEY_MIX) & 0xFFFFFFFF
 
 
 @contextlib.contextmanager
@@ -186,7 +197,7 @@ class _NumpyRaw:
         self.has_gauss.value, self.gauss.value = self.saved_gauss
 
     def seed(self, seed: int) -> None:
-        self.numpy.random.seed(seed % 2**32)
+        self.numpy.random.seed(numpy_key(seed))
 
 
 class _NumpyState:
@@ -208,7 +219,7 @@ class _NumpyState:
         self.numpy.random.set_state(self.state)
 
     def seed(self, seed: int) -> None:
-        self.numpy.random.seed(seed % 2**32)
+        self.numpy.random.seed(numpy_key(seed))
 
 
 class _Watched(Protocol):
@@ -253,19 +264,22 @@ class MainGenerators:
         started: list[tuple[str, _Watched, bool, Hashable | None]] = []
         for name, generator in self.watched:
             generator.save()
-            seeded = learning or name in self.drawn or not generator.watchable
+            known = name in self.drawn
+            seeded = learning or known or not generator.watchable
             if seeded:
                 generator.seed(seed)
-            started.append((name, generator, seeded, generator.marker()))
-        torch_state = torch.get_rng_state()
-        torch.default_generator.manual_seed(seed)
+            # a generator known to be drawn from is seeded for every batch: nothing left to watch
+            started.append((name, generator, seeded, None if known else generator.marker()))
+        main = torch.default_generator
+        torch_state = main.get_state()
+        main.manual_seed(seed)
         try:
             return next(inner)
         finally:
-            torch.set_rng_state(torch_state)
+            main.set_state(torch_state)
             self.missed = []
             for name, generator, seeded, before in started:
-                drew = generator.marker() != before
+                drew = before is not None and generator.marker() != before
                 if seeded or drew:
                     generator.restore()
                 if drew:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler
 
-from lightning_dataperf.loader.main_rng import MainGenerators, numpy_module
+from lightning_dataperf.loader.main_rng import MainGenerators, numpy_key, numpy_module
 from lightning_dataperf.loader.wrapping import Layer, follow_fetches, wrap_iterators
 
 __all__ = [
@@ -132,7 +132,7 @@ def seed_everything_here(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
     if (numpy := numpy_module()) is not None:
-        numpy.random.seed(seed % 2**32)
+        numpy.random.seed(numpy_key(seed))
 
 
 class SharedEpoch:

@@ -16,8 +16,15 @@ from lightning_dataperf.loader.main_rng import (
     _NumpyState,
     _PythonRaw,
     _PythonState,
+    numpy_key,
+    rng_restored,
 )
-from lightning_dataperf.loader.seeding import UNSEEDED_DRAW, batch_seed, seed_batches_in_main_process
+from lightning_dataperf.loader.seeding import (
+    UNSEEDED_DRAW,
+    batch_seed,
+    seed_batches_in_main_process,
+    seed_everything_here,
+)
 
 #: Enough batches that the generators no batch drew from are left unseeded for some of them.
 _BATCHES = LEARNING_FETCHES + 6
@@ -78,9 +85,34 @@ def test_the_user_generators_draw_as_if_no_batch_was_loaded(which, cached_normal
     for number, batch in enumerate(batches):
         # the batch alone, drawn from its own seed in a fresh process state: the same values
         seed = batch_seed(11, 0, 0, number)
-        numpy.random.seed(seed % 2**32), random.seed(seed), torch.default_generator.manual_seed(seed)
+        numpy.random.seed(numpy_key(seed)), random.seed(seed), torch.default_generator.manual_seed(seed)
         expected = torch.stack([_Draws(which)[index] for index in range(3 * number, 3 * number + 3)])
         assert torch.equal(batch, expected)
+
+
+def test_torch_and_numpy_draw_independently_in_a_seeded_batch():
+    """Both seed a Mersenne Twister from 32 bits: NumPy's key differs from torch's, so a sample that flips one
+    coin with each (a crop from one, a flip from the other) does not get the same flip twice."""
+    flips = 64
+
+    class Coins(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            numpys = torch.from_numpy(numpy.random.randint(0, 2, flips))
+            return torch.stack([torch.randint(0, 2, (flips,)), numpys])
+
+    loader = DataLoader(Coins(), batch_size=1)
+    seed_batches_in_main_process(loader, 3, 0, lambda: (0, 0))
+    for batch in loader:
+        torchs, numpys = batch[0]
+        assert not torch.equal(torchs, numpys), "seeded alike, the two generators would flip the same coins"
+    for seed in (0, 1, 2**32 - 1, 2**32, batch_seed(3, 0, 0, 0)):
+        assert numpy_key(seed) != seed & 0xFFFFFFFF and 0 <= numpy_key(seed) < 2**32
+        with rng_restored(cuda=False):
+            seed_everything_here(seed)  # what a worker does for each seeded batch
+            assert not torch.equal(torch.randint(0, 2, (flips,)), torch.from_numpy(numpy.random.randint(0, 2, flips)))
 
 
 @pytest.mark.parametrize("fast", [True, False])
@@ -89,7 +121,7 @@ def test_numpys_words_are_copied_in_place_with_its_cached_normal_and_an_unknown_
     numpy.random.seed(5)
     numpy.random.standard_normal()  # the second normal of the pair is cached (has_gauss): the user's next reads it
     users = numpy.random.get_state()
-    numpy.random.seed(7)
+    numpy.random.seed(numpy_key(7))
     seeded = [numpy.random.standard_normal(), numpy.random.random()]
     numpy.random.set_state(users)
     after = [numpy.random.standard_normal(), numpy.random.random()]
