@@ -16,6 +16,7 @@ __all__ = [
     "TURNS_DECIDE",
     "ahead",
     "as_fast",
+    "as_fast_in_turns",
     "faster",
     "faster_in_looks",
     "faster_in_turns",
@@ -146,6 +147,13 @@ def faster_in_turns(turns: Sequence[tuple[bool, float]]) -> bool:
     """
     lead, error, looks = lead_in_turns(turns)
     return looks >= TURNS_DECIDE and lead > LOOKS_FLOOR and lead > LOOKS_SE * error
+
+
+def as_fast_in_turns(turns: Sequence[tuple[bool, float]], floor: float) -> bool:
+    """In looks taken in turn, the neighbour behind by less than ``floor`` beyond doubt: at least
+    :data:`TURNS_DECIDE` neighbour looks, the mean lead two standard errors above ``-floor``."""
+    lead, error, looks = lead_in_turns(turns)
+    return looks >= TURNS_DECIDE and lead - 2 * error > -floor
 
 
 def no_lead_in_turns(turns: Sequence[tuple[bool, float]], floor: float) -> bool:

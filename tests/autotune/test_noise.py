@@ -11,6 +11,7 @@ from lightning_dataperf.autotune.noise import (
     TURNS_DECIDE,
     ahead,
     as_fast,
+    as_fast_in_turns,
     faster,
     faster_in_looks,
     faster_in_turns,
@@ -89,3 +90,7 @@ def test_looks_in_turn_set_each_neighbour_look_against_the_incumbents_beside_it(
     level = [(neighbour, rate * (1.004 if slot % 4 == 1 else 0.996)) for slot, (neighbour, rate) in enumerate(turns)]
     level = [(neighbour, rate / 1.03 if neighbour else rate) for neighbour, rate in level]
     assert not faster_in_turns(level) and no_lead_in_turns(level, 0.03)
+    assert as_fast_in_turns(level, 0.03), "level: behind by less than the floor beyond doubt"
+    assert not as_fast_in_turns(level[: 2 * TURNS_DECIDE - 2], 0.03), "too few looks to call a tie"
+    behind = [(neighbour, rate * 0.95 if neighbour else rate) for neighbour, rate in level]
+    assert not as_fast_in_turns(behind, 0.03), "5% behind is no tie"

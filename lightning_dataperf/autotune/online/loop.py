@@ -309,6 +309,7 @@ class OnlineLoop:
         result = self.result
         result.kept, result.done = kept, True
         result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
+        result.notes += [tie for tie in self.search.ties if tie not in result.notes]
         self.trial = None
         # with budget left, the kept setting's rate is watched for drift
         self.watch = None if self._over_budget() else Segment(kept.setting, None)

@@ -203,8 +203,8 @@ class OnlineResult:
 
     ``unconfirmed``: a setting that read ahead of the kept one but not beyond its error (or from too few batches)
     when the cost cap or the run's end ended the search; ``cap_s`` and ``cap_left_s``: the cap in seconds and what
-    it allowed then; ``unconfirmed_because``: why, where not the cap; ``notes``: what the loop said up front (a run
-    too short to decide).
+    it allowed then; ``unconfirmed_because``: why, where not the cap; ``notes``: what the loop said beside its
+    trials (a run too short to decide, up front; a tie of thread counts settled for fewer threads).
     """
 
     start: Measured | None = None

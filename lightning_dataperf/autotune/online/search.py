@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from lightning_dataperf.autotune.noise import (
     ahead,
     as_fast,
+    as_fast_in_turns,
     faster,
     faster_in_looks,
     faster_in_turns,
@@ -107,6 +108,8 @@ class NeighbourSearch:
         """The neighbour on trial is measured again where it stands: its look replaces the blurred one."""
         self.turns: list[tuple[bool, float]] = []
         """The looks at the neighbour on trial and the incumbent, ``(is the neighbour, rate)``, in the order taken."""
+        self.ties: list[str] = []
+        """Ties of thread counts settled for fewer threads, in words (the summary's notes)."""
 
     def measured(self, measured: Measured) -> Phase:
         """Takes the measurement of :attr:`ask`'s setting; the phase it moves to (a new :attr:`ask` unless done)."""
@@ -243,7 +246,11 @@ class NeighbourSearch:
         lead, _, pairs = lead_in_turns(self.turns)
         first = slower_for_sure(trial.steps_per_sec, trial.error, best.steps_per_sec, best.error) and pairs == 0
         behind = pairs == 1 and lead < -gap(trial.error, best.error, self.noise)
-        if first or behind or no_lead_in_turns(self.turns, self.noise) or self._rounds >= TURNS_ROUNDS:
+        settled = no_lead_in_turns(self.turns, self.noise) or self._rounds >= TURNS_ROUNDS
+        if not (first or behind) and settled and self._fewer_threads_tie(trial, best):
+            self._climb_from(trial)
+            return
+        if first or behind or settled:
             self.lead = None
             self._next_neighbour()
             return
@@ -252,6 +259,25 @@ class NeighbourSearch:
             self._ask(Phase.CLOSE_CALL_INCUMBENT, best.setting, None)
         else:
             self._ask(Phase.CLOSE_CALL_NEIGHBOUR, trial.setting, best)
+
+    def _fewer_threads_tie(self, trial: Measured, best: Measured) -> bool:
+        """A neighbour with fewer intra-op threads, as fast in turns (:func:`as_fast_in_turns`): kept, and said in
+        :attr:`ties`. A tie of thread counts goes to fewer: as fast alone, they hold up beside other work on the
+        cores (``threads_beside_load.py``: 1 thread 1.47x, 2 threads 0.20x beside one busy process), and on the
+        dicts pipeline 2 threads dipped 10-15% for looks at a time where 1 did not (kept either in 6 of 10 runs)."""
+        fewer, more = trial.setting.threads, best.setting.threads
+        if fewer >= more or not as_fast_in_turns(self.turns, self.noise):
+            return False
+        lead, error, looks = lead_in_turns(self.turns)
+        self.ties.append(
+            f"{_threads(fewer)} kept over {_threads(more)} on a tie ({lead:+.1%} ± {error:.1%} in {looks} looks,"
+            " in turn): as fast, and fewer threads hold up beside other work on the cores"
+        )
+        return True
+
+
+def _threads(count: int) -> str:
+    return f"{count} thread" + ("" if count == 1 else "s")
 
 
 def _look_precision(pooled: Measured, other: Measured) -> float | None:
