@@ -7,16 +7,19 @@ batches, plain and through ``seed_batches_in_main_process``; the cost is the dif
 time per batch (µs), for samples that draw from no generator and for samples that draw from ``random``, NumPy
 and torch each (all three seeded for every batch). *In a fit*: the ``tiny`` CPU pipeline of
 ``_cpu_pipelines.py`` (a ~0.7-ms step), fitted with ``TunedDataModule`` (seeded) and with the same loader in a
-plain ``LightningDataModule``, alternating; the ratio of their steady steps/s. Writes ``<name>.json`` (default
-``seeding.json``).
+plain ``LightningDataModule``, alternating; the ratio of their steady steps/s (``--unseeded``: also
+``TunedDataModule`` with its per-batch seeding left out, what the rest of it costs). Writes ``<name>.json``
+(default ``seeding.json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import _common
@@ -26,6 +29,7 @@ import numpy
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+import lightning_dataperf.datamodule.datamodule as datamodule_module
 from lightning_dataperf.loader.seeding import seed_batches_in_main_process
 
 
@@ -88,6 +92,7 @@ def main() -> None:
     parser.add_argument("--fits", type=int, default=3, help="fits of each kind (0: none)")
     parser.add_argument("--pipeline", default="tiny")
     parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds a fit")
+    parser.add_argument("--unseeded", action="store_true", help="also fit TunedDataModule with seeding left out")
     parser.add_argument("--name", default="seeding")
     args = parser.parse_args()
     costs = {kind: per_batch(args.blocks, args.batches, kind == "draws") for kind in ("no draws", "draws")}
@@ -96,13 +101,33 @@ def main() -> None:
         for kind, cost in costs.items()
     ]
     ratios: list[float] = []
+    unseeded_ratios: list[float] = []
     for _ in range(args.fits):
         plain = plain_rate(args.pipeline, args.seconds)
         seeded = pipelines.measure(args.pipeline, 0, 1, args.seconds)
         ratios.append(seeded / plain)
         rows.append([f"{args.pipeline} fit, steps/s", f"{plain:.0f}", f"{seeded:.0f}", f"{seeded / plain:.2f}x"])
+        if args.unseeded:
+            with unseeded():
+                rest = pipelines.measure(args.pipeline, 0, 1, args.seconds)
+            unseeded_ratios.append(rest / plain)
+            label = f"{args.pipeline} fit, seeding left out, steps/s"
+            rows.append([label, f"{plain:.0f}", f"{rest:.0f}", f"{rest / plain:.2f}x"])
     _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
-    _common.write_json(args.name, {"args": vars(args), "per_batch": costs, "fit_ratios": ratios})
+    payload = {"args": vars(args), "per_batch": costs, "fit_ratios": ratios, "unseeded_fit_ratios": unseeded_ratios}
+    _common.write_json(args.name, payload)
+
+
+@contextlib.contextmanager
+def unseeded() -> Iterator[None]:
+    """``TunedDataModule`` with its per-batch seeding left out (the rest of what it does at 0 workers kept)."""
+    module = datamodule_module
+    kept = module.seed_batches_in_main_process
+    module.seed_batches_in_main_process = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        module.seed_batches_in_main_process = kept
 
 
 if __name__ == "__main__":
