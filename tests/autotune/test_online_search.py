@@ -280,3 +280,31 @@ def test_a_tie_behind_a_start_read_once_measures_the_start_again():
     steady = {start: [150.0, 150.0, 150.0], two: [148.0, 148.0, 148.0]}
     kept, asked = _scripted(NeighbourSearch(start, space), steady, other=60.0)
     assert kept.setting == start and asked.count(start) == 2
+
+
+def test_a_noisy_look_of_the_incumbent_is_taken_again_once_instead_of_pooled():
+    """The collate pipeline, 2 cores: the start's confirming look read 188 ± 19% beside its first 222 ± 0.2%;
+    pooled by batches they left 2 workers' 9.5% lead within the pair's error, and the run kept the start."""
+    start, two = Setting(1, 2, False, 1), Setting(2, 2, False, 1)
+    space = SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False)
+
+    def look(setting, rate, error):
+        return Measured(setting, rate, error, batches=220, seconds=220 / rate)
+
+    search = NeighbourSearch(start, space)
+    search.measured(look(start, 222.0, 0.002))
+    assert search.measured(look(two, 243.0, 0.036)) is Phase.CONFIRMING
+    assert search.measured(look(start, 188.0, 0.19)) is Phase.CONFIRMING, "the noisy look is taken again"
+    assert search.ask == (start, None)
+    search.measured(look(start, 225.0, 0.002))
+    assert search.best.setting == two and len(search.best.every_look) == 1
+    # the same noisy look, pooled as before the rule: the lead is left within the pair's error
+    pooled = look(start, 222.0, 0.002).pooled(look(start, 188.0, 0.19))
+    assert not search._faster(look(two, 243.0, 0.036), pooled)
+    # only once a neighbour: a second noisy look is pooled
+    search = NeighbourSearch(start, space)
+    search.measured(look(start, 222.0, 0.002))
+    search.measured(look(two, 243.0, 0.036))
+    search.measured(look(start, 188.0, 0.19))
+    assert search.measured(look(start, 190.0, 0.19)) is not Phase.CONFIRMING
+    assert len(search.best.every_look) == 2
