@@ -15,12 +15,11 @@ plain ``LightningDataModule``, alternating; the ratio of their steady steps/s (`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import random
 import statistics
 import time
-from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import _common
 import _cpu_pipelines as pipelines
@@ -108,7 +107,8 @@ def main() -> None:
         ratios.append(seeded / plain)
         rows.append([f"{args.pipeline} fit, steps/s", f"{plain:.0f}", f"{seeded:.0f}", f"{seeded / plain:.2f}x"])
         if args.unseeded:
-            with unseeded():
+            # TunedDataModule with its per-batch seeding left out, the rest of what it does at 0 workers kept
+            with mock.patch.object(datamodule_module, "seed_batches_in_main_process", lambda *args, **kwargs: None):
                 rest = pipelines.measure(args.pipeline, 0, 1, args.seconds)
             unseeded_ratios.append(rest / plain)
             label = f"{args.pipeline} fit, seeding left out, steps/s"
@@ -116,18 +116,6 @@ def main() -> None:
     _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
     payload = {"args": vars(args), "per_batch": costs, "fit_ratios": ratios, "unseeded_fit_ratios": unseeded_ratios}
     _common.write_json(args.name, payload)
-
-
-@contextlib.contextmanager
-def unseeded() -> Iterator[None]:
-    """``TunedDataModule`` with its per-batch seeding left out (the rest of what it does at 0 workers kept)."""
-    module = datamodule_module
-    kept = module.seed_batches_in_main_process
-    module.seed_batches_in_main_process = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        module.seed_batches_in_main_process = kept
 
 
 if __name__ == "__main__":

@@ -116,10 +116,10 @@ class NeighbourSearch:
     def measured(self, measured: Measured) -> Phase:
         """Takes the measurement of :attr:`ask`'s setting; the phase it moves to (a new :attr:`ask` unless done)."""
         phase, best, trial = self.phase, self.best, self._trial
-        if phase is not Phase.START:
-            self._turn(phase, measured)
         if phase in (Phase.CONFIRMING, Phase.CLOSE_CALL_INCUMBENT) and self._look_again(measured):
             return self.phase
+        if phase is not Phase.START:
+            self._turn(phase, measured)
         if phase is Phase.START:
             self._climb_from(measured)
         elif phase is Phase.TRYING:
@@ -219,7 +219,6 @@ class NeighbourSearch:
         if self._relooked or not self._noisy(look) or trial is None or best is None or self._in_turns(trial, best):
             return False
         self._relooked = True
-        self.turns.pop()  # the look _turn took in
         return True
 
     def _judge(self, trial: Measured) -> None:
