@@ -15,7 +15,7 @@ from lightning_dataperf.autotune.online.records import (
     SettingSpace,
 )
 from lightning_dataperf.autotune.online.search import CLOSE_CALL_FINEST, NeighbourSearch, Phase
-from lightning_dataperf.autotune.online.segment import Segment, burst_of
+from lightning_dataperf.autotune.online.segment import Segment, Stalls, burst_of
 from lightning_dataperf.loader.policy import first_workers
 
 __all__ = ["DRIFT", "ENDED", "FIRST_MOVES", "RAN_OUT", "SLOWER_TRIAL", "OnlineLoop", "planned_batches", "refusal"]
@@ -86,6 +86,8 @@ class OnlineLoop:
         self.search = NeighbourSearch(start, space)
         self.trial: Segment | None = Segment(start, None)
         self.watch: Segment | None = None
+        self.stalls = Stalls()
+        """The run's recurring stalls: each look counts them at the run's share, not its own."""
         self.queued: Callable[[], int] = lambda: 0
         """Batches the loader's workers made that training has not taken yet (set by whoever feeds the loop)."""
         self.epoch_batches: int | None = None
@@ -129,7 +131,8 @@ class OnlineLoop:
         if trial.add(now - last[0]):
             trial.queued_in += self.queued()
         if self._full(trial) or self._spent(trial) or self._decided(trial) or self._short_start(trial):
-            return self._next(trial.measured(self.queued()))
+            self.stalls.add(trial)
+            return self._next(trial.measured(self.queued(), self.stalls.share()))
         return None
 
     def fetched(self, seconds: float) -> None:
@@ -147,7 +150,7 @@ class OnlineLoop:
         if len(trial.periods) < trial.next_look:
             return False
         trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
-        rate, error, counted = trial.rate()
+        rate, error, counted = trial.rate(self.stalls.share())
         # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
         precision = self._precision(trial.precision)
         enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= precision
@@ -330,7 +333,7 @@ class OnlineLoop:
         watch.add(period)
         if not self._full(watch):
             return
-        rate, error, _ = watch.rate()
+        rate, error, _ = watch.rate(self.stalls.share())
         moved = abs(rate / kept.steps_per_sec - 1) if kept.steps_per_sec else 0.0
         # twice in a row: one window can read a passing load (a checkpoint, another process), not the pipeline
         self._drifts = self._drifts + 1 if moved > max(DRIFT, 3 * math.hypot(error, kept.error)) else 0
