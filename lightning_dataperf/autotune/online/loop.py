@@ -87,7 +87,8 @@ class OnlineLoop:
         self.trial: Segment | None = Segment(start, None)
         self.watch: Segment | None = None
         self.stalls = Stalls()
-        """The run's recurring stalls: each look counts them at the run's share, not its own."""
+        """The stalls the looks were read between, said in the summary."""
+        self._stalls_said = ""
         self.queued: Callable[[], int] = lambda: 0
         """Batches the loader's workers made that training has not taken yet (set by whoever feeds the loop)."""
         self.epoch_batches: int | None = None
@@ -132,7 +133,7 @@ class OnlineLoop:
             trial.queued_in += self.queued()
         if self._full(trial) or self._spent(trial) or self._decided(trial) or self._short_start(trial):
             self.stalls.add(trial)
-            return self._next(trial.measured(self.queued(), self.stalls.share()))
+            return self._next(trial.measured(self.queued()))
         return None
 
     def fetched(self, seconds: float) -> None:
@@ -150,7 +151,7 @@ class OnlineLoop:
         if len(trial.periods) < trial.next_look:
             return False
         trial.next_look = len(trial.periods) + max(1, len(trial.periods) // 8)
-        rate, error, counted = trial.rate(self.stalls.share())
+        rate, error, counted = trial.rate()
         # three rounds of the workers at least: one round's batches arrive together, not at the steady rate
         precision = self._precision(trial.precision)
         enough = counted >= max(MIN_TRUSTED_BATCHES, 3 * max(1, trial.setting.num_workers)) and error <= precision
@@ -313,6 +314,10 @@ class OnlineLoop:
         result.kept, result.done = kept, True
         result.stop_reason = result.stop_reason or "no neighbour of the kept setting was faster beyond noise"
         result.notes += [tie for tie in self.search.ties if tie not in result.notes]
+        # the stalls as of this decision (a search after a drift says them again)
+        result.notes = [note for note in result.notes if note != self._stalls_said]
+        self._stalls_said = self.stalls.words()
+        result.notes += [self._stalls_said] if self._stalls_said else []
         self.trial = None
         # with budget left, the kept setting's rate is watched for drift
         self.watch = None if self._over_budget() else Segment(kept.setting, None)
@@ -333,7 +338,7 @@ class OnlineLoop:
         watch.add(period)
         if not self._full(watch):
             return
-        rate, error, _ = watch.rate(self.stalls.share())
+        rate, error, _ = watch.rate()
         moved = abs(rate / kept.steps_per_sec - 1) if kept.steps_per_sec else 0.0
         # twice in a row: one window can read a passing load (a checkpoint, another process), not the pipeline
         self._drifts = self._drifts + 1 if moved > max(DRIFT, 3 * math.hypot(error, kept.error)) else 0

@@ -14,8 +14,8 @@ __all__ = ["STALLS_RECUR", "STALL_RATIO", "Segment", "Stalls", "burst_of"]
 #: A round of the workers' batches lasting more than this many times the look's median round is a stall.
 STALL_RATIO = 4.0
 
-#: Stalls the run must have shown before they set a floor under every look's error: a pattern, not a one-off.
-STALLS_RECUR = 2
+#: Stalls the looks must have shown before the summary says what they took: a pattern, not a one-off.
+STALLS_RECUR = 3
 
 
 def burst_of(num_workers: int, prefetch_factor: int | None, epoch_batches: int | None = None) -> int:
@@ -62,25 +62,26 @@ class Segment:
         first, self.fresh = self.fresh, False
         return first
 
-    def rate(self, share: float | None = None) -> tuple[float, float, int]:
-        """Its steady rate, relative standard error and the batches counted; with the run's ``share`` of stalls
-        (:class:`Stalls`), the rate between its own stalls at that share and the error between them."""
+    def rate(self) -> tuple[float, float, int]:
+        """Its steady rate between its stalls (:meth:`stalls`), the relative standard error between them, and the
+        batches counted (its stalls' included)."""
         size = max(1, self.setting.num_workers)
+        rounds = self._rounds()
+        steady = [length for length in rounds if not self._stall(length, rounds)]
+        if len(steady) < 2:
+            return self._steady_rate()
+        mean = statistics.fmean(steady)
+        return size / mean, statistics.stdev(steady) / mean / math.sqrt(len(steady)), len(rounds) * size
+
+    def _steady_rate(self) -> tuple[float, float, int]:
+        """Its steady rate over every round, stalls included (:func:`steady_rate`)."""
         arrivals = [0.0]
         for period in self.periods:
             arrivals.append(arrivals[-1] + period)
-        rate, error, counted = steady_rate(arrivals, size, skip=0)
-        rounds = self._rounds()
-        steady = [length for length in rounds if not self._stall(length, rounds)]
-        if share is None or len(steady) < 2:
-            return rate, error, counted
-        mean = statistics.fmean(steady)
-        free = statistics.stdev(steady) / mean / math.sqrt(len(steady))
-        return size / mean * (1 - share), free, counted
+        return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
 
     def _rounds(self) -> list[float]:
-        """The counted periods in rounds of ``num_workers`` (a round's batches arrive together), as :meth:`rate`
-        reads them."""
+        """The counted periods in rounds of ``num_workers`` (a round's batches arrive together)."""
         size = max(1, self.setting.num_workers)
         return [sum(self.periods[i : i + size]) for i in range(0, len(self.periods) - size + 1, size)]
 
@@ -89,27 +90,27 @@ class Segment:
         return len(rounds) > 1 and length > STALL_RATIO * statistics.median(rounds)
 
     def stalls(self) -> list[float]:
-        """Each stall's seconds beyond the look's median round (:data:`STALL_RATIO`)."""
+        """Each stall's seconds beyond the look's median round: a round longer than :data:`STALL_RATIO` times it."""
         rounds = self._rounds()
         if len(rounds) < 2:
             return []
         median = statistics.median(rounds)
         return [length - median for length in rounds if length > STALL_RATIO * median]
 
-    def measured(self, queued_out: int = 0, share: float | None = None) -> Measured:
-        """Its steady rate, no higher than the rate the batches were made at: those queued as counting began
-        (the workers' backlog from a switch's stall, up to ``workers x prefetch``) less those queued at its end
-        were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop and 25 alone). With the
-        run's ``share`` of stalls, its own stalls are counted at that share (:meth:`rate`)."""
-        raw, error, counted = self.rate()
+    def measured(self, queued_out: int = 0) -> Measured:
+        """Its steady rate between its stalls (:meth:`rate`), no higher than the rate the batches were made at:
+        those queued as counting began (the workers' backlog from a switch's stall, up to ``workers x prefetch``)
+        less those queued at its end were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop
+        and 25 alone)."""
+        raw, _, counted = self._steady_rate()
         seconds = sum(self.periods[:counted]) if counted else self.total
         batches = counted or len(self.periods)
         made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
         if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
             batches, seconds = max(0, made), total
-        steady, free, _ = self.rate(share)
-        if share is not None and steady and raw:
-            seconds, error = seconds * raw / steady, free  # its seconds at the run's share of stalls
+        steady, error, _ = self.rate()
+        if steady and raw:
+            seconds *= raw / steady  # its seconds less its stalls
         rate = batches / seconds if seconds else 0.0
         # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
         stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
@@ -124,12 +125,12 @@ class Segment:
 
 
 class Stalls:
-    """The run's recurring stalls (a full garbage collection, a periodic log), pooled over its looks: once they
-    recur, each look's rate is read between its own stalls and counted at the run's share of them.
+    """The run's stalls (a full garbage collection, a periodic log), pooled over its looks: each look's rate is read
+    between its own (:meth:`Segment.rate`), and what they cost the run is said (:meth:`words`).
 
     On the collate pipeline, 2 cores, the training process paused ~140 ms for a full collection every ~1.2 s (with
-    workers every 2-3 s): a 1-s look held one or none and read ±15% or ±0%, a stall-free look 10-15% above the
-    setting's rate, and the search set such looks against each other.
+    workers every 2-3 s): a 1-s look held one or none and read ±15% or ±0%, a stall-free look 10-15% above one
+    that held one, and the search set such looks against each other (the start kept in 1 run of 10).
     """
 
     def __init__(self) -> None:
@@ -142,9 +143,13 @@ class Stalls:
         self.excess += sum(stalls)
         self.seconds += look.total
 
-    def share(self) -> float | None:
-        """The run's time in stalls, as a share (``None`` until :data:`STALLS_RECUR` were seen: a one-off is no
-        pattern)."""
-        if self.count < STALLS_RECUR or self.seconds <= 0:
-            return None
-        return min(self.excess / self.seconds, 0.5)
+    def words(self) -> str:
+        """What the stalls took, where they recur (:data:`STALLS_RECUR`) and took 1% of the looks' time or more."""
+        share = self.excess / self.seconds if self.seconds else 0.0
+        if self.count < STALLS_RECUR or share < 0.01:
+            return ""
+        return (
+            f"rates read between the training process's stalls ({self.count} in {self.seconds:.0f} s of looks, each"
+            f" over {STALL_RATIO:g}x a step, {share:.0%} of the time: a full garbage collection, a periodic log):"
+            f" every setting measured alike, each one's steps/s that much above what the run sees"
+        )
