@@ -75,3 +75,12 @@ def test_every_look_reads_the_rate_between_stalls_and_the_summary_says_what_they
     ]
     assert loop.result.done and any("between the training process's stalls" in note for note in loop.result.notes)
     assert "between the training process's stalls" in loop.result.summary()
+
+
+def test_a_look_as_fast_as_the_setting_in_use_between_stalls_costs_nothing_for_its_stall():
+    incumbent = _look(ZERO, [0.005] * 200).measured()
+    look = Segment(TWO, incumbent)
+    for period in [0.0, 0.01] * 50 + [0.0, 0.15] + [0.0, 0.01] * 50:
+        look.add(period)
+    assert look.cost() > 0.13, "checked per step with its stalls in"
+    assert look.measured().cost_s < 0.01

@@ -115,12 +115,15 @@ class Segment:
         # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
         stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
         measured = Measured(self.setting, rate, error, batches, seconds, stall)
-        return replace(measured, cost_s=self.cost())
+        return replace(measured, cost_s=self.cost(between_stalls=True))
 
-    def cost(self) -> float:
-        """Its steps' time beyond the setting it stands in for (``against``, the one in use) and its switch."""
+    def cost(self, between_stalls: bool = False) -> float:
+        """Its steps' time beyond the setting it stands in for (``against``, the one in use, read between its
+        stalls) and its switch; its own stalls left out with ``between_stalls`` (O(steps): at a look's end, not per
+        step, where the cap is checked with them in)."""
         rate = self.against.steps_per_sec if self.against is not None else 0.0
-        slower = max(0.0, self.total - len(self.periods) / rate) if rate else 0.0
+        total = self.total - (sum(self.stalls()) if between_stalls else 0.0)
+        slower = max(0.0, total - len(self.periods) / rate) if rate else 0.0
         return slower + (self.switch_s if self.against is not None else 0.0)
 
 
