@@ -67,7 +67,8 @@ class Segment:
         batches counted (its stalls' included)."""
         size = max(1, self.setting.num_workers)
         rounds = self._rounds()
-        steady = [length for length in rounds if not self._stall(length, rounds)]
+        most = STALL_RATIO * statistics.median(rounds) if rounds else 0.0
+        steady = [length for length in rounds if length <= most]
         if len(steady) < 2:
             return self._steady_rate()
         mean = statistics.fmean(steady)
@@ -84,10 +85,6 @@ class Segment:
         """The counted periods in rounds of ``num_workers`` (a round's batches arrive together)."""
         size = max(1, self.setting.num_workers)
         return [sum(self.periods[i : i + size]) for i in range(0, len(self.periods) - size + 1, size)]
-
-    @staticmethod
-    def _stall(length: float, rounds: list[float]) -> bool:
-        return len(rounds) > 1 and length > STALL_RATIO * statistics.median(rounds)
 
     def stalls(self) -> list[float]:
         """Each stall's seconds beyond the look's median round: a round longer than :data:`STALL_RATIO` times it."""
@@ -153,6 +150,6 @@ class Stalls:
             return ""
         return (
             f"rates read between the training process's stalls ({self.count} in {self.seconds:.0f} s of looks, each"
-            f" over {STALL_RATIO:g}x a step, {share:.0%} of the time: a full garbage collection, a periodic log):"
-            f" every setting measured alike, each one's steps/s that much above what the run sees"
+            f" over {STALL_RATIO:g}x the look's median round, {share:.0%} of the time: a full garbage collection, a"
+            f" periodic log): the settings compared alike, the run's own steps/s about that much lower"
         )
