@@ -16,7 +16,7 @@ import collections
 import random
 from typing import Any
 
-from _common import write_json
+from _common import print_table, write_json
 
 from lightning_dataperf.autotune.online import OnlineLoop, Setting, SettingSpace
 
@@ -75,14 +75,14 @@ def main() -> None:
     args = parser.parse_args()
     best = max(rate(workers, 1) for workers in FREE)
     rows: list[dict[str, Any]] = []
-    print("| slowdown | kept (of runs) | at 95% of the best or more |")
-    print("|---|---|---|")
+    table: list[list[str]] = []
     for slowdown in args.slowdown:
         kept = collections.Counter(run(seed, slowdown) for seed in range(args.runs))
         good = sum(count for (workers, threads), count in kept.items() if rate(workers, threads) >= 0.95 * best)
         picks = ", ".join(f"{w}w{t}t x{count}" for (w, t), count in kept.most_common())
-        print(f"| {slowdown:g} | {picks} | {good} of {args.runs} |")
+        table.append([f"{slowdown:g}", picks, f"{good} of {args.runs}"])
         rows.append({"slowdown": slowdown, "kept": {f"{w}w{t}t": c for (w, t), c in kept.items()}, "good": good})
+    print_table(["slowdown", "kept (of runs)", "at 95% of the best or more"], table)
     write_json(args.name, {"runs": args.runs, "rows": rows})
 
 

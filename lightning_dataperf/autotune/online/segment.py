@@ -66,13 +66,11 @@ class Segment:
         """Its steady rate between its stalls (:meth:`stalls`), the relative standard error between them, and the
         batches counted (its stalls' included)."""
         size = max(1, self.setting.num_workers)
-        rounds = self._rounds()
-        most = STALL_RATIO * statistics.median(rounds) if rounds else 0.0
-        steady = [length for length in rounds if length <= most]
+        steady, stalls = self._split()
         if len(steady) < 2:
             return self._steady_rate()
         mean = statistics.fmean(steady)
-        return size / mean, statistics.stdev(steady) / mean / math.sqrt(len(steady)), len(rounds) * size
+        return size / mean, statistics.stdev(steady) / mean / math.sqrt(len(steady)), (len(steady) + len(stalls)) * size
 
     def _steady_rate(self) -> tuple[float, float, int]:
         """Its steady rate over every round, stalls included (:func:`steady_rate`)."""
@@ -81,18 +79,21 @@ class Segment:
             arrivals.append(arrivals[-1] + period)
         return steady_rate(arrivals, max(1, self.setting.num_workers), skip=0)
 
-    def _rounds(self) -> list[float]:
-        """The counted periods in rounds of ``num_workers`` (a round's batches arrive together)."""
+    def _split(self) -> tuple[list[float], list[float]]:
+        """The counted periods in rounds of ``num_workers`` (a round's batches arrive together): the steady rounds,
+        and each stall's seconds beyond the median round (a round longer than :data:`STALL_RATIO` times it; none
+        in a single round)."""
         size = max(1, self.setting.num_workers)
-        return [sum(self.periods[i : i + size]) for i in range(0, len(self.periods) - size + 1, size)]
+        rounds = [sum(self.periods[i : i + size]) for i in range(0, len(self.periods) - size + 1, size)]
+        if len(rounds) < 2:
+            return rounds, []
+        median = statistics.median(rounds)
+        steady = [length for length in rounds if length <= STALL_RATIO * median]
+        return steady, [length - median for length in rounds if length > STALL_RATIO * median]
 
     def stalls(self) -> list[float]:
         """Each stall's seconds beyond the look's median round: a round longer than :data:`STALL_RATIO` times it."""
-        rounds = self._rounds()
-        if len(rounds) < 2:
-            return []
-        median = statistics.median(rounds)
-        return [length - median for length in rounds if length > STALL_RATIO * median]
+        return self._split()[1]
 
     def measured(self, queued_out: int = 0) -> Measured:
         """Its steady rate between its stalls (:meth:`rate`), no higher than the rate the batches were made at:
