@@ -4,9 +4,10 @@ Each setting runs at its measured rate between stalls of the training process (a
 at a rate per setting as timed on the 2-core VM), and the machine slows by ``--slowdown`` for 3 s in every 5-25 s.
 A run is planned 60 s at the best setting's rate; the loop is fed each step's start as the glue would.
 
-    PYTHONPATH=$PWD python benchmarks/loop_sim.py --runs 200 --slowdown 1.0 1.08 1.15
+    PYTHONPATH=$PWD python benchmarks/loop_sim.py --runs 200 --slowdown 1.0 1.08 1.15 --four 275 285 292 300
 
-Prints one row per slowdown (the kept settings, the runs at 95% of the best or more) and writes JSON.
+Prints one row per 4 workers' rate and slowdown (the kept settings, the runs at 95% of the best or more, the runs
+within 3% of the modal pick) and writes JSON.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ START = Setting(0, None, False, 2)
 SPACE = SettingSpace(max_workers=4, cpus=2, tune_threads=True, tune_pinning=False)
 
 
-def free_rate(setting: Setting) -> float:
-    """Steps/s between stalls: 2 intra-op threads beside workers cost 38%, 1 thread at 0 workers 3%."""
-    rate = FREE[setting.num_workers]
+def free_rate(setting: Setting, free: dict[int, float]) -> float:
+    """Steps/s between stalls (``free``: at each worker count + 1 thread): 2 intra-op threads beside workers cost
+    38%, 1 thread at 0 workers 3%."""
+    rate = free[setting.num_workers]
     if setting.num_workers and setting.threads == 2:
         rate *= 0.62
     if not setting.num_workers and setting.threads == 1:
@@ -38,15 +40,15 @@ def free_rate(setting: Setting) -> float:
     return rate
 
 
-def rate(workers: int, threads: int) -> float:
+def rate(workers: int, threads: int, free: dict[int, float]) -> float:
     """Steps/s a fit sees, stalls included."""
-    return free_rate(Setting(workers, 2, False, threads)) / (1 + STALL_S * STALLS_PER_S[workers])
+    return free_rate(Setting(workers, 2, False, threads), free) / (1 + STALL_S * STALLS_PER_S[workers])
 
 
-def run(seed: int, slowdown: float, seconds: float = 60.0) -> tuple[int, int]:
+def run(seed: int, slowdown: float, free: dict[int, float], seconds: float = 60.0) -> tuple[int, int]:
     """One seeded run of the loop; the kept (workers, threads)."""
     rng = random.Random(seed)
-    planned = seconds * max(rate(workers, 1) for workers in FREE)
+    planned = seconds * max(rate(workers, 1, free) for workers in free)
     loop = OnlineLoop(START, SPACE, planned=lambda: planned)
     now, current = 0.0, START
     stall_at, slow_at = rng.expovariate(STALLS_PER_S[0]), rng.uniform(5, 25)
@@ -59,7 +61,7 @@ def run(seed: int, slowdown: float, seconds: float = 60.0) -> tuple[int, int]:
         slow = slowdown if slow_at <= now < slow_at + 3 else 1.0
         if now >= slow_at + 3:
             slow_at = now + rng.uniform(5, 25)
-        now += max(1e-4, rng.gauss(1, 0.2) * slow / free_rate(current))
+        now += max(1e-4, rng.gauss(1, 0.2) * slow / free_rate(current, free))
         if now >= stall_at:
             now += STALL_S
             stall_at = now + rng.expovariate(STALLS_PER_S[current.num_workers])
@@ -71,18 +73,34 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--slowdown", type=float, nargs="+", default=[1.0, 1.08, 1.15])
+    parser.add_argument(
+        "--four", type=float, nargs="+", default=[FREE[4]],
+        help="4 workers' steps/s between stalls, one row each (timed: 275; 292 puts it 4%% ahead of 3 workers)",
+    )  # fmt: skip
     parser.add_argument("--name", default="loop_sim")
     args = parser.parse_args()
-    best = max(rate(workers, 1) for workers in FREE)
     rows: list[dict[str, Any]] = []
     table: list[list[str]] = []
-    for slowdown in args.slowdown:
-        kept = collections.Counter(run(seed, slowdown) for seed in range(args.runs))
-        good = sum(count for (workers, threads), count in kept.items() if rate(workers, threads) >= 0.95 * best)
-        picks = ", ".join(f"{w}w{t}t x{count}" for (w, t), count in kept.most_common())
-        table.append([f"{slowdown:g}", picks, f"{good} of {args.runs}"])
-        rows.append({"slowdown": slowdown, "kept": {f"{w}w{t}t": c for (w, t), c in kept.items()}, "good": good})
-    print_table(["slowdown", "kept (of runs)", "at 95% of the best or more"], table)
+    for four in args.four:
+        free = {**FREE, 4: four}
+        best = max(rate(workers, 1, free) for workers in free)
+        for slowdown in args.slowdown:
+            kept = collections.Counter(run(seed, slowdown, free) for seed in range(args.runs))
+            rates = {pick: rate(*pick, free) for pick in kept}
+            modal = kept.most_common(1)[0][0]
+            good = sum(count for pick, count in kept.items() if rates[pick] >= 0.95 * best)
+            near = sum(count for pick, count in kept.items() if abs(rates[pick] / rates[modal] - 1) <= 0.03)
+            picks = ", ".join(f"{w}w{t}t x{count}" for (w, t), count in kept.most_common())
+            of_three = rate(4, 1, free) / rate(3, 1, free)
+            table.append(
+                [f"{of_three:.1%}", f"{slowdown:g}", picks, f"{good} of {args.runs}", f"{near} of {args.runs}"]
+            )
+            rows.append({
+                "four_free": four, "four_of_three": of_three, "slowdown": slowdown,
+                "kept": {f"{w}w{t}t": c for (w, t), c in kept.items()}, "good": good, "within_3pct_of_modal": near,
+            })  # fmt: skip
+    headers = ["4w of 3w", "slowdown", "kept (of runs)", "at 95% of the best or more", "within 3% of the modal pick"]
+    print_table(headers, table)
     write_json(args.name, {"runs": args.runs, "rows": rows})
 
 

@@ -91,7 +91,8 @@ def test_a_lead_below_the_noise_floor_is_measured_again_but_never_kept():
     start = Setting(3, 2, False, 1)
     four = Setting(4, 2, False, 1)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
-    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: 51.0 if s == four else 50.0, error=0.03)
+    rates = {four: 51.0, start: 50.0}  # 2 workers 10% behind: no tie to settle for fewer workers
+    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: rates.get(s, 45.0), error=0.03)
     assert kept.setting == start, "2% is under the 3% floor however often it is measured"
     assert asked.count(four) == 1 + CLOSE_CALL_ROUNDS and asked.count(start) == 1 + CLOSE_CALL_ROUNDS
 
@@ -138,7 +139,8 @@ def test_a_close_call_that_stays_undecided_keeps_the_incumbent():
     start = Setting(3, 2, False, 1)
     four = Setting(4, 2, False, 1)
     space = SettingSpace(max_workers=4, cpus=2, tune_threads=False, tune_pinning=False)
-    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: 54.0 if s == four else 50.0, error=0.2)
+    rates = {four: 54.0, start: 50.0}
+    kept, asked = _run(NeighbourSearch(start, space), lambda s, look: rates.get(s, 45.0), error=0.2)
     assert kept.setting == start
     assert asked.count(four) == 3, "the first look and two more"
 

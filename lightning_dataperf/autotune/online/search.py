@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 from lightning_dataperf.autotune.noise import (
     ahead,
@@ -20,7 +21,10 @@ from lightning_dataperf.autotune.noise import (
 )
 from lightning_dataperf.autotune.online.records import Measured, Setting, SettingSpace
 
-__all__ = ["CLOSE_CALL_MARGIN", "CLOSE_CALL_ROUNDS", "CONFIRM_BELOW", "TURNS_ROUNDS", "NeighbourSearch", "Phase"]
+__all__ = [
+    "CLOSE_CALL_MARGIN", "CLOSE_CALL_ROUNDS", "CONFIRM_BELOW", "TURNS_ROUNDS", "WORKERS_TIE",
+    "NeighbourSearch", "Phase",
+]  # fmt: skip
 
 
 class Phase(enum.Enum):
@@ -62,6 +66,10 @@ CLOSE_CALL_FINEST = 2 / 3
 #: against the incumbent's beside it (``noise.lead_in_turns``). On the dicts pipeline, 2 cores, 1 thread led 2
 #: by 4% in the grid while the step moved 10-15% between looks: three looks of each kept either in 6 of 10 runs.
 TURNS_ROUNDS = 12
+
+#: A neighbour with fewer workers is kept on a tie when, after its close call, its pooled looks read no further
+#: behind the incumbent's than this share of the noise floor (1.5% at the loop's 3%).
+WORKERS_TIE = 0.5
 
 
 class NeighbourSearch:
@@ -111,7 +119,8 @@ class NeighbourSearch:
         self.turns: list[tuple[bool, float]] = []
         """The looks at the neighbour on trial and the incumbent, ``(is the neighbour, rate)``, in the order taken."""
         self.ties: list[str] = []
-        """Ties of thread counts settled for fewer threads, in words (the summary's notes)."""
+        """Ties settled for fewer threads or fewer workers, in words (the summary's notes)."""
+        self._worker_tie = False
 
     def measured(self, measured: Measured) -> Phase:
         """Takes the measurement of :attr:`ask`'s setting; the phase it moves to (a new :attr:`ask` unless done)."""
@@ -239,13 +248,17 @@ class NeighbourSearch:
         # start read 156 steps/s once (131 in the grid), 2 workers tied at 154 and were dropped, and the run kept
         # the start at 75% of the grid's best
         once = best.setting == self._start and len(best.every_look) == 1
-        tie = not (won or unsure) and once and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        # a neighbour with fewer workers just behind gets the close call too: a tie goes to fewer workers
+        closer = once or self._fewer_workers(trial, best)
+        tie = not (won or unsure) and closer and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
         if self._blurred(trial, best) and self._rounds < CLOSE_CALL_ROUNDS:
             # measured again where it stands (no switch): the look, not the setting, was noisy
             self._again = True
             self._ask(Phase.CLOSE_CALL_NEIGHBOUR, trial.setting, best, _look_precision(trial, best))
         elif (unsure or tie) and self._rounds < CLOSE_CALL_ROUNDS:
             self._ask(Phase.CLOSE_CALL_INCUMBENT, best.setting, None, _look_precision(best, trial))
+        elif not won and self._fewer_workers_tie(trial, best):
+            self._climb_from(trial)
         elif not won:
             self.lead = None
             self._next_neighbour()
@@ -294,9 +307,39 @@ class NeighbourSearch:
         )
         return True
 
+    def _fewer_workers(self, trial: Measured, best: Measured) -> bool:
+        """``trial`` differs from the incumbent only in fewer workers (one at least), and no worker tie was kept
+        yet in this search: ties do not chain, so the kept setting is within one tie of the fastest read."""
+        fewer, more = trial.setting, best.setting
+        same = replace(fewer, num_workers=more.num_workers, prefetch_factor=more.prefetch_factor) == more
+        return same and 0 < fewer.num_workers < more.num_workers and not self._worker_tie
+
+    def _fewer_workers_tie(self, trial: Measured, best: Measured) -> bool:
+        """A neighbour with fewer workers, its close call over undecided and its looks pooled within
+        :data:`WORKERS_TIE` of the incumbent's: kept, and said in :attr:`ties`. On the collate pipeline, 2 cores,
+        3 and 4 workers read 0-5% apart by the day, each ahead on some; the one reached first stayed, 3 workers in 8
+        of 10 runs, 4 in 2. Fewer workers leave the cores to the step and to other work, and hold less memory."""
+        if not (self._fewer_workers(trial, best) and self._rounds >= CLOSE_CALL_ROUNDS):
+            return False
+        lead = trial.steps_per_sec / best.steps_per_sec - 1
+        if lead < -WORKERS_TIE * self.noise:
+            return False
+        self._worker_tie = True
+        error = math.hypot(trial.error, best.error)
+        fewer, more = trial.setting.num_workers, best.setting.num_workers
+        self.ties.append(
+            f"{_workers(fewer)} kept over {more} on a tie ({lead:+.1%} ± {error:.1%}, {len(trial.every_look)} looks"
+            " each): as fast, and fewer workers leave the cores to the step and hold less memory"
+        )
+        return True
+
 
 def _threads(count: int) -> str:
     return f"{count} thread" + ("" if count == 1 else "s")
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker" + ("" if count == 1 else "s")
 
 
 def _look_precision(pooled: Measured, other: Measured) -> float | None:
