@@ -8,7 +8,8 @@ time per batch (µs), for samples that draw from no generator and for samples th
 and torch each (all three seeded for every batch). *In a fit*: the ``tiny`` CPU pipeline of
 ``_cpu_pipelines.py`` (a ~0.7-ms step), fitted with ``TunedDataModule`` (seeded) and with the same loader in a
 plain ``LightningDataModule``, alternating; the ratio of their steady steps/s (``--unseeded``: also
-``TunedDataModule`` with its per-batch seeding left out, what the rest of it costs). Writes ``<name>.json``
+``TunedDataModule`` with its per-batch seeding left out, what the rest of it costs; ``--callback``: also the
+plain loader with ``DataPerfCallback``, the callback's own cost on the same step). Writes ``<name>.json``
 (default ``seeding.json``).
 """
 
@@ -29,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import lightning_dataperf.datamodule.datamodule as datamodule_module
+from lightning_dataperf import DataPerfCallback
 from lightning_dataperf.loader.seeding import seed_batches_in_main_process
 
 
@@ -76,11 +78,13 @@ class PlainPipeline(pl.LightningDataModule):
         return DataLoader(self.spec["data"](200_000), batch_size=self.spec["batch"], shuffle=True)
 
 
-def plain_rate(name: str, seconds: float) -> float:
-    """:func:`_cpu_pipelines.measure` at 0 workers and 1 thread, with the loader in a plain data module."""
+def plain_rate(name: str, seconds: float, callback: bool = False) -> float:
+    """:func:`_cpu_pipelines.measure` at 0 workers and 1 thread, with the loader in a plain data module (and,
+    with ``callback``, ``DataPerfCallback`` in the fit)."""
     torch.set_num_threads(1)
     clock = pipelines.StepClock(seconds, skip=3)
-    pipelines.trainer([clock]).fit(pipelines.PIPELINES[name]["model"](), datamodule=PlainPipeline(name))
+    callbacks: list[pl.Callback] = [clock, DataPerfCallback()] if callback else [clock]
+    pipelines.trainer(callbacks).fit(pipelines.PIPELINES[name]["model"](), datamodule=PlainPipeline(name))
     return clock.rate()
 
 
@@ -92,6 +96,7 @@ def main() -> None:
     parser.add_argument("--pipeline", default="tiny")
     parser.add_argument("--seconds", type=float, default=4.0, help="steady seconds a fit")
     parser.add_argument("--unseeded", action="store_true", help="also fit TunedDataModule with seeding left out")
+    parser.add_argument("--callback", action="store_true", help="also fit the plain loader with DataPerfCallback")
     parser.add_argument("--name", default="seeding")
     args = parser.parse_args()
     costs = {kind: per_batch(args.blocks, args.batches, kind == "draws") for kind in ("no draws", "draws")}
@@ -101,6 +106,7 @@ def main() -> None:
     ]
     ratios: list[float] = []
     unseeded_ratios: list[float] = []
+    callback_ratios: list[float] = []
     for _ in range(args.fits):
         plain = plain_rate(args.pipeline, args.seconds)
         seeded = pipelines.measure(args.pipeline, 0, 1, args.seconds)
@@ -113,8 +119,16 @@ def main() -> None:
             unseeded_ratios.append(rest / plain)
             label = f"{args.pipeline} fit, seeding left out, steps/s"
             rows.append([label, f"{plain:.0f}", f"{rest:.0f}", f"{rest / plain:.2f}x"])
+        if args.callback:
+            timed = plain_rate(args.pipeline, args.seconds, callback=True)
+            callback_ratios.append(timed / plain)
+            label = f"{args.pipeline} fit, plain with DataPerfCallback, steps/s"
+            rows.append([label, f"{plain:.0f}", f"{timed:.0f}", f"{timed / plain:.2f}x"])
     _common.print_table(["", "plain", "seeded", "seeded / plain"], rows)
-    payload = {"args": vars(args), "per_batch": costs, "fit_ratios": ratios, "unseeded_fit_ratios": unseeded_ratios}
+    payload = {
+        "args": vars(args), "per_batch": costs, "fit_ratios": ratios, "unseeded_fit_ratios": unseeded_ratios,
+        "callback_fit_ratios": callback_ratios,
+    }  # fmt: skip
     _common.write_json(args.name, payload)
 
 

@@ -56,3 +56,14 @@ def test_no_tie_is_settled_for_zero_workers():
     search = NeighbourSearch(one, SettingSpace(max_workers=2, cpus=2, tune_threads=False, tune_pinning=False))
     kept, _ = _run(search, {one: 50.0, zero: 50.0})
     assert kept.setting == one, "loading in the training process is no cheaper than one worker"
+
+
+def test_fewer_workers_whose_lead_is_gone_when_the_incumbent_is_measured_again_are_kept_on_the_tie():
+    search = NeighbourSearch(FOUR, SPACE)
+    looks = [(FOUR, 50.0), (THREE, 50.5), (FOUR, 50.0), (THREE, 50.5), (FOUR, 50.0), (THREE, 56.0)]
+    for setting, rate in looks:
+        assert search.ask[0] == setting
+        phase = search.measured(Measured(setting, rate, 0.02, 50, 50 / rate))
+    assert phase is Phase.CONFIRMING, "three looks pooled, 3 workers read ahead beyond their error"
+    search.measured(Measured(FOUR, 54.0, 0.02, 50, 50 / 54.0))  # the incumbent again: the lead is gone
+    assert search.best.setting == THREE and len(search.ties) == 1

@@ -153,9 +153,13 @@ class NeighbourSearch:
                 self._climb_from(trial)
             elif self._in_turns(trial, reference):
                 self._judge_in_turns(trial, reference)
-            elif ahead(trial.steps_per_sec, reference.steps_per_sec, 0.0) and self._rounds < CLOSE_CALL_ROUNDS:
+            elif self._rounds < CLOSE_CALL_ROUNDS and (
+                ahead(trial.steps_per_sec, reference.steps_per_sec, 0.0) or self._tied_fewer(trial, reference)
+            ):
                 # the incumbent's second look closed the gap to a tie, the neighbour still ahead: a close call
                 self._ask(Phase.CLOSE_CALL_NEIGHBOUR, trial.setting, reference, _look_precision(trial, reference))
+            elif self._fewer_workers_tie(trial, reference):
+                self._climb_from(trial)
             else:
                 self.lead = None
                 self._next_neighbour()
@@ -248,9 +252,8 @@ class NeighbourSearch:
         # start read 156 steps/s once (131 in the grid), 2 workers tied at 154 and were dropped, and the run kept
         # the start at 75% of the grid's best
         once = best.setting == self._start and len(best.every_look) == 1
-        # a neighbour with fewer workers just behind gets the close call too: a tie goes to fewer workers
-        closer = once or self._fewer_workers(trial, best)
-        tie = not (won or unsure) and closer and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        tied = once and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
+        tie = not (won or unsure) and (tied or self._tied_fewer(trial, best))
         if self._blurred(trial, best) and self._rounds < CLOSE_CALL_ROUNDS:
             # measured again where it stands (no switch): the look, not the setting, was noisy
             self._again = True
@@ -314,9 +317,15 @@ class NeighbourSearch:
         same = replace(fewer, num_workers=more.num_workers, prefetch_factor=more.prefetch_factor) == more
         return same and 0 < fewer.num_workers < more.num_workers and not self._worker_tie
 
+    def _tied_fewer(self, trial: Measured, best: Measured) -> bool:
+        """Fewer workers (:meth:`_fewer_workers`) behind by less than the noise floor: worth a close call, as a lead
+        would be, for a tie goes to fewer workers."""
+        return self._fewer_workers(trial, best) and as_fast(trial.steps_per_sec, best.steps_per_sec, self.noise)
+
     def _fewer_workers_tie(self, trial: Measured, best: Measured) -> bool:
-        """A neighbour with fewer workers, its close call over undecided and its looks pooled within
-        :data:`WORKERS_TIE` of the incumbent's: kept, and said in :attr:`ties`. On the collate pipeline, 2 cores,
+        """A neighbour with fewer workers, its close call over undecided (or its lead gone when the incumbent was
+        measured again) and its looks pooled within :data:`WORKERS_TIE` of the incumbent's: kept, and said in
+        :attr:`ties`. On the collate pipeline, 2 cores,
         3 and 4 workers read 0-5% apart by the day, each ahead on some; the one reached first stayed, 3 workers in 8
         of 10 runs, 4 in 2. Fewer workers leave the cores to the step and to other work, and hold less memory."""
         if not (self._fewer_workers(trial, best) and self._rounds >= CLOSE_CALL_ROUNDS):
