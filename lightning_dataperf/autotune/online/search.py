@@ -156,7 +156,7 @@ class NeighbourSearch:
             elif self._rounds < CLOSE_CALL_ROUNDS and (
                 ahead(trial.steps_per_sec, reference.steps_per_sec, 0.0) or self._tied_fewer(trial, reference)
             ):
-                # the incumbent's second look closed the gap to a tie, the neighbour still ahead: a close call
+                # the incumbent's second look closed the gap, the neighbour still ahead or fewer workers tied
                 self._ask(Phase.CLOSE_CALL_NEIGHBOUR, trial.setting, reference, _look_precision(trial, reference))
             elif self._fewer_workers_tie(trial, reference):
                 self._climb_from(trial)
@@ -325,9 +325,9 @@ class NeighbourSearch:
     def _fewer_workers_tie(self, trial: Measured, best: Measured) -> bool:
         """A neighbour with fewer workers, its close call over undecided (or its lead gone when the incumbent was
         measured again) and its looks pooled within :data:`WORKERS_TIE` of the incumbent's: kept, and said in
-        :attr:`ties`. On the collate pipeline, 2 cores,
-        3 and 4 workers read 0-5% apart by the day, each ahead on some; the one reached first stayed, 3 workers in 8
-        of 10 runs, 4 in 2. Fewer workers leave the cores to the step and to other work, and hold less memory."""
+        :attr:`ties`. On the collate pipeline, 2 cores, 3 and 4 workers read 0-5% apart by the day, each ahead on
+        some, and the one reached first stayed (3 workers in 8-9 of 10 runs); with the tie, 10 of 10. Fewer workers
+        leave the cores to the step and to other work, and hold less memory."""
         if not (self._fewer_workers(trial, best) and self._rounds >= CLOSE_CALL_ROUNDS):
             return False
         lead = trial.steps_per_sec / best.steps_per_sec - 1
