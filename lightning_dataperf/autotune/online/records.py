@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-__all__ = ["MIN_TRUSTED_BATCHES", "Measured", "OnlineResult", "Setting", "SettingSpace"]
+__all__ = ["MIN_TRUSTED_BATCHES", "Measured", "OnlineResult", "Setting", "SettingSpace", "counted"]
 
 #: Fewer batches than this cannot be trusted to measure their own error: the standard error estimated from ``n``
 #: periods is itself off by about ``1 / sqrt(2 (n - 1))``, 25% at 9 and 50% at 3 (the quickstart's 3-4-batch
@@ -15,6 +15,11 @@ MIN_TRUSTED_BATCHES = 9
 
 #: A gain whose relative error exceeds this is printed as a lead, never as a measured gain.
 MEASURED_ERROR = 0.10
+
+
+def counted(count: int, noun: str) -> str:
+    """``2 workers``, ``1 thread``: the count and its noun, plural but for one."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,14 @@ class Setting:
         nothing, the training process's threads set."""
         return replace(other, threads=self.threads) == self
 
+    def workers_alone(self, other: Setting) -> bool:
+        """``other`` differs from this setting in its worker count alone (and the prefetch that goes with it), or not
+        at all."""
+        return replace(other, num_workers=self.num_workers, prefetch_factor=self.prefetch_factor) == self
+
     def short(self) -> str:
         """The setting in a few words: ``2 workers + 1 thread``."""
-        workers = f"{self.num_workers} worker{'s' if self.num_workers != 1 else ''}"
-        words = f"{workers} + {self.threads} thread{'s' if self.threads != 1 else ''}"
+        words = f"{counted(self.num_workers, 'worker')} + {counted(self.threads, 'thread')}"
         if self.gpu_share is not None:
             words += f", GPU share {self.gpu_share:g}"
         if self.persistent_workers and self.num_workers:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
 
 from lightning_dataperf.autotune.noise import (
     ahead,
@@ -19,7 +18,7 @@ from lightning_dataperf.autotune.noise import (
     no_lead_in_turns,
     slower_for_sure,
 )
-from lightning_dataperf.autotune.online.records import Measured, Setting, SettingSpace
+from lightning_dataperf.autotune.online.records import Measured, Setting, SettingSpace, counted
 
 __all__ = [
     "CLOSE_CALL_MARGIN", "CLOSE_CALL_ROUNDS", "CONFIRM_BELOW", "TURNS_ROUNDS", "WORKERS_TIE",
@@ -305,8 +304,8 @@ class NeighbourSearch:
             return False
         lead, error, looks = lead_in_turns(self.turns)
         self.ties.append(
-            f"{_threads(fewer)} kept over {_threads(more)} on a tie ({lead:+.1%} ± {error:.1%} in {looks} looks,"
-            " in turn): as fast, and fewer threads hold up beside other work on the cores"
+            f"{counted(fewer, 'thread')} kept over {counted(more, 'thread')} on a tie ({lead:+.1%} ± {error:.1%} in"
+            f" {looks} looks, in turn): as fast, and fewer threads hold up beside other work on the cores"
         )
         return True
 
@@ -314,8 +313,7 @@ class NeighbourSearch:
         """``trial`` differs from the incumbent only in fewer workers (one at least), and no worker tie was kept
         yet in this search: ties do not chain, so the kept setting is within one tie of the fastest read."""
         fewer, more = trial.setting, best.setting
-        same = replace(fewer, num_workers=more.num_workers, prefetch_factor=more.prefetch_factor) == more
-        return same and 0 < fewer.num_workers < more.num_workers and not self._worker_tie
+        return more.workers_alone(fewer) and 0 < fewer.num_workers < more.num_workers and not self._worker_tie
 
     def _tied_fewer(self, trial: Measured, best: Measured) -> bool:
         """Fewer workers (:meth:`_fewer_workers`) behind by less than the noise floor: worth a close call, as a lead
@@ -337,18 +335,11 @@ class NeighbourSearch:
         error = math.hypot(trial.error, best.error)
         fewer, more = trial.setting.num_workers, best.setting.num_workers
         self.ties.append(
-            f"{_workers(fewer)} kept over {more} on a tie ({lead:+.1%} ± {error:.1%}, {len(trial.every_look)} looks"
-            " each): as fast, and fewer workers leave the cores to the step and hold less memory"
+            f"{counted(fewer, 'worker')} kept over {more} on a tie ({lead:+.1%} ± {error:.1%},"
+            f" {len(trial.every_look)} looks each): as fast, and fewer workers leave the cores to the step and hold"
+            " less memory"
         )
         return True
-
-
-def _threads(count: int) -> str:
-    return f"{count} thread" + ("" if count == 1 else "s")
-
-
-def _workers(count: int) -> str:
-    return f"{count} worker" + ("" if count == 1 else "s")
 
 
 def _look_precision(pooled: Measured, other: Measured) -> float | None:

@@ -65,8 +65,11 @@ class Segment:
     def rate(self) -> tuple[float, float, int]:
         """Its steady rate between its stalls (:meth:`stalls`), the relative standard error between them, and the
         batches counted (its stalls' included)."""
+        return self._rate(*self._split())
+
+    def _rate(self, steady: list[float], stalls: list[float]) -> tuple[float, float, int]:
+        """:meth:`rate` from the look's rounds as :meth:`_split` gave them."""
         size = max(1, self.setting.num_workers)
-        steady, stalls = self._split()
         if len(steady) < 2:
             return self._steady_rate()
         mean = statistics.fmean(steady)
@@ -100,27 +103,28 @@ class Segment:
         those queued as counting began (the workers' backlog from a switch's stall, up to ``workers x prefetch``)
         less those queued at its end were made before it (on the H200, 32 JPEG workers read 56 steps/s in the loop
         and 25 alone)."""
+        rounds, stalls = self._split()
         raw, _, counted = self._steady_rate()
         seconds = sum(self.periods[:counted]) if counted else self.total
         batches = counted or len(self.periods)
         made, total = len(self.periods) - max(0, self.queued_in - queued_out), self.total
         if total and made * seconds < batches * total:  # batches / seconds stays the rate: a pooled look keeps it
             batches, seconds = max(0, made), total
-        steady, error, _ = self.rate()
+        steady, error, _ = self._rate(rounds, stalls)
         if steady and raw:
             seconds *= raw / steady  # its seconds less its stalls
         rate = batches / seconds if seconds else 0.0
         # the skipped burst counts as the switch's cost only beyond the steps it would have taken anyway
         stall = max(0.0, self.switch_s - (self.skipped * seconds / batches if batches else 0.0))
         measured = Measured(self.setting, rate, error, batches, seconds, stall)
-        return replace(measured, cost_s=self.cost(between_stalls=True))
+        return replace(measured, cost_s=self.cost(stalled=sum(stalls)))
 
-    def cost(self, between_stalls: bool = False) -> float:
+    def cost(self, stalled: float = 0.0) -> float:
         """Its steps' time beyond the setting it stands in for (``against``, the one in use, read between its
-        stalls) and its switch; its own stalls left out with ``between_stalls`` (O(steps): at a look's end, not per
-        step, where the cap is checked with them in)."""
+        stalls) and its switch, less ``stalled`` seconds (its own stalls' at a look's end; per step, where the cap
+        is checked, they are left in)."""
         rate = self.against.steps_per_sec if self.against is not None else 0.0
-        total = self.total - (sum(self.stalls()) if between_stalls else 0.0)
+        total = self.total - stalled
         slower = max(0.0, total - len(self.periods) / rate) if rate else 0.0
         return slower + (self.switch_s if self.against is not None else 0.0)
 
