@@ -43,12 +43,13 @@ def test_worker_cpu_counts_only_children_alive_at_the_end():
 
     from lightning_dataperf.autotune.measures import WorkerCpu
 
-    # a plain child (multiprocessing's spawn would leave its resource tracker behind, a child of pytest)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # a plain child (multiprocessing's spawn would leave its resource tracker behind, a child of pytest) that
+    # computes before it sleeps: CPU time is sampled in ticks, and a start of under one tick read 0 until it exited
+    child = subprocess.Popen([sys.executable, "-c", "import time; sum(range(10**7)); time.sleep(30)"])
     try:
         cpu = WorkerCpu()
         deadline = time.monotonic() + 60
-        while child.pid not in (before := cpu.seconds()) or before[child.pid] <= 0:  # the spawn's imports
+        while child.pid not in (before := cpu.seconds()) or before[child.pid] <= 0:  # its start and its sum
             assert time.monotonic() < deadline, "the child never showed CPU time"
             time.sleep(0.05)
     finally:
